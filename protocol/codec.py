@@ -1,0 +1,111 @@
+"""Bytes <-> frames. ``decode_*`` returns a frame or raises ``ProtocolError``, nothing else.
+
+Sizes are checked before unpacking, and msgpack runs with per-type length limits, so a small frame
+cannot expand into a large object graph (PROTOCOL.md "Transport").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .constants import CLIENT_FRAME_TYPES, FrameType
+from .errors import BadFrame, FrameTooLarge, ProtocolError
+from .fields import MAX_ID_CHARS
+from .frames import CLIENT_FRAMES, SERVER_FRAMES, ClientFrame, Frame, ServerFrame
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLimits:
+    max_frame_bytes: int = 12 * 1024 * 1024
+    max_str_len: int = 1024 * 1024
+    max_bin_len: int = 12 * 1024 * 1024
+    max_array_len: int = 256
+    max_map_len: int = 64
+
+
+DEFAULT_LIMITS = DecodeLimits()
+# Our own client reads server frames; token id lists and dashboards' session tables are longer.
+SERVER_FRAME_LIMITS = DecodeLimits(max_array_len=100_000, max_map_len=1024)
+
+
+def encode(frame: Frame) -> bytes:
+    return msgpack.packb(frame.to_wire(), use_bin_type=True)
+
+
+def unpack_map(data: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """One msgpack map from ``data``, with every limit applied; nothing may follow it."""
+    if type(data) is not bytes:
+        raise BadFrame("frames are binary messages")
+    if len(data) > limits.max_frame_bytes:
+        raise FrameTooLarge(f"frame of {len(data)} bytes is over {limits.max_frame_bytes}")
+    unpacker = msgpack.Unpacker(
+        raw=False,
+        strict_map_key=True,
+        use_list=True,
+        max_buffer_size=max(limits.max_frame_bytes, 1),
+        max_str_len=limits.max_str_len,
+        max_bin_len=limits.max_bin_len,
+        max_array_len=limits.max_array_len,
+        max_map_len=limits.max_map_len,
+        max_ext_len=0,
+    )
+    try:
+        unpacker.feed(data)
+        value = unpacker.unpack()
+        extra = unpacker.tell() != len(data)
+    except msgpack.OutOfData:
+        raise BadFrame("truncated msgpack") from None
+    except (ValueError, msgpack.UnpackException, TypeError, OverflowError, RecursionError) as e:
+        raise BadFrame(f"not valid msgpack ({type(e).__name__})") from None
+    if extra:
+        raise BadFrame("bytes after the frame's map")
+    if not isinstance(value, Mapping):
+        raise BadFrame("a frame must be a msgpack map")
+    if not all(type(k) is str for k in value):
+        raise BadFrame("map keys must be strings")
+    return value
+
+
+def _frame_type(data: Mapping[str, Any]) -> FrameType:
+    kind = data.get("type")
+    if type(kind) is not str:
+        raise BadFrame("missing or non-string 'type'")
+    try:
+        return FrameType(kind)
+    except ValueError:
+        raise BadFrame(f"unknown frame type {kind!r}") from None
+
+
+def _with_id(data: Mapping[str, Any], build: Any) -> Any:
+    """Build the frame; a failure names the client frame's id when it had a usable one."""
+    try:
+        return build(data)
+    except ProtocolError as e:
+        frame_id = data.get("id")
+        if e.id is None and type(frame_id) is str and 1 <= len(frame_id) <= MAX_ID_CHARS:
+            e.id = frame_id
+        raise
+    except Exception as e:  # a reader bug must still surface as the peer's bad frame
+        raise BadFrame(f"malformed frame ({type(e).__name__})") from None
+
+
+def decode_client_frame(data: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> ClientFrame:
+    """What the server reads."""
+    value = unpack_map(data, limits)
+    kind = _frame_type(value)
+    if kind not in CLIENT_FRAME_TYPES:
+        raise BadFrame(f"{kind.value!r} is not a client frame")
+    return _with_id(value, CLIENT_FRAMES[kind].from_wire)  # type: ignore[no-any-return]
+
+
+def decode_server_frame(data: bytes, limits: DecodeLimits = SERVER_FRAME_LIMITS) -> ServerFrame:
+    """What a client reads."""
+    value = unpack_map(data, limits)
+    kind = _frame_type(value)
+    if kind in CLIENT_FRAME_TYPES:
+        raise BadFrame(f"{kind.value!r} is not a server frame")
+    return _with_id(value, SERVER_FRAMES[kind].from_wire)  # type: ignore[no-any-return]

@@ -1,0 +1,63 @@
+"""Exact field checks shared by frames and params (PROTOCOL.md "Transport": a bool is never a
+number, an int field takes only ints, NaN and infinities are refused)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import BadFrame, InvalidParams, ProtocolError
+
+MAX_ID_CHARS = 64
+
+
+def is_int(value: object) -> bool:
+    return type(value) is int
+
+
+def is_number(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def as_float(value: object, name: str, error: type[ProtocolError] = InvalidParams) -> float:
+    if not is_number(value):
+        raise error(f"{name} must be a finite number")
+    return float(value)  # type: ignore[arg-type]
+
+
+def as_int(value: object, name: str, error: type[ProtocolError] = InvalidParams) -> int:
+    if not is_int(value):
+        raise error(f"{name} must be an integer")
+    return value  # type: ignore[return-value]
+
+
+def as_str(value: object, name: str, error: type[ProtocolError] = BadFrame) -> str:
+    if type(value) is not str:
+        raise error(f"{name} must be a string")
+    return value
+
+
+def as_bool(value: object, name: str, error: type[ProtocolError] = InvalidParams) -> bool:
+    if type(value) is not bool:
+        raise error(f"{name} must be a boolean")
+    return value
+
+
+def as_bytes(value: object, name: str, error: type[ProtocolError] = BadFrame) -> bytes:
+    if type(value) is not bytes:
+        raise error(f"{name} must be binary (msgpack bin)")
+    return value
+
+
+def as_id(value: object, name: str = "id") -> str:
+    text = as_str(value, name)
+    if not 1 <= len(text) <= MAX_ID_CHARS:
+        raise BadFrame(f"{name} must be 1 to {MAX_ID_CHARS} characters")
+    return text
+
+
+def optional(data: Mapping[str, Any], key: str, convert: Callable[[object, str], Any]) -> Any:
+    """``convert(data[key])`` or None when the key is absent or nil."""
+    value = data.get(key)
+    return None if value is None else convert(value, key)
