@@ -1,0 +1,1 @@
+"""The wschat server: a Starlette WebSocket app that streams a transformers model."""

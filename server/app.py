@@ -1,0 +1,112 @@
+"""The Starlette application: ``/v1/chat``, ``/healthz``, ``/readyz``.
+
+The model loads in a worker thread after the server starts listening, so ``/healthz`` answers at
+once and ``/readyz`` turns 200 when the engine is ready; a chat connection before then is closed
+with 1013 (try again later).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from protocol import SUBPROTOCOL, CloseCode
+
+from .connection import Connection
+from .engine import Engine
+from .hub import Hub
+from .settings import Settings
+
+log = logging.getLogger("wschat.app")
+
+EngineFactory = Callable[[], Engine]
+
+
+async def healthz(request: Request) -> Response:
+    return PlainTextResponse("ok\n")
+
+
+async def readyz(request: Request) -> Response:
+    hub: Hub = request.app.state.hub
+    if hub.engine is None:
+        status = "failed" if request.app.state.load_error else "loading"
+        return JSONResponse({"ready": False, "status": status}, status_code=503)
+    info = hub.engine.info
+    return JSONResponse(
+        {
+            "ready": True,
+            "model": info.model,
+            "engine": info.name,
+            "device": info.device,
+            "dtype": info.dtype,
+        }
+    )
+
+
+async def chat(websocket: WebSocket) -> None:
+    hub: Hub = websocket.app.state.hub
+    offered = websocket.scope.get("subprotocols", [])
+    subprotocol = SUBPROTOCOL if SUBPROTOCOL in offered else None
+    if hub.engine is None:
+        await websocket.close(CloseCode.TRY_AGAIN_LATER, "the model is still loading")
+        return
+    await websocket.accept(subprotocol=subprotocol)
+    token = websocket.query_params.get("resume")
+    session = hub.sessions.claim(token) if token else None
+    session = session or hub.new_session()
+    resume_token = hub.sessions.add(session)
+    try:
+        await Connection(websocket, hub).serve(session, resume_token)
+    finally:
+        hub.sessions.detach(session)
+        for expired in hub.sessions.expire():
+            hub.forget(expired)
+
+
+def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
+    """``engine`` is ready (tests) or a factory run in a thread at start-up (the CLI)."""
+    hub = Hub(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        loader: asyncio.Task[None] | None = None
+        if callable(engine) and not hasattr(engine, "info"):
+            loader = asyncio.create_task(_load(app, hub, engine))
+        else:
+            hub.set_engine(engine)  # type: ignore[arg-type]
+        try:
+            yield
+        finally:
+            if loader is not None:
+                loader.cancel()
+            if hub.engine is not None:
+                await hub.engine.aclose()
+
+    app = Starlette(
+        routes=[
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            WebSocketRoute("/v1/chat", chat),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.hub = hub
+    app.state.load_error = None
+    return app
+
+
+async def _load(app: Starlette, hub: Hub, factory: EngineFactory) -> None:
+    try:
+        hub.set_engine(await asyncio.to_thread(factory))
+        log.info("ready: accepting chats")
+    except Exception as error:
+        app.state.load_error = error
+        log.exception("loading the model failed")

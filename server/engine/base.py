@@ -1,0 +1,153 @@
+"""What a session needs from an engine, and the thread/loop bridge every engine uses.
+
+An engine turns a ``GenerationRequest`` into a ``Generation``: an async stream of ``TokenPiece``
+items that always ends with exactly one ``Finished`` (PROTOCOL.md "Server frames": exactly one
+``done`` per ``start``). Work happens off the event loop; items cross to it with
+``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from protocol import FinishReason
+
+
+class CancelFlag:
+    """Set by cancel, reset, disconnect and shutdown; read once per decode step by the worker."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Resolved parameters: every value set (the session merged defaults in)."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    prompt_ids: list[int]
+    params: SamplingParams
+    # Every image of the conversation in order, for engines that must re-prefill them.
+    images: Sequence[Any] = ()
+    # The session the request belongs to: engines keep its KV state between turns.
+    session_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenPiece:
+    text: str
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    reason: FinishReason
+    completion_ids: tuple[int, ...] = ()
+    cached_tokens: int = 0
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    name: str
+    model: str
+    device: str
+    dtype: str
+    context_tokens: int
+    images: bool
+    max_images: int
+    # Token ids that end a reply; the conversation closes a turn with the first one.
+    end_of_turn_ids: tuple[int, ...] = ()
+
+
+Item = TokenPiece | Finished
+
+
+@dataclass(eq=False)
+class Generation:
+    """One running generation as the session sees it: items in order, then one ``Finished``."""
+
+    cancel_flag: CancelFlag = field(default_factory=CancelFlag)
+    cached_tokens: int = 0
+    _items: asyncio.Queue[Item] = field(default_factory=asyncio.Queue)
+    _finished: bool = False
+
+    def cancel(self) -> None:
+        self.cancel_flag.set()
+
+    def pending(self) -> list[Item]:
+        """Every item already waiting, without blocking: a slow reader's merge point."""
+        items = []
+        while not self._items.empty():
+            items.append(self._items.get_nowait())
+        return items
+
+    async def next_items(self) -> list[Item]:
+        """At least one item; all that are waiting."""
+        first = await self._items.get()
+        return [first, *self.pending()]
+
+    async def items(self) -> AsyncIterator[Item]:
+        while not self._finished:
+            for item in await self.next_items():
+                if isinstance(item, Finished):
+                    self._finished = True
+                yield item
+
+
+class LoopBridge:
+    """Hands items from a worker thread to a generation's queue on the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, generation: Generation) -> None:
+        self._loop = loop
+        self._queue = generation._items
+        self._closed = False
+
+    def put(self, item: Item) -> None:
+        if self._closed:
+            return
+        if isinstance(item, Finished):
+            self._closed = True
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to read
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+
+class Engine(Protocol):
+    info: EngineInfo
+
+    def start(self, request: GenerationRequest) -> Generation:
+        """Begin generating; must be called on the event loop."""
+        ...
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """User text as text: control-token strings in it stay ordinary text."""
+        ...
+
+    def token_id(self, token: str) -> int: ...
+
+    def forget(self, session_key: str) -> None:
+        """Drop the session's cached KV state (reset, close)."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,203 @@
+"""``HFEngine``: one ``model.generate`` per generation, each in its own worker thread.
+
+The thread always delivers a terminal ``Finished`` from ``finally``, so an exception becomes an
+``error`` + ``done`` for the client, never a hang. KV state is kept per session (``KVStore``) so a
+conversation's later turns prefill only their new tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import DynamicCache, StoppingCriteriaList
+
+from protocol import FinishReason
+
+from ..loader import LoadedModel
+from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, SamplingParams
+from .kvstore import CachedPrefix, KVStore
+from .streamer import TokenStreamer, cancel_or_stop
+
+log = logging.getLogger("wschat.engine")
+
+END_OF_TURN = "<end_of_turn>"
+
+
+class HFEngine:
+    name = "generate"
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        context_tokens: int = 8192,
+        max_images: int = 4,
+        kv_budget_tokens: int = 262_144,
+    ) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self._backend = self.tokenizer.backend_tokenizer
+        limit = _model_context(self.model.config)
+        eos = _eos_ids(self.model.generation_config, self.tokenizer)
+        self.info = EngineInfo(
+            name=self.name,
+            model=loaded.name,
+            device=loaded.device,
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            context_tokens=min(context_tokens, limit),
+            images=loaded.has_vision,
+            max_images=max_images if loaded.has_vision else 0,
+            end_of_turn_ids=eos,
+        )
+        self.kv = KVStore(kv_budget_tokens)
+        self._threads: set[threading.Thread] = set()
+
+    # -- the Engine interface ------------------------------------------------------------
+
+    def tokenize_text(self, text: str) -> list[int]:
+        encoded = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)
+        return list(encoded["input_ids"])
+
+    def token_id(self, token: str) -> int:
+        return int(self.tokenizer.convert_tokens_to_ids(token))
+
+    def forget(self, session_key: str) -> None:
+        self.kv.forget(session_key)
+
+    def start(self, request: GenerationRequest) -> Generation:
+        generation = Generation()
+        prefix = (
+            self.kv.take(request.session_key, request.prompt_ids) if request.session_key else None
+        )
+        generation.cached_tokens = len(prefix.ids) if prefix else 0
+        bridge = LoopBridge(asyncio.get_running_loop(), generation)
+        thread = threading.Thread(
+            target=self._run,
+            args=(request, generation, bridge, prefix),
+            name=f"wschat-generate-{request.session_key or '-'}",
+            daemon=True,
+        )
+        self._threads.add(thread)
+        thread.start()
+        return generation
+
+    async def aclose(self) -> None:
+        for thread in list(self._threads):
+            await asyncio.to_thread(thread.join, 30)
+
+    # -- the worker thread ---------------------------------------------------------------
+
+    def _run(
+        self,
+        request: GenerationRequest,
+        generation: Generation,
+        bridge: LoopBridge,
+        prefix: CachedPrefix | None,
+    ) -> None:
+        finished = Finished(FinishReason.ERROR, error=RuntimeError("generation ended early"))
+        streamer = TokenStreamer(self._backend, bridge.put, request.params.stop)
+        try:
+            cache = prefix.cache if prefix else DynamicCache(config=self.model.config)
+            ids = self._generate(request, generation, streamer, cache)
+            if request.session_key:
+                kept = ids[: cache.get_seq_length()]
+                self.kv.put(request.session_key, CachedPrefix(cache, kept))
+            reason = self._reason(generation, streamer, request.params, len(request.prompt_ids))
+            finished = Finished(reason, tuple(streamer.generated), generation.cached_tokens)
+        except BaseException as error:
+            log.exception("generation failed")
+            finished = Finished(
+                FinishReason.ERROR, tuple(streamer.generated), generation.cached_tokens, error
+            )
+        finally:
+            try:
+                streamer.end()
+            finally:
+                bridge.put(finished)
+                self._threads.discard(threading.current_thread())
+
+    def _generate(
+        self,
+        request: GenerationRequest,
+        generation: Generation,
+        streamer: TokenStreamer,
+        cache: Any,
+    ) -> list[int]:
+        params = request.params
+        room = self.info.context_tokens - len(request.prompt_ids)
+        device = self.model.device
+        input_ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
+        kwargs = _sampling_kwargs(params)
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                cache=cache,
+                max_new_tokens=max(1, min(params.max_new_tokens, room)),
+                eos_token_id=list(self.info.end_of_turn_ids),
+                pad_token_id=self.tokenizer.pad_token_id,
+                streamer=streamer,
+                stopping_criteria=StoppingCriteriaList(
+                    [cancel_or_stop(generation.cancel_flag, streamer)]
+                ),
+                **kwargs,
+            )
+        return list(out[0].tolist())
+
+    def _reason(
+        self,
+        generation: Generation,
+        streamer: TokenStreamer,
+        params: SamplingParams,
+        prompt_len: int,
+    ) -> FinishReason:
+        if generation.cancel_flag.is_set():
+            return FinishReason.CANCELLED
+        if streamer.stop_string_hit:
+            return FinishReason.STOP
+        if streamer.generated and streamer.generated[-1] in self.info.end_of_turn_ids:
+            return FinishReason.STOP
+        return FinishReason.LENGTH
+
+
+def _sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+    if params.temperature == 0:
+        kwargs: dict[str, Any] = {"do_sample": False, "top_k": None, "top_p": None}
+    else:
+        kwargs = {
+            "do_sample": True,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,
+        }
+    if params.repetition_penalty != 1.0:
+        kwargs["repetition_penalty"] = params.repetition_penalty
+    return kwargs
+
+
+def _model_context(config: Any) -> int:
+    text = getattr(config, "text_config", config)
+    return int(getattr(text, "max_position_embeddings", 8192))
+
+
+def _eos_ids(generation_config: Any, tokenizer: Any) -> tuple[int, ...]:
+    ids: list[int] = []
+    configured = generation_config.eos_token_id
+    if isinstance(configured, int):
+        ids.append(configured)
+    elif isinstance(configured, Sequence):
+        ids.extend(int(i) for i in configured)
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    eot = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+    if isinstance(eot, int) and eot != tokenizer.unk_token_id:
+        ids.append(eot)
+    return tuple(dict.fromkeys(ids))

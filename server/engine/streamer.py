@@ -1,0 +1,114 @@
+"""The worker-thread side of streaming: incremental decoding, stop strings, cancel and stop checks.
+
+``TokenStreamer`` is what ``model.generate(streamer=...)`` calls once per step. It decodes each
+token with tokenizers' ``DecodeStream`` (no re-decoding of the whole reply, and never half a UTF-8
+character), emits text at once instead of waiting for a space, and holds back only the tail that
+could still grow into a stop string (PROTOCOL.md: a stop string is not included in the text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from tokenizers.decoders import DecodeStream
+from transformers import StoppingCriteria
+
+from .base import CancelFlag, TokenPiece
+
+
+class StopStringMatcher:
+    """Feeds text through; returns what is safe to emit and whether a stop string was hit."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(stops)
+        self._held = ""
+        self.hit = False
+
+    def feed(self, text: str) -> str:
+        if not self._stops:
+            return text
+        window = self._held + text
+        found = [i for i in (window.find(s) for s in self._stops) if i >= 0]
+        if found:
+            self.hit = True
+            self._held = ""
+            return window[: min(found)]
+        keep = self._longest_stop_prefix_suffix(window)
+        self._held = window[len(window) - keep :]
+        return window[: len(window) - keep]
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return "" if self.hit else held
+
+    def _longest_stop_prefix_suffix(self, window: str) -> int:
+        for size in range(min(len(window), max(len(s) for s in self._stops) - 1), 0, -1):
+            tail = window[-size:]
+            if any(s.startswith(tail) for s in self._stops):
+                return size
+        return 0
+
+
+class TokenStreamer:
+    """``generate``'s streamer: the first ``put`` is the prompt, later ones one token each."""
+
+    def __init__(
+        self,
+        backend_tokenizer: Any,
+        emit: Callable[[TokenPiece], None],
+        stops: Sequence[str] = (),
+    ) -> None:
+        self._tokenizer = backend_tokenizer
+        self._emit = emit
+        self._decoder = DecodeStream(skip_special_tokens=True)
+        self._stops = StopStringMatcher(stops)
+        self._seen_prompt = False
+        self._ids: list[int] = []  # ids whose text is not emitted yet
+        self.generated: list[int] = []
+
+    @property
+    def stop_string_hit(self) -> bool:
+        return self._stops.hit
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._seen_prompt:
+            self._seen_prompt = True
+            return
+        for token_id in value.reshape(-1).tolist():
+            self._step(int(token_id))
+
+    def _step(self, token_id: int) -> None:
+        self.generated.append(token_id)
+        if self._stops.hit:
+            return  # generation stops at this step; nothing after the stop string is text
+        self._ids.append(token_id)
+        piece = self._decoder.step(self._tokenizer, token_id)
+        text = self._stops.feed(piece) if piece else ""
+        if text:
+            self._send(text)
+
+    def _send(self, text: str) -> None:
+        ids, self._ids = tuple(self._ids), []
+        self._emit(TokenPiece(text, ids))
+
+    def end(self) -> None:
+        tail = self._stops.flush()
+        if tail or self._ids:
+            self._send(tail)
+
+
+class StopWhen(StoppingCriteria):
+    """Ends generation at the next step boundary when ``should_stop()`` turns true."""
+
+    def __init__(self, should_stop: Callable[[], bool]) -> None:
+        self._should_stop = should_stop
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> Any:
+        stop = self._should_stop()
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
+def cancel_or_stop(flag: CancelFlag, streamer: TokenStreamer) -> StopWhen:
+    return StopWhen(lambda: flag.is_set() or streamer.stop_string_hit)

@@ -1,0 +1,89 @@
+"""``Hub``: what all connections share: settings, the engine, generation slots and the
+``SessionStore`` (live sessions, and detached ones kept for ``?resume=`` within the window)."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+
+from .conversation import TurnMarkup
+from .engine import Engine
+from .scheduler import GenerationSlots
+from .session import Session
+from .settings import Settings
+from .stats import ServerStats
+
+
+@dataclass(eq=False)
+class _Detached:
+    session: Session
+    expires_at: float
+
+
+class SessionStore:
+    """Sessions by key; a resume token maps to the key of a detached session."""
+
+    def __init__(self, resume_window_s: float) -> None:
+        self.resume_window_s = resume_window_s
+        self.live: dict[str, Session] = {}
+        self._detached: dict[str, _Detached] = {}  # by resume token
+        self._tokens: dict[str, str] = {}  # session key -> resume token
+
+    def add(self, session: Session) -> str:
+        self.live[session.key] = session
+        token = secrets.token_urlsafe(24)
+        self._tokens[session.key] = token
+        return token
+
+    def detach(self, session: Session) -> None:
+        """Keep the conversation for resumption; the generation was already stopped."""
+        self.live.pop(session.key, None)
+        token = self._tokens.pop(session.key, None)
+        if token is not None and self.resume_window_s > 0:
+            self._detached[token] = _Detached(session, time.monotonic() + self.resume_window_s)
+        self.expire()
+
+    def claim(self, token: str) -> Session | None:
+        self.expire()
+        entry = self._detached.pop(token, None)
+        return entry.session if entry else None
+
+    def expire(self) -> list[Session]:
+        now = time.monotonic()
+        gone = [t for t, d in self._detached.items() if d.expires_at <= now]
+        return [self._detached.pop(t).session for t in gone]
+
+    @property
+    def detached_count(self) -> int:
+        return len(self._detached)
+
+
+@dataclass(eq=False)
+class Hub:
+    settings: Settings
+    engine: Engine | None = None
+    slots: GenerationSlots = field(init=False)
+    sessions: SessionStore = field(init=False)
+    stats: ServerStats = field(init=False)
+    markup: TurnMarkup | None = None
+    shutting_down: bool = False
+
+    def __post_init__(self) -> None:
+        self.slots = GenerationSlots(self.settings.max_concurrent, self.settings.max_queue)
+        self.sessions = SessionStore(self.settings.resume_window_s)
+        self.stats = ServerStats()
+
+    def set_engine(self, engine: Engine) -> None:
+        self.engine = engine
+        self.markup = TurnMarkup(engine)
+
+    def new_session(self) -> Session:
+        assert self.engine is not None
+        session = Session(secrets.token_hex(8), self.engine, self.slots, self.settings, self.markup)
+        session.listeners.append(self.stats.on_run_event)
+        return session
+
+    def forget(self, session: Session) -> None:
+        if self.engine is not None:
+            self.engine.forget(session.key)

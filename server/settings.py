@@ -1,0 +1,42 @@
+"""Server settings: one frozen dataclass, filled from the CLI and ``WSCHAT_*`` variables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str = "embedded"
+    cache_dir: Path | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    engine: str = "generate"
+    # generations decoding at once across sessions; more wait in a queue of max_queue
+    max_concurrent: int = 1
+    max_queue: int = 64
+    max_new_tokens: int = 1024
+    default_max_new_tokens: int = 256
+    context_tokens: int = 8192
+    kv_budget_tokens: int = 262_144
+    max_frame_bytes: int = 12 * 1024 * 1024
+    max_image_bytes: int = 10 * 1024 * 1024
+    max_image_pixels: int = 25_000_000
+    max_images: int = 4
+    max_prompt_bytes: int = 256 * 1024
+    max_prompt_tokens: int = 8192
+    frames_per_second: int = 50
+    max_connections: int = 1000
+    max_connections_per_client: int = 100
+    idle_timeout_s: float = 600.0
+    ping_interval_s: float = 20.0
+    stall_timeout_s: float = 120.0
+    shutdown_grace_s: float = 10.0
+    resume_window_s: float = 120.0
+    tokens: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    log_level: str = "info"
+    extra: dict[str, str] = field(default_factory=dict)

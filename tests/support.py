@@ -1,0 +1,101 @@
+"""Test helpers: a real uvicorn server on an ephemeral loopback port, and a raw msgpack peer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgpack
+import uvicorn
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+from server.app import build_app
+from server.engine import Engine
+from server.serve import uvicorn_config
+from server.settings import Settings
+
+TIMEOUT = 30.0
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    engine: Engine, settings: Settings | None = None, **overrides: Any
+) -> AsyncIterator[str]:
+    """Serve ``engine`` on 127.0.0.1:<free port>; yields ``ws://.../v1/chat``; always stops."""
+    settings = settings or Settings(**{"ping_interval_s": 0.0, "log_level": "warning", **overrides})
+    app = build_app(settings, engine)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn_config(settings, app))
+    server.config.port = port
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            while not server.started:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.01)
+        yield f"ws://127.0.0.1:{port}/v1/chat"
+    finally:
+        server.should_exit = True
+        async with asyncio.timeout(TIMEOUT):
+            await task
+        sock.close()
+
+
+class RawPeer:
+    """A client written from PROTOCOL.md alone: plain websockets + msgpack."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        await self.ws.send(msgpack.packb(frame, use_bin_type=True))
+
+    async def recv(self, timeout: float = TIMEOUT) -> dict[str, Any]:
+        async with asyncio.timeout(timeout):
+            data = await self.ws.recv()
+        assert isinstance(data, bytes), f"server sent a text frame: {data!r}"
+        return msgpack.unpackb(data, raw=False)  # type: ignore[no-any-return]
+
+    async def recv_until(self, kind: str, timeout: float = TIMEOUT) -> list[dict[str, Any]]:
+        """Frames up to and including the first of type ``kind``."""
+        frames = []
+        async with asyncio.timeout(timeout):
+            while True:
+                frame = await self.recv()
+                frames.append(frame)
+                if frame["type"] == kind:
+                    return frames
+
+
+@contextlib.asynccontextmanager
+async def raw_peer(url: str, **kwargs: Any) -> AsyncIterator[tuple[RawPeer, dict[str, Any]]]:
+    async with asyncio.timeout(TIMEOUT):
+        ws = await websockets.connect(url, subprotocols=["wschat.v1"], **kwargs)
+    try:
+        peer = RawPeer(ws)
+        ready = await peer.recv()
+        assert ready["type"] == "ready"
+        yield peer, ready
+    finally:
+        async with asyncio.timeout(TIMEOUT):
+            await ws.close()
+
+
+def generation_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("wschat-generate")]
+
+
+async def wait_until(predicate: Any, timeout: float = TIMEOUT, interval: float = 0.01) -> None:
+    """Poll a condition that has no awaitable (thread exits); fails loudly on timeout."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(interval)
