@@ -6,6 +6,7 @@ cannot expand into a large object graph (PROTOCOL.md "Transport").
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,8 @@ class DecodeLimits:
 
 
 DEFAULT_LIMITS = DecodeLimits()
+# msgpack's own nesting limit (its C unpacker's stack); PROTOCOL.md "Encoding" states it.
+MAX_DEPTH = 1024
 # Our own client reads server frames; token id lists and dashboards' session tables are longer.
 SERVER_FRAME_LIMITS = DecodeLimits(max_array_len=100_000, max_map_len=1024)
 
@@ -42,32 +45,66 @@ def unpack_map(data: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str, 
         raise BadFrame("frames are binary messages")
     if len(data) > limits.max_frame_bytes:
         raise FrameTooLarge(f"frame of {len(data)} bytes is over {limits.max_frame_bytes}")
-    unpacker = msgpack.Unpacker(
-        raw=False,
-        strict_map_key=True,
-        use_list=True,
-        max_buffer_size=max(limits.max_frame_bytes, 1),
-        max_str_len=limits.max_str_len,
-        max_bin_len=limits.max_bin_len,
-        max_array_len=limits.max_array_len,
-        max_map_len=limits.max_map_len,
-        max_ext_len=0,
-    )
     try:
-        unpacker.feed(data)
-        value = unpacker.unpack()
-        extra = unpacker.tell() != len(data)
-    except msgpack.OutOfData:
-        raise BadFrame("truncated msgpack") from None
+        # unpackb reads ``data`` in place (an Unpacker would first copy it into a 1 MiB buffer)
+        value = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            object_hook=_string_keys_only,
+            ext_hook=_no_ext,
+            max_str_len=limits.max_str_len,
+            max_bin_len=limits.max_bin_len,
+            max_array_len=limits.max_array_len,
+            max_map_len=limits.max_map_len,
+            max_ext_len=0,
+        )
+    except ProtocolError:
+        raise
+    except msgpack.ExtraData:
+        raise BadFrame("bytes after the frame's map") from None
     except (ValueError, msgpack.UnpackException, TypeError, OverflowError, RecursionError) as e:
-        raise BadFrame(f"not valid msgpack ({type(e).__name__})") from None
-    if extra:
-        raise BadFrame("bytes after the frame's map")
+        raise _unpack_failure(e) from None
     if not isinstance(value, Mapping):
         raise BadFrame("a frame must be a msgpack map")
+    return value
+
+
+# msgpack reports a per-type limit as "<n> exceeds max_<kind>_len(<limit>)" (C and pure Python).
+_OVER_LIMIT = re.compile(r"(\d+) exceeds max_(str|bin|array|map|ext)_len\((\d+)\)")
+_UNITS = {"str": "bytes", "bin": "bytes", "array": "items", "map": "entries"}
+
+
+def _unpack_failure(error: Exception) -> ProtocolError:
+    """PROTOCOL.md "Errors": over a length limit is too_large; anything else is bad_frame."""
+    if isinstance(error, msgpack.OutOfData) or "incomplete input" in str(error):
+        return BadFrame("truncated msgpack")
+    if isinstance(error, UnicodeDecodeError):
+        return BadFrame("a msgpack str is not valid UTF-8")
+    if isinstance(error, msgpack.StackError | RecursionError):
+        return BadFrame(f"nested deeper than {MAX_DEPTH} arrays and maps")
+    text = str(error) if type(error) is ValueError else ""
+    if "map key" in text:
+        return BadFrame("map keys must be strings")
+    over = _OVER_LIMIT.search(text)
+    if over is None:
+        return BadFrame(f"not valid msgpack ({type(error).__name__})")
+    size, kind, limit = over.groups()
+    if kind == "ext":
+        return BadFrame("msgpack ext types are not part of the protocol")
+    return FrameTooLarge(f"a msgpack {kind} of {size} {_UNITS[kind]} is over the limit of {limit}")
+
+
+def _string_keys_only(value: dict[Any, Any]) -> dict[str, Any]:
+    # PROTOCOL.md "Encoding": every map key, at any depth, is a str.
     if not all(type(k) is str for k in value):
         raise BadFrame("map keys must be strings")
     return value
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise BadFrame("msgpack ext types are not part of the protocol")
 
 
 def _frame_type(data: Mapping[str, Any]) -> FrameType:

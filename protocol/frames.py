@@ -153,6 +153,8 @@ class Record:
             value = getattr(self, f.name)
             if value is ABSENT or (value is None and not f.metadata.get("keep_nil")):
                 continue
+            if value == () and f.default == ():  # an empty optional list is left out
+                continue
             out[f.name] = _wire_value(value)
         return out
 
