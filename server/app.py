@@ -24,6 +24,7 @@ from .connection import Connection
 from .engine import Engine
 from .hub import Hub
 from .settings import Settings
+from .web import web_routes
 
 log = logging.getLogger("wschat.app")
 
@@ -95,6 +96,7 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             WebSocketRoute("/v1/chat", chat),
+            *web_routes(hub),
         ],
         lifespan=lifespan,
     )

@@ -1,38 +1,60 @@
 """``ServerStats``: counters and recent timings fed by generation events, read by ``/v1/stats``
-and ``/metrics``."""
+and ``/metrics``.
+
+Recent windows are pruned as they grow, not only when read, so memory stays bounded however
+long nobody looks: tokens sit in 100 ms buckets (at most ~100 over 10 s) and TTFT samples are
+capped in number as well as in age.
+"""
 
 from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 from protocol import Done, FinishReason
 
 from .run import GenerationRun
 
+TOKENS_WINDOW_S = 10.0
+TTFT_WINDOW_S = 60.0
+_BUCKET_S = 0.1
+_MAX_TTFT_SAMPLES = 10_000
+
+RunListener = Callable[[GenerationRun, str, Any], None]
+
 
 class ServerStats:
-    def __init__(self) -> None:
-        self.started = time.monotonic()
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.started = clock()
         self.generations = 0
         self.cancellations = 0
         self.errors: Counter[str] = Counter()
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.generation_tokens = 0
-        self._tokens: deque[tuple[float, int]] = deque()  # (time, n) over the last 10 s
-        self._ttft: deque[tuple[float, float]] = deque()  # (time, ms) over the last minute
-        self.listeners: list[Any] = []
+        self._tokens: deque[list[int]] = deque()  # [bucket number, tokens in it], oldest first
+        self._ttft: deque[tuple[float, float]] = deque(maxlen=_MAX_TTFT_SAMPLES)  # (time, ms)
+        self.listeners: list[RunListener] = []
 
     def on_run_event(self, run: GenerationRun, event: str, value: Any) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if event == "token":
-            self._tokens.append((now, int(value)))
+            self._add_tokens(now, int(value))
         elif event == "done":
             self._on_done(now, value)
         for listener in self.listeners:
             listener(run, event, value)
+
+    def _add_tokens(self, now: float, n: int) -> None:
+        bucket = int(now / _BUCKET_S)
+        if self._tokens and self._tokens[-1][0] == bucket:
+            self._tokens[-1][1] += n
+        else:
+            self._tokens.append([bucket, n])
+        self._prune_tokens(now, TOKENS_WINDOW_S)
 
     def _on_done(self, now: float, done: Done) -> None:
         self.generations += 1
@@ -43,29 +65,43 @@ class ServerStats:
             self.cancellations += 1
         if done.timing.ttft_ms is not None:
             self._ttft.append((now, done.timing.ttft_ms))
+            self._prune_ttft(now, TTFT_WINDOW_S)
 
     def count_error(self, code: str) -> None:
         self.errors[code] += 1
 
-    def tokens_per_s(self, window: float = 10.0) -> float:
-        now = time.monotonic()
-        while self._tokens and self._tokens[0][0] < now - window:
-            self._tokens.popleft()
+    def tokens_per_s(self, window: float = TOKENS_WINDOW_S) -> float:
+        now = self._clock()
+        self._prune_tokens(now, TOKENS_WINDOW_S)
+        oldest = int((now - window) / _BUCKET_S)
         span = min(window, max(now - self.started, 1e-9))
-        return sum(n for _, n in self._tokens) / span
+        return sum(n for bucket, n in self._tokens if bucket >= oldest) / span
 
-    def ttft_percentiles(self, window: float = 60.0) -> tuple[float | None, float | None]:
-        now = time.monotonic()
-        while self._ttft and self._ttft[0][0] < now - window:
-            self._ttft.popleft()
-        values = sorted(ms for _, ms in self._ttft)
+    def ttft_percentiles(self, window: float = TTFT_WINDOW_S) -> tuple[float | None, float | None]:
+        now = self._clock()
+        self._prune_ttft(now, TTFT_WINDOW_S)
+        values = sorted(ms for at, ms in self._ttft if at >= now - window)
         if not values:
             return None, None
         return _percentile(values, 0.5), _percentile(values, 0.95)
 
     @property
     def uptime_s(self) -> float:
-        return time.monotonic() - self.started
+        return self._clock() - self.started
+
+    @property
+    def buffered_samples(self) -> int:
+        """Entries held in the recent windows (what the pruning keeps bounded)."""
+        return len(self._tokens) + len(self._ttft)
+
+    def _prune_tokens(self, now: float, window: float) -> None:
+        oldest = int((now - window) / _BUCKET_S)
+        while self._tokens and self._tokens[0][0] < oldest:
+            self._tokens.popleft()
+
+    def _prune_ttft(self, now: float, window: float) -> None:
+        while self._ttft and self._ttft[0][0] < now - window:
+            self._ttft.popleft()
 
 
 def _percentile(sorted_values: list[float], q: float) -> float:

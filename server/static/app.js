@@ -1,0 +1,357 @@
+// The wschat chat page: one WebSocket session (PROTOCOL.md), rendered as it streams.
+
+import { Attachments, imageFiles } from "./attachments.js";
+import { Backoff, diagnose, getToken, openSocket, readFrame, sendFrame, setConnection, setToken } from "./net.js";
+import { Transcript } from "./transcript.js";
+
+const $ = (id) => document.getElementById(id);
+const ui = {
+  conn: $("conn"), model: $("model"), notices: $("notices"), input: $("input"),
+  send: $("send"), stop: $("stop"), reset: $("new"), attach: $("attach"), file: $("file"),
+  composer: $("composer"), tokenForm: $("token-form"), token: $("token"),
+  tokenMessage: $("token-message"), systemForm: $("system-form"), system: $("system"),
+  temperature: $("temperature"), topP: $("top-p"), maxNew: $("max-new-tokens"),
+  maxNewLimit: $("max-new-tokens-limit"),
+};
+
+const ERROR_HINTS = {
+  overloaded: "The server is at capacity. Try again in a moment.",
+  busy: "A reply is still being generated. Stop it or wait for it to finish.",
+  context_overflow: "The conversation no longer fits the model's context. Start a new conversation.",
+  unauthorized: "The access token is no longer valid.",
+};
+
+const state = {
+  ws: null,
+  ready: null, // the last ready frame
+  session: null,
+  resume: null,
+  reply: null, // the Reply being generated
+  appliedSystem: "",
+  counter: 0,
+  backoff: new Backoff(),
+  retryTimer: 0,
+  lastError: null,
+  goingAway: false,
+  waitForUser: false, // reconnect on the next user action rather than on a timer
+};
+
+const transcript = new Transcript($("scroller"), $("transcript"), $("jump"));
+const attachments = new Attachments($("attachments"), {
+  send: (frame) => send(frame),
+  limits: () => state.ready && state.ready.limits,
+  onChange: () => updateControls(),
+});
+
+function notice(text, kind = "info") {
+  const p = document.createElement("p");
+  p.className = `notice ${kind}`;
+  p.textContent = text;
+  if (kind === "error") p.setAttribute("role", "alert");
+  ui.notices.replaceChildren(p);
+}
+
+function clearNotice() {
+  ui.notices.replaceChildren();
+}
+
+function connected() {
+  return state.ws !== null && state.ws.readyState === WebSocket.OPEN && state.ready !== null;
+}
+
+function send(frame) {
+  if (!connected()) return false;
+  sendFrame(state.ws, frame);
+  return true;
+}
+
+function updateControls() {
+  const busy = state.reply !== null;
+  const hasContent = ui.input.value.trim() !== "" || attachments.stagedCount > 0;
+  ui.send.disabled = !connected() || busy || !hasContent || attachments.checking;
+  ui.stop.disabled = !connected() || !busy;
+  ui.reset.disabled = !connected();
+}
+
+// -- connection -----------------------------------------------------------------------------
+
+function connect() {
+  clearTimeout(state.retryTimer);
+  state.waitForUser = false;
+  state.ready = null;
+  state.lastError = null;
+  state.goingAway = false;
+  setConnection(ui.conn, "connecting", state.session ? "Reconnecting…" : "Connecting…");
+  const ws = openSocket("/v1/chat", { token: getToken(), query: { resume: state.resume } });
+  state.ws = ws;
+  let opened = false;
+  ws.onopen = () => {
+    opened = true;
+  };
+  ws.onmessage = (event) => {
+    if (state.ws === ws) onFrame(readFrame(event));
+  };
+  ws.onclose = (event) => {
+    if (state.ws === ws) onClose(event, opened);
+  };
+  updateControls();
+}
+
+function onClose(event, opened) {
+  const hadSession = state.ready !== null;
+  state.ready = null;
+  state.ws = null;
+  if (state.reply) {
+    state.reply.interrupt("The connection dropped; the server keeps what was generated.");
+    state.reply = null;
+  }
+  updateControls();
+  if (!opened) {
+    handshakeFailed();
+    return;
+  }
+  if (event.code === 1008) {
+    if (state.lastError === "unauthorized") return askForToken("The server no longer accepts this token.");
+    setConnection(ui.conn, "disconnected", "Disconnected");
+    notice(`The server closed the connection: ${event.reason || "policy violation"}. Send a message to reconnect.`, "error");
+    state.waitForUser = true;
+    return;
+  }
+  if (event.code === 1000 && !state.goingAway) {
+    setConnection(ui.conn, "disconnected", "Disconnected");
+    notice("The session was closed (idle). It reconnects when you type.");
+    state.waitForUser = true;
+    return;
+  }
+  const why = {
+    1001: "The server is shutting down or restarting.",
+    1013: "The server is full right now.",
+  }[event.code] || (hadSession ? "The connection to the server was lost." : "The server closed the connection.");
+  retryLater(why);
+}
+
+async function handshakeFailed() {
+  const token = getToken();
+  const verdict = await diagnose(token);
+  if (state.ws !== null) return; // something else reconnected meanwhile
+  if (verdict === "needs-token") return askForToken("This server needs an access token.");
+  if (verdict === "refused-token") return askForToken("The server refused this access token.");
+  const why = {
+    loading: "The model is still loading.",
+    unreachable: "The server cannot be reached.",
+    ok: "The server refused the connection (it may be full, or this page's origin is not allowed).",
+  }[verdict];
+  retryLater(why);
+}
+
+function retryLater(why) {
+  const delay = state.backoff.next();
+  const seconds = Math.max(1, Math.round(delay / 1000));
+  setConnection(ui.conn, "disconnected", `Disconnected — retrying in ${seconds} s`);
+  notice(`${why} Reconnecting in ${seconds} s…`, "warn");
+  state.retryTimer = setTimeout(connect, delay);
+}
+
+function askForToken(message) {
+  clearTimeout(state.retryTimer);
+  setConnection(ui.conn, "auth", "Token needed");
+  ui.tokenForm.hidden = false;
+  ui.tokenMessage.textContent = message;
+  notice(message, "error");
+  ui.token.focus();
+}
+
+// -- frames ---------------------------------------------------------------------------------
+
+const handlers = {
+  ready(f) {
+    const resumed = state.session !== null && f.session === state.session;
+    const restarted = state.session !== null && f.session !== state.session;
+    state.ready = f;
+    state.session = f.session;
+    state.resume = f.resume;
+    state.backoff.reset();
+    document.body.dataset.session = f.session;
+    ui.model.textContent = f.model;
+    ui.tokenForm.hidden = true;
+    setConnection(ui.conn, "connected", "Connected");
+    applyLimits(f);
+    if (resumed) notice("Reconnected: the conversation was kept.");
+    else if (restarted) {
+      attachments.dropStaged();
+      if (!transcript.empty) transcript.addDivider("New session: the server did not keep the conversation above.");
+      notice("Reconnected to a new session.", "warn");
+      if (state.appliedSystem) send({ type: "configure", system: state.appliedSystem });
+    } else clearNotice();
+    updateControls();
+  },
+  configured() {
+    notice(state.appliedSystem ? "System prompt set: the conversation starts afresh." : "System prompt cleared.");
+  },
+  reset_ok() {
+    transcript.clear();
+    attachments.dropStaged();
+    notice("New conversation.");
+  },
+  image_ok(f) {
+    attachments.accepted(f);
+  },
+  queued(f) {
+    if (state.reply && state.reply.id === f.id) {
+      state.reply.queued = true;
+      state.reply.setStatus(`Waiting for a free slot (position ${f.position})…`);
+    }
+  },
+  start(f) {
+    if (state.reply && state.reply.id === f.id) {
+      state.reply.started = true;
+      state.reply.setStatus("Generating…");
+    }
+  },
+  token(f) {
+    if (state.reply && state.reply.id === f.id) state.reply.append(f.text);
+  },
+  done(f) {
+    if (!state.reply || state.reply.id !== f.id) return;
+    state.reply.finish(f);
+    state.reply = null;
+    updateControls();
+  },
+  error(f) {
+    state.lastError = f.code;
+    const message = ERROR_HINTS[f.code] ? `${f.message}. ${ERROR_HINTS[f.code]}` : f.message;
+    if (f.id && attachments.has(f.id)) attachments.refuse(f.id, f.message);
+    else if (f.id && state.reply && state.reply.id === f.id) {
+      state.reply.error(message);
+      if (state.reply.finished) state.reply = null;
+    } else notice(message, "error");
+    updateControls();
+  },
+  goaway(f) {
+    state.goingAway = true;
+    notice(`The server is shutting down (in ${Math.round(f.in_ms / 1000)} s). This page reconnects when it can.`, "warn");
+  },
+  pong() {},
+};
+
+function onFrame(frame) {
+  const handler = handlers[frame.type];
+  if (handler) handler(frame);
+}
+
+function applyLimits(ready) {
+  const limit = ready.limits.max_new_tokens;
+  ui.maxNew.max = String(limit);
+  ui.maxNewLimit.textContent = `1–${limit}`;
+  ui.attach.hidden = !ready.capabilities.images;
+}
+
+// -- actions --------------------------------------------------------------------------------
+
+function numberParam(input, parse) {
+  if (input.value.trim() === "" || !input.checkValidity()) return undefined;
+  return parse(input.value);
+}
+
+function params() {
+  const p = {
+    temperature: numberParam(ui.temperature, Number),
+    top_p: numberParam(ui.topP, Number),
+    max_new_tokens: numberParam(ui.maxNew, (v) => parseInt(v, 10)),
+  };
+  return Object.values(p).some((v) => v !== undefined) ? p : undefined;
+}
+
+function sendPrompt() {
+  if (!connected()) {
+    if (state.waitForUser) connect();
+    return;
+  }
+  if (state.reply || ui.send.disabled) return;
+  const invalid = [ui.temperature, ui.topP, ui.maxNew].find((i) => !i.checkValidity());
+  if (invalid) {
+    notice(`${invalid.labels[0].firstChild.textContent.trim()}: ${invalid.validationMessage}`, "error");
+    return;
+  }
+  const text = ui.input.value.trim();
+  const id = `p-${Date.now().toString(36)}-${++state.counter}`;
+  const frame = { type: "prompt", id, text };
+  const p = params();
+  if (p) frame.params = p;
+  send(frame);
+  transcript.addUser(text, attachments.takeStaged());
+  state.reply = transcript.addReply(id);
+  ui.input.value = "";
+  clearNotice();
+  updateControls();
+}
+
+function stop() {
+  if (state.reply && send({ type: "cancel", id: state.reply.id })) state.reply.setStatus("Stopping…");
+}
+
+ui.composer.addEventListener("submit", (e) => {
+  e.preventDefault();
+  sendPrompt();
+});
+ui.input.addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing) {
+    e.preventDefault();
+    sendPrompt();
+  }
+});
+ui.input.addEventListener("input", () => {
+  if (state.waitForUser && !state.ws) connect();
+  updateControls();
+});
+document.addEventListener("keydown", (e) => {
+  if (e.key === "Escape" && state.reply) {
+    e.preventDefault();
+    stop();
+  }
+});
+ui.stop.addEventListener("click", stop);
+ui.reset.addEventListener("click", () => send({ type: "reset" }));
+ui.systemForm.addEventListener("submit", (e) => {
+  e.preventDefault();
+  if (state.reply) return notice(ERROR_HINTS.busy, "error");
+  state.appliedSystem = ui.system.value.trim();
+  if (send({ type: "configure", system: state.appliedSystem })) transcript.clear();
+});
+ui.tokenForm.addEventListener("submit", (e) => {
+  e.preventDefault();
+  setToken(ui.token.value.trim());
+  ui.token.value = "";
+  state.backoff.reset();
+  connect();
+});
+
+// Images: picker, paste and drag-and-drop all end in attachments.add().
+ui.attach.addEventListener("click", () => ui.file.click());
+ui.file.addEventListener("change", () => {
+  for (const f of ui.file.files) attachments.add(f);
+  ui.file.value = "";
+});
+ui.input.addEventListener("paste", (e) => {
+  const files = imageFiles(e.clipboardData);
+  if (!files.length) return;
+  e.preventDefault();
+  for (const f of files) attachments.add(f);
+});
+ui.composer.addEventListener("dragover", (e) => {
+  if ([...e.dataTransfer.types].includes("Files")) {
+    e.preventDefault();
+    ui.composer.classList.add("dropping");
+  }
+});
+ui.composer.addEventListener("dragleave", () => ui.composer.classList.remove("dropping"));
+ui.composer.addEventListener("drop", (e) => {
+  const files = imageFiles(e.dataTransfer);
+  ui.composer.classList.remove("dropping");
+  if (!files.length) return;
+  e.preventDefault();
+  for (const f of files) attachments.add(f);
+});
+
+connect();
+ui.input.focus();
