@@ -24,14 +24,15 @@ TIMEOUT = 30.0
 
 @contextlib.asynccontextmanager
 async def running_server(
-    engine: Engine, settings: Settings | None = None, **overrides: Any
+    engine: Engine, settings: Settings | None = None, *, port: int = 0, **overrides: Any
 ) -> AsyncIterator[str]:
-    """Serve ``engine`` on 127.0.0.1:<free port>; yields ``ws://.../v1/chat``; always stops."""
+    """Serve ``engine`` on 127.0.0.1:<free port> (or ``port``, to restart a server where it was);
+    yields ``ws://.../v1/chat``; always stops."""
     settings = settings or Settings(**{"ping_interval_s": 0.0, "log_level": "warning", **overrides})
     app = build_app(settings, engine)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn_config(settings, app))
     server.config.port = port

@@ -1,0 +1,71 @@
+"""The dashboard and ``/metrics`` after generations made through the chat page."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.async_api import expect
+
+from server.engine.scripted import ScriptedEngine
+from tests.prometheus import samples
+from tests.support import TIMEOUT, running_server
+
+from .chat import ChatPage
+from .conftest import NewPage, anonymous_id, http_base, in_turn, words
+
+pytestmark = pytest.mark.browser
+
+NONZERO = re.compile(r"^(?!0\.0$)\d+\.\d$")
+
+
+async def test_dashboard_shows_tokens_per_second_and_the_session_after_a_generation(
+    new_page: NewPage, screenshots: Path
+) -> None:
+    # the first reply streams for a few seconds, so the charts have a shape in the screenshot
+    engine = ScriptedEngine(in_turn(words(50, delay_s=0.1), words(6, delay_s=0.05)))
+    async with running_server(engine) as url:
+        base = http_base(url)
+        dashboard = await new_page()
+        await dashboard.goto(base + "/dashboard")
+        await expect(dashboard.locator("#conn")).to_have_attribute("data-state", "connected")
+        await expect(dashboard.locator("#t-tokens")).to_have_text("0.0")
+        chat = await ChatPage(await new_page(), base).open()
+        row = dashboard.locator(f'#sessions tr[data-id="{anonymous_id(await chat.session())}"]')
+        await expect(row).to_contain_text("idle")
+        first = await chat.send("first")
+        await expect(row.locator("td").nth(1)).to_have_text("running")
+        assert await chat.finished(first) == "stop"
+        assert await chat.finished(await chat.send("second")) == "stop"
+        await expect(dashboard.locator("#t-tokens")).to_have_text(NONZERO)
+        await expect(row.locator("td")).to_have_text(
+            [anonymous_id(await chat.session()), "idle", "56", "2"]
+        )
+        await expect(dashboard.locator("#t-sessions")).to_have_text("1")
+        await expect(dashboard.locator("#t-p50")).to_have_text(re.compile(r"^\d+ ms$"))
+        await expect(dashboard.locator("#model")).to_have_text("scripted")
+        await dashboard.screenshot(path=screenshots / "dashboard.png", full_page=True)
+
+
+async def test_metrics_counters_move_after_a_generation(new_page: NewPage) -> None:
+    engine = ScriptedEngine(in_turn(words(8, delay_s=0.01)))
+    async with (
+        running_server(engine) as url,
+        httpx.AsyncClient(base_url=http_base(url), timeout=TIMEOUT) as http,
+    ):
+        before = samples((await http.get("/metrics")).text)
+        chat = await ChatPage(await new_page(), http_base(url)).open()
+        reply = await chat.send("count me")
+        assert await chat.finished(reply) == "stop"
+        response = await http.get("/metrics")
+        assert response.headers["content-type"].startswith("text/plain")
+        after = samples(response.text)
+    assert after["wschat_generation_tokens_total"] - before["wschat_generation_tokens_total"] == 8
+    assert after["wschat_prompt_tokens_total"] > before["wschat_prompt_tokens_total"]
+    assert after["wschat_time_to_first_token_seconds_count"] == 1
+    assert after["wschat_request_queue_seconds_count"] == 1
+    assert after["wschat_inter_token_latency_seconds_count"] >= 1
+    assert after["wschat_sessions_active"] == 1
+    assert after["wschat_model_info{device=cpu,dtype=none,model=scripted}"] == 1
