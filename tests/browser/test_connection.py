@@ -12,6 +12,7 @@ from tests.support import running_server
 
 from .chat import ChatPage
 from .conftest import NewPage, http_base, in_turn, words
+from .proxy import cuttable_proxy
 
 pytestmark = pytest.mark.browser
 
@@ -67,6 +68,28 @@ async def test_killing_the_server_shows_disconnected_and_restarting_it_reconnect
         after = await chat.send("after")
         assert await chat.finished(after) == "stop"
         await expect(chat.text(after)).to_have_text(" x0 x1")
+
+
+async def test_a_dropped_connection_resumes_the_same_conversation(new_page: NewPage) -> None:
+    engine = ScriptedEngine(in_turn(words(400, delay_s=0.02), words(2)))
+    async with running_server(engine) as url:
+        port = urlsplit(url).port
+        assert port is not None
+        async with cuttable_proxy(port) as proxy:
+            chat = await ChatPage(await new_page(), f"http://127.0.0.1:{proxy.port}").open()
+            session = await chat.session()
+            first = await chat.send("a long one")
+            await expect(chat.text(first)).to_contain_text(" w3")
+            proxy.cut()
+            await expect(first).to_have_attribute("data-reason", "interrupted")
+            await chat.connected()
+            await expect(chat.notices).to_have_text("Reconnected: the conversation was kept.")
+            assert await chat.session() == session
+            second = await chat.send("go on")
+            assert await chat.finished(second) == "stop"
+    # PROTOCOL.md "Resumption": the cut reply was cancelled and its partial text kept
+    partial = [i for i in engine.requests[1].prompt_ids if 1000 <= i < 1400]
+    assert partial and partial == list(range(1000, 1000 + len(partial)))
 
 
 async def test_a_prompt_that_must_wait_shows_its_place_then_runs(new_page: NewPage) -> None:

@@ -1,0 +1,60 @@
+"""``CuttableProxy``: a loopback TCP relay in front of a server whose live connections a test can
+cut, like a dropped network, while the server and the relay's listener stay up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from tests.support import TIMEOUT
+
+
+class CuttableProxy:
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.port = 0
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._pumps: set[asyncio.Task[None]] = set()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        async with asyncio.timeout(TIMEOUT):
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self._writers |= {writer, up_writer}
+        for task in (self._pump(reader, up_writer), self._pump(up_reader, writer)):
+            pump = asyncio.create_task(task)
+            self._pumps.add(pump)
+            pump.add_done_callback(self._pumps.discard)
+
+    def cut(self) -> None:
+        """Drop every connection now open (new ones are relayed as before)."""
+        for writer in self._writers:
+            writer.transport.abort()
+        self._writers.clear()
+
+
+@contextlib.asynccontextmanager
+async def cuttable_proxy(upstream_port: int) -> AsyncIterator[CuttableProxy]:
+    proxy = CuttableProxy(upstream_port)
+    server = await asyncio.start_server(proxy._accept, "127.0.0.1", 0)
+    proxy.port = server.sockets[0].getsockname()[1]
+    try:
+        yield proxy
+    finally:
+        server.close()
+        proxy.cut()
+        for pump in list(proxy._pumps):
+            pump.cancel()
+        async with asyncio.timeout(TIMEOUT):
+            await asyncio.gather(*proxy._pumps, return_exceptions=True)
+            await server.wait_closed()
