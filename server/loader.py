@@ -131,6 +131,10 @@ def resolve_model(spec: str, cache_dir: Path | None) -> tuple[str | Path, str]:
     """(what from_pretrained takes, a display name)."""
     if spec == EMBEDDED:
         return embedded_model_dir(cache_dir), EMBEDDED_NAME
+    from .devmodel import cached_devmodel, is_devmodel_name
+
+    if is_devmodel_name(spec):  # random weights for tests and demos (server/devmodel.py)
+        return cached_devmodel(spec, cache_dir or default_cache_dir()), spec
     path = Path(spec).expanduser()
     if path.is_dir():
         return path, path.name

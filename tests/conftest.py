@@ -1,0 +1,78 @@
+"""Suite-wide fixtures: tiny random Gemma 3 models through the real loader, and a check that no
+generation thread outlives its test."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.support import generation_threads
+
+if TYPE_CHECKING:  # torch loads only for the tests that use these fixtures
+    from server.engine.hf import HFEngine
+    from server.loader import LoadedModel
+
+THREAD_EXIT_TIMEOUT = 10.0
+
+
+@pytest.fixture(autouse=True)
+def no_generation_thread_left() -> Iterator[None]:
+    """Every generation a test starts has ended (its thread exited) once the test is over."""
+    before = set(generation_threads())
+    yield
+    started: list[threading.Thread] = [t for t in generation_threads() if t not in before]
+    for thread in started:
+        thread.join(THREAD_EXIT_TIMEOUT)
+    left = [t.name for t in started if t.is_alive()]
+    assert not left, f"generation threads still running after the test: {left}"
+
+
+@pytest.fixture(scope="session")
+def tiny_text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from server.devmodel import build_tiny_text_model
+
+    return build_tiny_text_model(tmp_path_factory.mktemp("tiny-text"))
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from server.devmodel import build_tiny_vision_model
+
+    return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vision"))
+
+
+@pytest.fixture(scope="session")
+def tiny_text_loaded(tiny_text_dir: Path) -> LoadedModel:
+    from server.loader import load_model
+
+    return load_model(str(tiny_text_dir), dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_loaded(tiny_vision_dir: Path) -> LoadedModel:
+    from server.loader import load_model
+
+    return load_model(str(tiny_vision_dir), dtype="float32")
+
+
+@pytest.fixture
+async def tiny_text_engine(tiny_text_loaded: LoadedModel) -> AsyncIterator[HFEngine]:
+    """A fresh engine (its own KV store) over the session's loaded tiny text model."""
+    from server.engine.hf import HFEngine
+
+    engine = HFEngine(tiny_text_loaded)
+    yield engine
+    await engine.aclose()
+
+
+@pytest.fixture
+async def tiny_vision_engine(tiny_vision_loaded: LoadedModel) -> AsyncIterator[HFEngine]:
+    from server.engine.hf import HFEngine
+
+    engine = HFEngine(tiny_vision_loaded)
+    yield engine
+    await engine.aclose()
