@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 
 import pytest
 from PIL import Image as PILImage
 from playwright.async_api import Page, expect
 
+from server.engine.hf import HFEngine
 from server.engine.scripted import ScriptedEngine
 from tests.support import running_server
 
@@ -109,3 +111,42 @@ async def test_undecodable_and_oversized_images_are_refused_with_a_reason(
         assert len(messages) == 2
         assert "image" in messages[0] and messages[0] != "checking…"
         assert messages[1] == "469 kB is over the server's 49 kB limit"
+
+
+FINISHED = re.compile(r"^(stop|length)$")
+
+
+async def test_tiny_text_model_replies_and_refuses_an_image(
+    new_page: NewPage, tiny_text_engine: HFEngine
+) -> None:
+    async with running_server(tiny_text_engine) as url:
+        chat = await ChatPage(await new_page(), http_base(url)).open()
+        page = chat.page
+        await expect(page.get_by_role("button", name="Attach image")).to_be_hidden()
+        await deliver(page, "paste", "photo.png", "image/png", png(8, 8))
+        caption = page.locator("#attachments .attachment.refused .caption")
+        await expect(caption).to_have_text(
+            f"the model {tiny_text_engine.info.model!r} does not read images"
+        )
+        await page.get_by_label("Max new tokens").fill("12")
+        reply = await chat.send("hello")
+        await expect(reply).to_have_attribute("data-reason", FINISHED)
+        await expect(reply.locator(".meta")).to_contain_text("first token")
+
+
+async def test_tiny_vision_model_replies_to_an_attached_image(
+    new_page: NewPage, tiny_vision_engine: HFEngine
+) -> None:
+    async with running_server(tiny_vision_engine) as url:
+        chat = await ChatPage(await new_page(), http_base(url)).open()
+        page = chat.page
+        await page.get_by_label("Max new tokens").fill("12")
+        await page.locator("#file").set_input_files(
+            files=[{"name": "red.png", "mimeType": "image/png", "buffer": png(32, 32, "red")}]
+        )
+        await expect(page.locator("#attachments .attachment.ok .caption")).to_have_text(f"32{BY}32")
+        reply = await chat.send("What colour is this?")
+        await expect(reply).to_have_attribute("data-reason", FINISHED)
+        await expect(reply.locator(".error-text")).to_have_count(0)
+        await expect(chat.messages.first.locator(".thumbs img")).to_have_count(1)
+        await expect(reply.locator(".meta")).to_contain_text("first token")
