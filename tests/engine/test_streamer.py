@@ -1,0 +1,54 @@
+"""``TokenStreamer`` with the Gemma tokenizer: each token's text at once, never half a character."""
+
+from __future__ import annotations
+
+import torch
+
+from server.engine.base import TokenPiece
+from server.engine.streamer import TokenStreamer
+from server.loader import LoadedModel
+
+# Characters the Gemma vocabulary spells as UTF-8 byte-fallback tokens (<0xF0>, <0x93>, ...),
+# between characters it has whole tokens for.
+FRAKTUR_U = "\U0001d518"
+TEXT = f"Hi 𓀀 and ꙮ, {FRAKTUR_U} été 日本語 🙂"
+BYTE_FALLBACK = ("𓀀", "ꙮ", FRAKTUR_U)
+
+
+def stream(loaded: LoadedModel, ids: list[int], stops: tuple[str, ...] = ()) -> list[TokenPiece]:
+    pieces: list[TokenPiece] = []
+    streamer = TokenStreamer(loaded.tokenizer.backend_tokenizer, pieces.append, stops)
+    streamer.put(torch.tensor([[2, 105]]))  # the prompt: not streamed
+    for token_id in ids:
+        streamer.put(torch.tensor([token_id]))
+    streamer.end()
+    return pieces
+
+
+def test_multibyte_characters_split_over_tokens_are_emitted_whole(
+    tiny_text_loaded: LoadedModel,
+) -> None:
+    tokenizer = tiny_text_loaded.tokenizer
+    ids = tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+    for char in BYTE_FALLBACK:
+        assert len(tokenizer(char, add_special_tokens=False)["input_ids"]) >= 3
+    pieces = stream(tiny_text_loaded, ids)
+    assert "".join(p.text for p in pieces) == TEXT
+    assert all("\ufffd" not in p.text for p in pieces)
+    for char in BYTE_FALLBACK:  # its byte tokens come out together, as one piece
+        assert any(char in p.text and len(p.ids) >= 3 for p in pieces)
+    assert [i for p in pieces for i in p.ids] == ids
+
+
+def test_each_whole_token_is_emitted_at_once_without_waiting_for_a_space(
+    tiny_text_loaded: LoadedModel,
+) -> None:
+    ids = tiny_text_loaded.tokenizer("日本語🙂été", add_special_tokens=False)["input_ids"]
+    pieces = stream(tiny_text_loaded, ids)
+    assert [p.ids for p in pieces] == [(i,) for i in ids]
+
+
+def test_stop_string_across_tokens_is_cut_from_the_text(tiny_text_loaded: LoadedModel) -> None:
+    ids = tiny_text_loaded.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+    pieces = stream(tiny_text_loaded, ids, stops=(f"ꙮ, {FRAKTUR_U}",))
+    assert "".join(p.text for p in pieces) == "Hi 𓀀 and "
