@@ -74,6 +74,12 @@ def _never_ends_by_chance(model: Any) -> None:
         model.get_input_embeddings().weight[[EOS_ID, END_OF_TURN_ID]] = 0.0
 
 
+def _images_make_a_difference(model: Any, std: float) -> None:
+    """transformers initializes the image projection to zeros (every image would embed as 0)."""
+    with torch.no_grad():
+        model.model.multi_modal_projector.mm_input_projection_weight.normal_(0.0, std)
+
+
 def _save(model: Any, files: Any, path: Path) -> Path:
     from transformers import GenerationConfig
 
@@ -151,6 +157,7 @@ def build_tiny_vision_model(
     torch.manual_seed(seed)
     model = Gemma3ForConditionalGeneration(config).to(torch.float32).eval()
     _never_ends_by_chance(model)
+    _images_make_a_difference(model, config.initializer_range)
     image_processor = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     processor = Gemma3Processor(
         image_processor=image_processor, tokenizer=tokenizer, image_seq_length=TOKENS_PER_IMAGE

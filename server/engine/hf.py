@@ -3,6 +3,15 @@
 The thread always delivers a terminal ``Finished`` from ``finally``, so an exception becomes an
 ``error`` + ``done`` for the client, never a hang. KV state is kept per session (``KVStore``) so a
 conversation's later turns prefill only their new tokens.
+
+Images (a model with a vision tower, loaded with its processor): each image takes the ids of
+``image_placeholder_ids()`` in the prompt, exactly as ``Gemma3Processor`` expands its image token
+(``\n\n<start_of_image>`` + N ``<image_soft_token>`` + ``<end_of_image>\n\n``). KV reuse holds
+with images: a cached prefix covers whole earlier turns, so only the images of the uncached tail
+are encoded (their ``pixel_values``), while ``token_type_ids`` span the whole prompt because the
+bidirectional attention over each image's tokens is read by position. This gives the same logits
+as re-prefilling everything (tests/images check it); a prefix that would cut an image in two is
+not reused.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, StoppingCriteriaList
 
-from protocol import FinishReason
+from protocol import ErrorCode, FinishReason, ProtocolError
 
 from ..loader import LoadedModel
 from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, SamplingParams
@@ -57,6 +66,7 @@ class HFEngine:
         )
         self.kv = KVStore(kv_budget_tokens)
         self._threads: set[threading.Thread] = set()
+        self._images = _ImageLayout.of(loaded) if loaded.has_vision else None
 
     # -- the Engine interface ------------------------------------------------------------
 
@@ -70,11 +80,21 @@ class HFEngine:
     def forget(self, session_key: str) -> None:
         self.kv.forget(session_key)
 
+    def image_placeholder_ids(self) -> list[int]:
+        """The prompt ids one image occupies (session.py puts one run per image in the turn)."""
+        if self._images is None:
+            raise ProtocolError(
+                f"the model {self.info.model!r} does not read images", code=ErrorCode.UNSUPPORTED
+            )
+        return list(self._images.placeholder)
+
     def start(self, request: GenerationRequest) -> Generation:
         generation = Generation()
         prefix = (
             self.kv.take(request.session_key, request.prompt_ids) if request.session_key else None
         )
+        if prefix and self._images and not self._images.whole_images_in(prefix.ids):
+            prefix = None
         generation.cached_tokens = len(prefix.ids) if prefix else 0
         bridge = LoopBridge(asyncio.get_running_loop(), generation)
         thread = threading.Thread(
@@ -104,7 +124,8 @@ class HFEngine:
         streamer = TokenStreamer(self._backend, bridge.put, request.params.stop)
         try:
             cache = prefix.cache if prefix else DynamicCache(config=self.model.config)
-            ids = self._generate(request, generation, streamer, cache)
+            cached = len(prefix.ids) if prefix else 0
+            ids = self._generate(request, generation, streamer, cache, cached)
             if request.session_key:
                 kept = ids[: cache.get_seq_length()]
                 self.kv.put(request.session_key, CachedPrefix(cache, kept))
@@ -128,12 +149,15 @@ class HFEngine:
         generation: Generation,
         streamer: TokenStreamer,
         cache: Any,
+        cached: int,
     ) -> list[int]:
         params = request.params
         room = self.info.context_tokens - len(request.prompt_ids)
         device = self.model.device
         input_ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
         kwargs = _sampling_kwargs(params)
+        if self._images is not None:
+            kwargs |= self._images.model_inputs(input_ids, request.images, cached, self.model)
         if params.seed is not None:
             torch.manual_seed(params.seed)
         with torch.inference_mode():
@@ -201,3 +225,45 @@ def _eos_ids(generation_config: Any, tokenizer: Any) -> tuple[int, ...]:
     if isinstance(eot, int) and eot != tokenizer.unk_token_id:
         ids.append(eot)
     return tuple(dict.fromkeys(ids))
+
+
+class _ImageLayout:
+    """How images sit in a prompt for one vision model, and the inputs they add to generate."""
+
+    def __init__(self, processor: Any, placeholder: list[int], image_token_id: int) -> None:
+        self.processor = processor
+        self.placeholder = tuple(placeholder)
+        self.image_token_id = image_token_id
+        self.tokens_per_image = placeholder.count(image_token_id)
+
+    @classmethod
+    def of(cls, loaded: LoadedModel) -> _ImageLayout:
+        processor = loaded.processor
+        # Special tokens only: tokenizing the processor's own expansion gives its exact ids.
+        expansion = processor.full_image_sequence
+        placeholder = loaded.tokenizer(expansion, add_special_tokens=False)["input_ids"]
+        return cls(processor, list(placeholder), int(loaded.model.config.image_token_id))
+
+    def images_in(self, ids: list[int]) -> float:
+        return ids.count(self.image_token_id) / self.tokens_per_image
+
+    def whole_images_in(self, ids: list[int]) -> bool:
+        return self.images_in(ids).is_integer()
+
+    def model_inputs(
+        self, input_ids: torch.Tensor, images: Sequence[Any], cached: int, model: Any
+    ) -> dict[str, Any]:
+        """``token_type_ids`` over the whole prompt; ``pixel_values`` of the uncached images."""
+        ids = input_ids[0].tolist()
+        if self.images_in(ids) != len(images):
+            raise ValueError(
+                f"the prompt has room for {self.images_in(ids):g} images but {len(images)} came"
+            )
+        if not images:
+            return {}
+        inputs: dict[str, Any] = {"token_type_ids": (input_ids == self.image_token_id).long()}
+        new = list(images[int(self.images_in(ids[:cached])) :])
+        if new:
+            pixels = self.processor.image_processor(new, return_tensors="pt")["pixel_values"]
+            inputs["pixel_values"] = pixels.to(model.device, model.dtype)
+        return inputs
