@@ -36,6 +36,7 @@ IMAGE_TOKEN = "<image_soft_token>"
 BOI_TOKEN = "<start_of_image>"
 EOI_TOKEN = "<end_of_image>"
 _MARKER = "wschat-devmodel.json"
+BUILD_VERSION = 2  # bump when what the builders make changes: cached folders are rebuilt
 
 
 def _text_config(vocab_size: int) -> Any:
@@ -175,15 +176,23 @@ def is_devmodel_name(spec: str) -> bool:
 def cached_devmodel(name: str, cache_dir: Path) -> Path:
     """The folder of ``tiny-random`` / ``tiny-random-vision`` under ``cache_dir``, built once."""
     target = cache_dir / name
-    if (target / _MARKER).exists():
+    built = {"name": name, "seed": 0, "version": BUILD_VERSION}
+    if _read_marker(target / _MARKER) == built:
         return target
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     _BUILDERS[name](partial, cache_dir=cache_dir)
-    (partial / _MARKER).write_text(json.dumps({"name": name, "seed": 0}) + "\n")
+    (partial / _MARKER).write_text(json.dumps(built) + "\n")
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)  # atomic: a crash mid-build never leaves a half folder in place
     return target
+
+
+def _read_marker(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
