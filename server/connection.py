@@ -84,7 +84,8 @@ class Connection:
             frame = decode_client_frame(data, self.limits)
             await self.session.handle(frame)
         except ProtocolError as e:
-            await self.report(e.code, e.message, e.id)
+            # PROTOCOL.md "Errors": the id of the frame that caused it (e.g. a prompt's overloaded)
+            await self.report(e.code, e.message, e.id or getattr(frame, "id", None))
         except Exception:
             log.exception("session code failed on %s", type(frame).__name__)
             await self.report(ErrorCode.INTERNAL, "internal error", getattr(frame, "id", None))
