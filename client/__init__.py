@@ -1,0 +1,56 @@
+"""The bundled wschat client: an asyncio library and the ``wschat`` command.
+
+async with connect("ws://127.0.0.1:8000/v1/chat") as chat:
+    async for piece in chat.prompt("The capital of France is", max_new_tokens=32):
+        print(piece, end="", flush=True)
+"""
+
+from protocol import Done, FinishReason
+
+from .api import Chat
+from .errors import (
+    BadFrameError,
+    BadImageError,
+    BusyError,
+    ChatError,
+    ClientError,
+    ConnectError,
+    ConnectionClosedError,
+    ContextOverflowError,
+    InternalError,
+    InvalidParamsError,
+    NotRunningError,
+    OverloadedError,
+    TooLargeError,
+    UnauthorizedError,
+    UnsupportedError,
+    error_from_frame,
+)
+from .images import ImageInput
+from .opening import connect
+from .reply import Reply
+
+__all__ = [
+    "BadFrameError",
+    "BadImageError",
+    "BusyError",
+    "Chat",
+    "ChatError",
+    "ClientError",
+    "ConnectError",
+    "ConnectionClosedError",
+    "ContextOverflowError",
+    "Done",
+    "FinishReason",
+    "ImageInput",
+    "InternalError",
+    "InvalidParamsError",
+    "NotRunningError",
+    "OverloadedError",
+    "Reply",
+    "TooLargeError",
+    "UnauthorizedError",
+    "UnsupportedError",
+    "connect",
+    "error_from_frame",
+]

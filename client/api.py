@@ -1,0 +1,291 @@
+"""The public client: ``async with connect(url) as chat: async for piece in chat.prompt("...")``.
+
+A ``Chat`` runs two tasks on its connection: a reader that decodes every server frame and hands
+it to the ``FrameRouter``, and a writer that sends queued frames in the order they were asked
+for, so an answer without ``id`` always matches the request registered with it.
+
+Concurrency: ``prompt`` returns at once (its frame is queued); every other request waits for the
+server's answer, at most ``timeout`` seconds (``TimeoutError``). One generation runs at a time per
+session: a second ``prompt`` while one runs raises ``BusyError`` from its reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import Any, Self
+
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import ConnectionClosed
+
+from protocol import (
+    Cancel,
+    Capabilities,
+    Configure,
+    Configured,
+    GoAway,
+    Image,
+    ImageOk,
+    Limits,
+    Ping,
+    Pong,
+    Prompt,
+    ProtocolError,
+    Ready,
+    Reset,
+    ResetOk,
+    ServerFrame,
+    decode_server_frame,
+    encode,
+)
+
+from .connection import FrameRouter
+from .errors import ClientError, ConnectionClosedError
+from .images import ImageInput, image_bytes
+from .local import check_frame_size, check_image_size, check_prompt_id, local_params
+from .reply import Reply
+
+log = logging.getLogger("wschat.client")
+
+_CLOSED = object()
+DEFAULT_TIMEOUT = 30.0
+
+
+class Chat:
+    """One session on a wschat server. Build it with ``connect()``."""
+
+    def __init__(
+        self,
+        ws: ClientConnection,
+        ready: Ready,
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        reply_timeout: float | None = None,
+        on_goaway: Callable[[GoAway], None] | None = None,
+    ) -> None:
+        self.ready = ready
+        self.timeout = timeout
+        self.reply_timeout = reply_timeout
+        self._ws = ws
+        self._router = FrameRouter(on_goaway)
+        self._outbox: asyncio.Queue[bytes | object] = asyncio.Queue()
+        self._id_prefix = secrets.token_hex(3)  # ids stay unique across resumed connections
+        self._next_id = 0
+        self._ping_seq = 0
+        self._reader = asyncio.create_task(self._read(), name="wschat-client-reader")
+        self._writer = asyncio.create_task(self._write(), name="wschat-client-writer")
+
+    # -- what the server said about the session ------------------------------------------------
+
+    @property
+    def session(self) -> str:
+        return self.ready.session
+
+    @property
+    def resume_token(self) -> str:
+        """Pass as ``connect(url, resume=...)`` to pick the conversation up after a drop."""
+        return self.ready.resume
+
+    @property
+    def model(self) -> str:
+        return self.ready.model
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.ready.capabilities
+
+    @property
+    def limits(self) -> Limits:
+        return self.ready.limits
+
+    @property
+    def goaway(self) -> GoAway | None:
+        """The server's ``goaway`` once it said it is shutting down: reconnect elsewhere."""
+        return self._router.goaway
+
+    @property
+    def closed(self) -> ConnectionClosedError | None:
+        """Why the connection ended, or None while it is open."""
+        return self._router.closed
+
+    @property
+    def unrouted(self) -> list[ServerFrame]:
+        """The latest frames that matched no live request or reply (kept for inspection)."""
+        return list(self._router.unrouted)
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def prompt(
+        self,
+        text: str,
+        *,
+        images: Iterable[ImageInput] | None = None,
+        id: str | None = None,
+        **params: Any,
+    ) -> Reply:
+        """Send a prompt; the returned ``Reply`` streams its pieces.
+
+        ``params`` are the protocol's sampling parameters (``max_new_tokens=64``,
+        ``temperature=0.7``...), checked here before anything is sent: ``InvalidParamsError``.
+        ``images`` are paths, encoded bytes or PIL images; one over ``limits.max_image_bytes``
+        raises ``TooLargeError`` (a text-only model answers ``UnsupportedError`` from the reply).
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, not {type(text).__name__}")
+        frame_id = check_prompt_id(id, self._router.replies) if id is not None else self._new_id()
+        if isinstance(images, str | bytes | os.PathLike):
+            raise TypeError("images takes a list of images, not a single one")
+        blobs = tuple(image_bytes(image)[0] for image in images or ())
+        for blob in blobs:
+            check_image_size(blob, self.limits)
+        data = encode(Prompt(frame_id, text, blobs, local_params(params)))
+        check_frame_size(data, self.limits)
+        self._raise_if_closed()
+        reply = Reply(frame_id, send_cancel=self._send_cancel, timeout=self.reply_timeout)
+        self._router.add_reply(reply)
+        self._outbox.put_nowait(data)
+        return reply
+
+    async def cancel(self, id: str | None = None) -> None:
+        """Stop the running generation (the one named ``id``, or whichever runs).
+
+        Returns once the server has handled it; ``NotRunningError`` when ``id`` names no
+        generation of this session. Cancelling one that already finished is not an error.
+        """
+        waiter = self._router.expect(None, id) if id is not None else None
+        try:
+            self._send(encode(Cancel(id)))
+            await self._ping()  # the server answers in order: a refusal comes before the pong
+            if waiter is not None and waiter.future.done():
+                waiter.future.result()
+        finally:
+            if id is not None:
+                self._router.forget(id)
+
+    async def reset(self) -> None:
+        """Cancel any running generation (its reply ends ``cancelled`` first) and clear the
+        conversation; the system prompt stays."""
+        await self._request(encode(Reset()), ResetOk)
+
+    async def configure(self, system: str | None = None, **params: Any) -> None:
+        """Set the system prompt (starting the conversation afresh) and/or default params."""
+        checked = local_params(params) if params else None
+        await self._request(encode(Configure(system, checked)), Configured)
+
+    async def ping(self) -> float:
+        """Round trip to the server and back through the session, in seconds."""
+        return await self._ping()
+
+    async def image(self, image: ImageInput, *, mime: str | None = None) -> ImageOk:
+        """Stage an image for the next prompt; ``ImageOk`` carries its width and height."""
+        data, sniffed = image_bytes(image)
+        check_image_size(data, self.limits)
+        frame_id = self._new_id()
+        frame = encode(Image(frame_id, data, mime or sniffed))
+        check_frame_size(frame, self.limits)
+        answer = await self._request(frame, ImageOk, frame_id)
+        assert isinstance(answer, ImageOk)
+        return answer
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _new_id(self) -> str:
+        self._next_id += 1
+        return f"{self._id_prefix}-{self._next_id}"
+
+    def _raise_if_closed(self) -> None:
+        if self._router.closed is not None:
+            raise self._router.closed
+
+    def _send(self, data: bytes) -> None:
+        self._raise_if_closed()
+        self._outbox.put_nowait(data)
+
+    def _send_cancel(self, id: str) -> None:
+        if self._router.closed is None:
+            self._outbox.put_nowait(encode(Cancel(id)))
+
+    async def _request(
+        self, data: bytes, expects: type[ServerFrame], id: str | None = None
+    ) -> ServerFrame:
+        self._raise_if_closed()
+        waiter = self._router.expect(expects, id)
+        self._outbox.put_nowait(data)
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await waiter.future
+        finally:
+            if id is not None:
+                self._router.forget(id)
+
+    async def _ping(self) -> float:
+        self._ping_seq += 1
+        seq = self._ping_seq
+        sent = time.perf_counter()
+        pong = await self._request(encode(Ping(seq)), Pong)
+        if not isinstance(pong, Pong) or pong.t != seq:
+            raise ClientError(f"the server's pong does not echo ping {seq}")
+        return time.perf_counter() - sent
+
+    async def _write(self) -> None:
+        while (data := await self._outbox.get()) is not _CLOSED:
+            assert isinstance(data, bytes)
+            try:
+                await self._ws.send(data)
+            except ConnectionClosed:
+                return  # the reader sees the close and ends everything waiting
+
+    async def _read(self) -> None:
+        try:
+            async for message in self._ws:
+                if isinstance(message, str):
+                    log.warning("ignored a text message from the server")
+                    continue
+                try:
+                    frame = decode_server_frame(message)
+                except ProtocolError as error:  # a newer server's frame type, or a broken one
+                    log.warning("ignored a server frame that does not decode: %s", error.message)
+                    continue
+                self._router.route(frame)
+        except ConnectionClosed:
+            pass
+        finally:
+            self._router.close(
+                ConnectionClosedError(
+                    self._ws.close_code,
+                    self._ws.close_reason or "",
+                    error=self._router.unclaimed_error,
+                )
+            )
+            self._outbox.put_nowait(_CLOSED)
+
+    async def close(self) -> None:
+        """Close the connection (1000); replies still running end with ``ConnectionClosedError``."""
+        await self._ws.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        self._outbox.put_nowait(_CLOSED)
+        await self._writer
+
+    async def wait_closed(self) -> ConnectionClosedError:
+        """Wait until the server closes the connection; why it closed."""
+        await asyncio.shield(self._reader)
+        assert self._router.closed is not None
+        return self._router.closed
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,189 @@
+"""The ``wschat`` command: ``wschat chat [URL]`` (interactive) and ``wschat ask "question"``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from protocol import Done, FinishReason
+
+from .errors import ClientError
+from .local import local_params
+from .opening import connect
+from .repl import chat_session
+from .reply import Reply
+from .status import EXIT_STATUS_HELP, STOPPING_NOTICE, ExitStatus, error_line, exit_status
+
+DEFAULT_URL = "ws://127.0.0.1:8000/v1/chat"
+
+
+def sampling_params(args: argparse.Namespace) -> dict[str, Any]:
+    pairs = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
+    return {key: value for key, value in pairs.items() if value is not None}
+
+
+def stats_line(done: Done) -> str:
+    t = done.timing
+    ttft = "-" if t.ttft_ms is None else f"{t.ttft_ms:.1f}"
+    return (
+        f"ttft_ms={ttft} tokens_per_s={t.decode_tokens_per_s:.1f} "
+        f"prompt_tokens={done.usage.prompt_tokens} "
+        f"completion_tokens={done.usage.completion_tokens} "
+        f"cached_tokens={done.usage.cached_tokens} total_ms={t.total_ms:.1f}"
+    )
+
+
+def _interrupt(reply: Reply, err: TextIO) -> Callable[[], None]:
+    """Ctrl-C stops the reply; a second one, before its ``done`` arrives, stops waiting."""
+    task = asyncio.current_task()
+    assert task is not None
+    stopping = False
+
+    def on_sigint() -> None:
+        nonlocal stopping
+        if stopping:
+            task.cancel()
+        else:
+            stopping = True
+            reply.cancel()
+            print(STOPPING_NOTICE, file=err, flush=True)
+
+    return on_sigint
+
+
+async def ask(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    try:
+        images = [Path(path).read_bytes() for path in args.image]
+    except OSError as e:
+        print(f"error: usage: cannot read image {e.filename}: {e.strerror}", file=err)
+        return ExitStatus.USAGE
+    reply = None
+    try:
+        params = sampling_params(args)
+        local_params(params)  # a bad value fails here, before any connection
+        async with connect(
+            args.url, token=args.token, timeout=args.timeout, reply_timeout=args.timeout
+        ) as chat:
+            if args.system is not None:
+                await chat.configure(system=args.system)
+            reply = chat.prompt(args.question, images=images, **params)
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGINT, _interrupt(reply, err))
+            try:
+                async for piece in reply:
+                    out.write(piece)
+                    out.flush()
+            except asyncio.CancelledError:  # a second Ctrl-C: leave without waiting for the stop
+                out.write("\n")
+                return ExitStatus.INTERRUPTED
+            finally:
+                loop.remove_signal_handler(signal.SIGINT)
+            out.write("\n")
+            out.flush()
+            assert reply.done is not None
+            if args.stats:
+                print(stats_line(reply.done), file=err)
+            if reply.done.reason is FinishReason.CANCELLED:
+                print("[stopped]", file=err)
+                return ExitStatus.INTERRUPTED
+            return ExitStatus.OK
+    except (ClientError, TimeoutError, OSError) as error:
+        if reply is not None and reply.tokens:
+            out.write("\n")
+            out.flush()
+        print(error_line(error), file=err)
+        return exit_status(error, reply.done if reply is not None else None)
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"WSCHAT_{name}") or default
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--token",
+        default=_env("TOKEN"),
+        help="bearer token for a server started with tokens (env WSCHAT_TOKEN)",
+    )
+    parser.add_argument("--system", help="system prompt for the conversation")
+    parser.add_argument("--max-new-tokens", type=int, help="cap on generated tokens per reply")
+    parser.add_argument("--temperature", type=float, help="0 (greedy, the default) to 2")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds to wait for the connection, each answer and each reply piece (default 60)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wschat",
+        description="Chat with a wschat server over its WebSocket.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit statuses:\n" + EXIT_STATUS_HELP,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chat = commands.add_parser(
+        "chat",
+        help="interactive chat (Ctrl-C stops a reply, Ctrl-C or Ctrl-D at the prompt quits)",
+        description="Interactive chat; type /help for the commands.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit statuses:\n" + EXIT_STATUS_HELP,
+    )
+    chat.add_argument(
+        "url",
+        nargs="?",
+        default=_env("URL", DEFAULT_URL),
+        help=f"server URL (env WSCHAT_URL, default {DEFAULT_URL})",
+    )
+    _add_common(chat)
+    one_shot = commands.add_parser(
+        "ask",
+        help="ask one question, print the streamed reply and exit",
+        description="Ask one question and print the reply as it streams.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit statuses:\n" + EXIT_STATUS_HELP,
+    )
+    one_shot.add_argument("question", help="the prompt text")
+    one_shot.add_argument(
+        "--url",
+        default=_env("URL", DEFAULT_URL),
+        help=f"server URL (env WSCHAT_URL, default {DEFAULT_URL})",
+    )
+    one_shot.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="attach an image file (repeatable; the model must read images)",
+    )
+    one_shot.add_argument(
+        "--stats", action="store_true", help="print time to first token and tokens/s to stderr"
+    )
+    _add_common(one_shot)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "ask":
+            return asyncio.run(ask(args))
+        return asyncio.run(
+            chat_session(
+                args.url,
+                token=args.token,
+                timeout=args.timeout,
+                system=args.system,
+                params=sampling_params(args),
+            )
+        )
+    except KeyboardInterrupt:  # before the reply's own handler was in place
+        return ExitStatus.INTERRUPTED if args.command == "ask" else ExitStatus.OK

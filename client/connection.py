@@ -1,0 +1,175 @@
+"""``FrameRouter``: where each server frame goes, with no I/O of its own.
+
+The server handles a session's frames one at a time and answers in order (PROTOCOL.md "Server
+frames"), so answers that carry no ``id`` (``configured``, ``reset_ok``, ``pong`` and the
+``error`` that refuses a ``configure``) match the oldest request still waiting for one. Frames
+with an ``id`` go to the ``Reply`` of that generation, or to the ``image`` / ``cancel`` request
+that used it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol import (
+    Configured,
+    Done,
+    Error,
+    GoAway,
+    ImageOk,
+    Pong,
+    Queued,
+    ResetOk,
+    ServerFrame,
+    Start,
+    Token,
+)
+
+from .errors import ChatError, ClientError, ConnectionClosedError, error_from_frame
+from .reply import Reply
+
+log = logging.getLogger("wschat.client")
+
+# Frames with no ``id`` that answer one request each, in the order the requests were sent.
+IN_ORDER_ANSWERS = (Configured, ResetOk, Pong)
+UNROUTED_KEPT = 64
+
+
+@dataclass(eq=False)
+class Waiter:
+    """A request waiting for its answer; ``expects`` None: only an ``error`` can answer it."""
+
+    expects: type[ServerFrame] | None
+    future: asyncio.Future[ServerFrame] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    def resolve(self, frame: ServerFrame) -> None:
+        if not self.future.done():
+            self.future.set_result(frame)
+
+    def fail(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+            self.future.exception()  # marks it retrieved: a waiter that gave up logs nothing
+
+
+class FrameRouter:
+    def __init__(self, on_goaway: Callable[[GoAway], None] | None = None) -> None:
+        self.replies: dict[str, Reply] = {}
+        self.goaway: GoAway | None = None
+        self.closed: ConnectionClosedError | None = None
+        # The last ``error`` that nothing claimed (e.g. ``unauthorized`` before a close 1008).
+        self.unclaimed_error: ChatError | None = None
+        # Frames that matched nothing live (late frames of a finished reply): for inspection.
+        self.unrouted: deque[ServerFrame] = deque(maxlen=UNROUTED_KEPT)
+        self._on_goaway = on_goaway
+        self._by_id: dict[str, Waiter] = {}
+        self._in_order: deque[Waiter] = deque()
+        self._routes: dict[type[Any], Callable[[Any], None]] = {
+            Token: self._to_reply,
+            Start: self._to_reply,
+            Queued: self._to_reply,
+            Done: self._to_reply,
+            Error: self._on_error,
+            ImageOk: self._on_image_ok,
+            Configured: self._on_in_order,
+            ResetOk: self._on_in_order,
+            Pong: self._on_in_order,
+            GoAway: self._on_goaway_frame,
+        }
+
+    # -- registering ---------------------------------------------------------------------------
+
+    def add_reply(self, reply: Reply) -> None:
+        self.replies[reply.id] = reply
+
+    def expect(self, expects: type[ServerFrame] | None, id: str | None = None) -> Waiter:
+        """A waiter for the answer to a request about to be sent (``id``: the request's id)."""
+        waiter = Waiter(expects)
+        if id is None:
+            self._in_order.append(waiter)
+        else:
+            self._by_id[id] = waiter
+        return waiter
+
+    def forget(self, id: str) -> None:
+        self._by_id.pop(id, None)
+
+    # -- routing -------------------------------------------------------------------------------
+
+    def route(self, frame: ServerFrame) -> None:
+        handler = self._routes.get(type(frame))
+        if handler is None:
+            self.unrouted.append(frame)
+        else:
+            handler(frame)
+
+    def _to_reply(self, frame: Token | Start | Queued | Done) -> None:
+        reply = self.replies.get(frame.id)
+        if reply is None:
+            self.unrouted.append(frame)
+        elif reply._feed(frame):
+            del self.replies[frame.id]
+
+    def _on_error(self, frame: Error) -> None:
+        if frame.id is not None and frame.id in self.replies:
+            self._to_reply(frame)  # type: ignore[arg-type]
+            return
+        waiter = self._by_id.pop(frame.id, None) if frame.id is not None else None
+        if waiter is None and frame.id is None and self._in_order:
+            waiter = self._in_order.popleft()
+        error = error_from_frame(frame)
+        if waiter is not None:
+            waiter.fail(error)
+        else:
+            log.warning("unclaimed error from the server: %s", error)
+            self.unclaimed_error = error
+            self.unrouted.append(frame)
+
+    def _on_image_ok(self, frame: ImageOk) -> None:
+        waiter = self._by_id.pop(frame.id, None)
+        if waiter is None:
+            self.unrouted.append(frame)
+        else:
+            waiter.resolve(frame)
+
+    def _on_in_order(self, frame: ServerFrame) -> None:
+        for waiter in self._in_order:
+            if waiter.expects is type(frame):
+                break
+        else:
+            self.unrouted.append(frame)
+            return
+        if waiter is not self._in_order[0]:
+            log.warning("server answered %s out of order", type(frame).__name__)
+        self._in_order.remove(waiter)
+        waiter.resolve(frame)
+
+    def _on_goaway_frame(self, frame: GoAway) -> None:
+        self.goaway = frame
+        log.info("server going away in %d ms", frame.in_ms)
+        if self._on_goaway is not None:
+            self._on_goaway(frame)
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def close(self, error: ConnectionClosedError) -> None:
+        """The connection is gone: every reply and request still waiting ends with ``error``."""
+        if self.closed is None:
+            self.closed = error
+        self.fail_all(error)
+
+    def fail_all(self, error: ClientError) -> None:
+        for reply in self.replies.values():
+            reply._fail(error)
+        self.replies.clear()
+        for waiter in [*self._by_id.values(), *self._in_order]:
+            waiter.fail(error)
+        self._by_id.clear()
+        self._in_order.clear()

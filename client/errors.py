@@ -1,0 +1,157 @@
+"""Exceptions of the wschat client.
+
+    ClientError                      anything this client raises on purpose
+    ├── ChatError(code, message)     the server answered with an ``error`` frame
+    │   ├── BadFrameError            bad_frame
+    │   ├── InvalidParamsError       invalid_params (also raised locally for bad ``params``)
+    │   ├── BusyError                busy
+    │   ├── NotRunningError          not_running
+    │   ├── TooLargeError            too_large (also raised locally, before sending)
+    │   ├── BadImageError            bad_image
+    │   ├── UnsupportedError         unsupported
+    │   ├── ContextOverflowError     context_overflow
+    │   ├── OverloadedError          overloaded
+    │   ├── UnauthorizedError        unauthorized
+    │   └── InternalError            internal
+    ├── ConnectionClosedError        the WebSocket closed (close code and reason)
+    └── ConnectError                 the connection could not be opened (refused, HTTP 401/403...)
+
+Waits that run out raise the built-in ``TimeoutError`` (an opening that runs out of time
+raises ``ConnectError``).
+"""
+
+from __future__ import annotations
+
+from protocol import Error, ErrorCode
+
+
+class ClientError(Exception):
+    """Base of every exception this client raises on purpose."""
+
+
+class ChatError(ClientError):
+    """An ``error`` frame from the server; ``id`` is the client frame it answers, if any."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(
+        self, message: str, *, code: ErrorCode | None = None, id: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.id = id
+        if code is not None:
+            self.code = code
+
+    def __str__(self) -> str:
+        return f"{self.code.value}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code.value!r}, message={self.message!r})"
+
+
+class BadFrameError(ChatError):
+    code = ErrorCode.BAD_FRAME
+
+
+class InvalidParamsError(ChatError):
+    code = ErrorCode.INVALID_PARAMS
+
+
+class BusyError(ChatError):
+    code = ErrorCode.BUSY
+
+
+class NotRunningError(ChatError):
+    code = ErrorCode.NOT_RUNNING
+
+
+class TooLargeError(ChatError):
+    code = ErrorCode.TOO_LARGE
+
+
+class BadImageError(ChatError):
+    code = ErrorCode.BAD_IMAGE
+
+
+class UnsupportedError(ChatError):
+    code = ErrorCode.UNSUPPORTED
+
+
+class ContextOverflowError(ChatError):
+    code = ErrorCode.CONTEXT_OVERFLOW
+
+
+class OverloadedError(ChatError):
+    code = ErrorCode.OVERLOADED
+
+
+class UnauthorizedError(ChatError):
+    code = ErrorCode.UNAUTHORIZED
+
+
+class InternalError(ChatError):
+    code = ErrorCode.INTERNAL
+
+
+ERRORS: dict[ErrorCode, type[ChatError]] = {
+    cls.code: cls
+    for cls in (
+        BadFrameError,
+        InvalidParamsError,
+        BusyError,
+        NotRunningError,
+        TooLargeError,
+        BadImageError,
+        UnsupportedError,
+        ContextOverflowError,
+        OverloadedError,
+        UnauthorizedError,
+        InternalError,
+    )
+}
+assert set(ERRORS) == set(ErrorCode), "every error code needs its exception class"
+
+
+def error_from_frame(frame: Error) -> ChatError:
+    """The typed exception for an ``error`` frame."""
+    return ERRORS[frame.code](frame.message, id=frame.id)
+
+
+class ConnectionClosedError(ClientError):
+    """The WebSocket closed; pending requests and replies end with this.
+
+    ``code`` and ``reason`` are the close frame's (``code`` is 1006 when the connection dropped
+    without one); ``error`` is the last ``error`` frame that no request claimed, such as the
+    ``unauthorized`` sent just before a close 1008.
+    """
+
+    def __init__(
+        self, code: int | None, reason: str = "", *, error: ChatError | None = None
+    ) -> None:
+        self.code = code
+        self.reason = reason
+        self.error = error
+        text = f"connection closed (code {code})" if code is not None else "connection closed"
+        if reason:
+            text += f": {reason}"
+        if error is not None:
+            text += f" after error {error}"
+        super().__init__(text)
+
+
+class ConnectError(ClientError):
+    """The connection could not be opened.
+
+    ``status`` is the HTTP status of a refused handshake (401 without valid credentials, 403 for
+    a refused origin or a server still loading its model); ``close_code`` is set when the server
+    accepted and then closed before ``ready`` (1013: full, try again later).
+    """
+
+    def __init__(
+        self, message: str, *, status: int | None = None, close_code: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.close_code = close_code

@@ -1,0 +1,58 @@
+"""Exit statuses of the ``wschat`` command and the one format its errors are printed in."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from protocol import Done, FinishReason
+
+from .errors import ChatError, ConnectError, ConnectionClosedError
+
+
+class ExitStatus(IntEnum):
+    OK = 0
+    UNEXPECTED = 1  # a bug or an error with no better status
+    USAGE = 2  # bad arguments, unreadable image file
+    CONNECTION = 3  # could not connect, refused handshake, connection lost, timed out
+    REFUSED = 4  # the server (or the same check made locally) refused the request
+    GENERATION_FAILED = 5  # the reply ended with reason "error"
+    INTERRUPTED = 130  # Ctrl-C stopped the reply of ``ask``
+
+
+EXIT_STATUS_HELP = "\n".join(
+    f"  {status.value:<4} {text}"
+    for status, text in (
+        (ExitStatus.OK, "the reply was printed"),
+        (ExitStatus.UNEXPECTED, "unexpected failure"),
+        (ExitStatus.USAGE, "usage error (bad arguments, unreadable image)"),
+        (ExitStatus.CONNECTION, "connection failed, was refused, was lost or timed out"),
+        (ExitStatus.REFUSED, "the server refused the request (an error frame: busy, ...)"),
+        (ExitStatus.GENERATION_FAILED, "the reply ended with reason error"),
+        (ExitStatus.INTERRUPTED, "Ctrl-C stopped the reply (ask)"),
+    )
+)
+
+
+def error_line(error: BaseException) -> str:
+    """``error: <code>: <message>``, the one format every failure is reported in."""
+    if isinstance(error, ChatError):
+        return f"error: {error.code.value}: {error.message}"
+    if isinstance(error, ConnectError):
+        return f"error: connect: {error.message}"
+    if isinstance(error, ConnectionClosedError):
+        return f"error: closed: {error}"
+    if isinstance(error, TimeoutError):
+        return "error: timeout: no answer from the server in time"
+    return f"error: {type(error).__name__}: {error}"
+
+
+def exit_status(error: BaseException, done: Done | None = None) -> ExitStatus:
+    if isinstance(error, ChatError):
+        failed = done is not None and done.reason is FinishReason.ERROR
+        return ExitStatus.GENERATION_FAILED if failed else ExitStatus.REFUSED
+    if isinstance(error, ConnectError | ConnectionClosedError | TimeoutError | OSError):
+        return ExitStatus.CONNECTION
+    return ExitStatus.UNEXPECTED
+
+
+STOPPING_NOTICE = "[stopping: Ctrl-C again to leave without waiting]"

@@ -1,0 +1,248 @@
+"""The client library against a real uvicorn serving a scripted engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from client import (
+    BusyError,
+    ContextOverflowError,
+    InternalError,
+    InvalidParamsError,
+    NotRunningError,
+    OverloadedError,
+    TooLargeError,
+    connect,
+)
+from protocol import Done, FinishReason
+from server.engine.scripted import ScriptedEngine
+from tests.client.engines import WAIT, failing_engine, is_sublist, slow_engine
+from tests.support import running_server, wait_until
+
+
+async def first_piece(reply: object) -> str:
+    async with asyncio.timeout(WAIT):
+        return await anext(reply)  # type: ignore[call-overload,no-any-return]
+
+
+async def rest(reply: object) -> list[str]:
+    async with asyncio.timeout(WAIT):
+        return [piece async for piece in reply]  # type: ignore[attr-defined]
+
+
+async def test_prompt_streams_pieces_that_join_to_done_text() -> None:
+    async with running_server(ScriptedEngine()) as url, connect(url, timeout=WAIT) as chat:
+        reply = chat.prompt("hello")
+        pieces = await rest(reply)
+        assert isinstance(reply.done, Done)
+        assert "".join(pieces) == reply.done.text == "".join(f" w{i}" for i in range(8))
+        assert reply.done.reason is FinishReason.STOP
+        assert reply.start is not None and reply.start.prompt_tokens > 0
+        assert reply.text == reply.done.text and reply.finished
+
+
+async def test_prompt_ends_with_length_at_max_new_tokens() -> None:
+    async with running_server(ScriptedEngine()) as url, connect(url, timeout=WAIT) as chat:
+        done = await chat.prompt("hello", max_new_tokens=3).wait(WAIT)
+        assert done.reason is FinishReason.LENGTH
+        assert done.text == " w0 w1 w2" and done.usage.completion_tokens == 3
+
+
+async def test_cancel_mid_stream_sends_one_done_and_the_next_prompt_works() -> None:
+    async with running_server(slow_engine()) as url, connect(url, timeout=WAIT) as chat:
+        reply = chat.prompt("go")
+        pieces = [await first_piece(reply)]
+        reply.cancel()
+        pieces += await rest(reply)
+        assert reply.done is not None and reply.done.reason is FinishReason.CANCELLED
+        assert "".join(pieces) == reply.done.text and len(reply.tokens) < 400
+        await chat.ping()  # the server answers in order: any late frame came before the pong
+        assert [f for f in chat.unrouted if getattr(f, "id", None) == reply.id] == []
+        after = await chat.prompt("again", max_new_tokens=2).wait(WAIT)
+        assert after.reason is FinishReason.LENGTH and after.text == " s0 s1"
+
+
+async def test_chat_cancel_without_id_stops_the_running_reply() -> None:
+    async with running_server(slow_engine()) as url, connect(url, timeout=WAIT) as chat:
+        reply = chat.prompt("go")
+        await first_piece(reply)
+        await chat.cancel()
+        assert (await reply.wait(WAIT)).reason is FinishReason.CANCELLED
+
+
+async def test_reply_left_early_as_context_manager_is_cancelled() -> None:
+    async with running_server(slow_engine()) as url, connect(url, timeout=WAIT) as chat:
+        async with chat.prompt("go") as reply:
+            await first_piece(reply)
+        assert reply.done is not None and reply.done.reason is FinishReason.CANCELLED
+
+
+async def test_second_prompt_while_one_runs_raises_busy_and_the_first_goes_on() -> None:
+    async with running_server(slow_engine()) as url, connect(url, timeout=WAIT) as chat:
+        first = chat.prompt("go", max_new_tokens=20)
+        await first_piece(first)
+        second = chat.prompt("too soon")
+        with pytest.raises(BusyError) as refused:
+            await second.wait(WAIT)
+        assert refused.value.id == second.id and second.done is None
+        assert (await first.wait(WAIT)).reason is FinishReason.LENGTH
+
+
+async def test_cancel_naming_no_generation_raises_not_running() -> None:
+    async with running_server(ScriptedEngine()) as url, connect(url, timeout=WAIT) as chat:
+        with pytest.raises(NotRunningError) as refused:
+            await chat.cancel("never-sent")
+        assert refused.value.id == "never-sent"
+
+
+async def test_cancel_of_a_finished_reply_is_silent() -> None:
+    async with running_server(ScriptedEngine()) as url, connect(url, timeout=WAIT) as chat:
+        reply = chat.prompt("hello")
+        await reply.wait(WAIT)
+        await chat.cancel(reply.id)
+        assert [f for f in chat.unrouted if getattr(f, "id", None) == reply.id] == []
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"temperature": 3.0}, "temperature must be in [0, 2]"),
+        ({"temp": 1.0}, "unknown parameter 'temp'"),
+        ({"max_new_tokens": True}, "max_new_tokens must be an integer"),
+        ({"stop": ["ok", ""]}, "each stop string must be 1 to 64 characters"),
+    ],
+)
+async def test_bad_params_are_refused_before_sending(params: dict, message: str) -> None:
+    engine = ScriptedEngine()
+    async with running_server(engine) as url, connect(url, timeout=WAIT) as chat:
+        with pytest.raises(InvalidParamsError) as refused:
+            chat.prompt("hello", **params)
+        assert refused.value.message == message
+        with pytest.raises(InvalidParamsError):
+            await chat.configure(**params)
+        await chat.ping()
+        assert engine.requests == []
+
+
+async def test_server_refuses_max_new_tokens_over_its_limit() -> None:
+    async with (
+        running_server(ScriptedEngine(), max_new_tokens=50) as url,
+        connect(url, timeout=WAIT) as chat,
+    ):
+        reply = chat.prompt("hello", max_new_tokens=51)
+        with pytest.raises(InvalidParamsError) as refused:
+            await reply.wait(WAIT)
+        assert refused.value.message == "max_new_tokens must be at most 50"
+        assert refused.value.id == reply.id
+
+
+async def test_server_refuses_a_reused_id() -> None:
+    async with running_server(ScriptedEngine()) as url, connect(url, timeout=WAIT) as chat:
+        await chat.prompt("hello", id="mine").wait(WAIT)
+        with pytest.raises(InvalidParamsError) as refused:
+            await chat.prompt("again", id="mine").wait(WAIT)
+        assert refused.value.message == "id 'mine' was already used in this session"
+
+
+async def test_reset_mid_generation_ends_the_reply_cancelled_and_clears_the_conversation() -> None:
+    engine = slow_engine()
+    async with running_server(engine) as url, connect(url, timeout=WAIT) as chat:
+        reply = chat.prompt("go")
+        await first_piece(reply)
+        await chat.reset()
+        assert reply.done is not None and reply.done.reason is FinishReason.CANCELLED
+        await chat.prompt("go", max_new_tokens=2).wait(WAIT)
+        assert engine.requests[1].prompt_ids == engine.requests[0].prompt_ids
+
+
+async def test_configure_sets_the_system_prompt_and_default_params() -> None:
+    engine = ScriptedEngine()
+    async with running_server(engine) as url, connect(url, timeout=WAIT) as chat:
+        await chat.configure(system="Answer in French.", max_new_tokens=2)
+        done = await chat.prompt("hello").wait(WAIT)
+        assert done.reason is FinishReason.LENGTH and done.usage.completion_tokens == 2
+        system_ids = engine.tokenize_text("Answer in French.")
+        assert is_sublist(system_ids, engine.requests[-1].prompt_ids)
+
+
+async def test_configure_while_generating_raises_busy() -> None:
+    async with running_server(slow_engine()) as url, connect(url, timeout=WAIT) as chat:
+        reply = chat.prompt("go")
+        await first_piece(reply)
+        with pytest.raises(BusyError):
+            await chat.configure(system="late")
+        reply.cancel()
+        await reply.wait(WAIT)
+
+
+async def test_ping_round_trips_while_a_reply_streams() -> None:
+    async with running_server(slow_engine()) as url, connect(url, timeout=WAIT) as chat:
+        reply = chat.prompt("go")
+        await first_piece(reply)
+        rtt = await chat.ping()
+        assert 0 < rtt < WAIT and not reply.finished
+        reply.cancel()
+        await reply.wait(WAIT)
+
+
+@pytest.mark.parametrize(
+    ("engine", "settings", "error"),
+    [
+        (ScriptedEngine(), {"max_prompt_bytes": 16}, TooLargeError),
+        (ScriptedEngine(context_tokens=64), {}, ContextOverflowError),
+    ],
+)
+async def test_error_frames_raise_their_typed_exception(
+    engine: ScriptedEngine, settings: dict, error: type[Exception]
+) -> None:
+    async with running_server(engine, **settings) as url, connect(url, timeout=WAIT) as chat:
+        reply = chat.prompt("a prompt of more than sixty four characters, " * 2)
+        with pytest.raises(error):
+            await reply.wait(WAIT)
+        assert (await chat.prompt("ok").wait(WAIT)).reason is FinishReason.STOP
+
+
+async def test_full_queue_raises_overloaded_and_a_queued_prompt_shows_its_place() -> None:
+    async with (
+        running_server(slow_engine(), max_concurrent=1, max_queue=1) as url,
+        connect(url, timeout=WAIT) as one,
+        connect(url, timeout=WAIT) as two,
+        connect(url, timeout=WAIT) as three,
+    ):
+        running = one.prompt("go")
+        await first_piece(running)
+        waiting = two.prompt("wait", max_new_tokens=2)
+        await wait_until(lambda: waiting.position == 1, WAIT)
+        with pytest.raises(OverloadedError):
+            await three.prompt("no room").wait(WAIT)
+        running.cancel()
+        assert (await waiting.wait(WAIT)).reason is FinishReason.LENGTH
+
+
+async def test_generation_failure_raises_internal_after_done_reason_error() -> None:
+    async with running_server(failing_engine(after=2)) as url, connect(url, timeout=WAIT) as chat:
+        reply = chat.prompt("hello")
+        pieces = []
+        with pytest.raises(InternalError) as failed:
+            async with asyncio.timeout(WAIT):
+                async for piece in reply:
+                    pieces.append(piece)
+        assert failed.value.message == "generation failed"
+        assert reply.done is not None and reply.done.reason is FinishReason.ERROR
+        assert "".join(pieces) == reply.done.text == " a b"
+        assert (await chat.ping()) > 0  # the session goes on
+
+
+async def test_resume_token_picks_the_session_up_on_a_new_connection() -> None:
+    engine = ScriptedEngine()
+    async with running_server(engine) as url:
+        async with connect(url, timeout=WAIT) as chat:
+            await chat.prompt("hello").wait(WAIT)
+            session, token = chat.session, chat.resume_token
+        async with connect(url, timeout=WAIT, resume=token) as again:
+            assert again.session == session
+            await again.prompt("more").wait(WAIT)
+        first, second = engine.requests
+        assert second.prompt_ids[: len(first.prompt_ids)] == first.prompt_ids

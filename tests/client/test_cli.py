@@ -1,0 +1,275 @@
+"""The ``wschat`` command as a subprocess (``python -m client``) against a real uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from client.status import STOPPING_NOTICE
+from server.engine import GenerationRequest
+from server.engine.scripted import Script, ScriptedEngine
+from tests.client.engines import WAIT, failing_engine, is_sublist, slow_engine
+from tests.support import running_server
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = Script([" hi", " there"])
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WSCHAT_")}
+    return {**env, "HF_HUB_OFFLINE": "1", **extra}
+
+
+async def start_cli(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "client",
+        *args,
+        cwd=ROOT,
+        env=env or cli_env(),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+@contextlib.asynccontextmanager
+async def cli(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[CliProcess]:
+    process = await start_cli(*args, env=env)
+    try:
+        yield CliProcess(process)
+    finally:
+        if process.returncode is None:
+            process.kill()
+        async with asyncio.timeout(WAIT):
+            await process.wait()
+
+
+async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    async with cli(*args, env=env) as process:
+        async with asyncio.timeout(WAIT):
+            out, err = await process.process.communicate()
+        assert process.process.returncode is not None
+        return process.process.returncode, out.decode(), err.decode()
+
+
+class CliProcess:
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+        self.output = ""  # stdout not yet matched by ``read_until``
+
+    async def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line.encode() + b"\n")
+        async with asyncio.timeout(WAIT):
+            await self.process.stdin.drain()
+
+    async def read_until(self, needle: str) -> str:
+        """Stdout up to and including ``needle``."""
+        assert self.process.stdout is not None
+        async with asyncio.timeout(WAIT):
+            while needle not in self.output:
+                chunk = await self.process.stdout.read(4096)
+                assert chunk, f"stdout ended before {needle!r}; got {self.output!r}"
+                self.output += chunk.decode()
+        head, _, self.output = self.output.partition(needle)
+        return head + needle
+
+    async def stderr_line(self) -> str:
+        assert self.process.stderr is not None
+        async with asyncio.timeout(WAIT):
+            return (await self.process.stderr.readline()).decode()
+
+    async def exit_status(self) -> int:
+        async with asyncio.timeout(WAIT):
+            return await self.process.wait()
+
+    async def stderr(self) -> str:
+        assert self.process.stderr is not None
+        async with asyncio.timeout(WAIT):
+            return (await self.process.stderr.read()).decode()
+
+
+def scripts_in_turn(*scripts: Script) -> ScriptedEngine:
+    """An engine whose n-th generation follows the n-th script."""
+    pending: Iterator[Script] = iter(scripts)
+    return ScriptedEngine(lambda request: next(pending))
+
+
+def slow(n: int = 400) -> Script:
+    return Script([f" s{i}" for i in range(n)], delay_s=0.05, end_with_eos=False)
+
+
+# -- wschat ask ----------------------------------------------------------------------------
+
+
+async def test_ask_prints_the_streamed_reply_and_exits_0() -> None:
+    async with running_server(ScriptedEngine()) as url:
+        status, out, err = await run_cli("ask", "--url", url, "hello")
+    assert (status, out) == (0, "".join(f" w{i}" for i in range(8)) + "\n"), err
+
+
+async def test_ask_passes_max_new_tokens_and_system_to_the_server() -> None:
+    engine = ScriptedEngine()
+    async with running_server(engine) as url:
+        status, out, err = await run_cli(
+            "ask", "--url", url, "--max-new-tokens", "3", "--system", "Be terse.", "hi"
+        )
+    assert (status, out) == (0, " w0 w1 w2\n"), err
+    request: GenerationRequest = engine.requests[-1]
+    assert request.params.max_new_tokens == 3
+    assert is_sublist(engine.tokenize_text("Be terse."), request.prompt_ids)
+
+
+async def test_ask_takes_the_url_from_wschat_url() -> None:
+    async with running_server(ScriptedEngine()) as url:
+        env = cli_env(WSCHAT_URL=url)
+        status, out, _ = await run_cli("ask", "--max-new-tokens", "2", "hi", env=env)
+    assert (status, out) == (0, " w0 w1\n")
+
+
+async def test_ask_with_stats_prints_time_to_first_token_and_rate_to_stderr() -> None:
+    async with running_server(ScriptedEngine()) as url:
+        status, _, err = await run_cli("ask", "--url", url, "--stats", "hello")
+    assert status == 0
+    assert re.fullmatch(
+        r"ttft_ms=\d+\.\d tokens_per_s=\d+\.\d prompt_tokens=\d+ completion_tokens=8 "
+        r"cached_tokens=0 total_ms=\d+\.\d\n",
+        err,
+    ), err
+
+
+async def test_ask_whose_generation_fails_exits_5_with_the_error_on_stderr() -> None:
+    async with running_server(failing_engine(after=2)) as url:
+        status, out, err = await run_cli("ask", "--url", url, "hello")
+    assert (status, out, err) == (5, " a b\n", "error: internal: generation failed\n")
+
+
+async def test_ask_refused_by_the_server_exits_4(tmp_path: Path) -> None:
+    image = tmp_path / "pixel.png"
+    image.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 16)
+    async with running_server(ScriptedEngine()) as url:
+        status, out, err = await run_cli("ask", "--url", url, "--image", str(image), "what?")
+    assert (status, out) == (4, "")
+    assert err == "error: unsupported: the model 'scripted' does not read images\n"
+
+
+async def test_ask_with_bad_params_exits_4_before_connecting() -> None:
+    status, out, err = await run_cli(
+        "ask", "--url", "ws://127.0.0.1:1/v1/chat", "--temperature", "9", "x"
+    )
+    assert (status, out, err) == (4, "", "error: invalid_params: temperature must be in [0, 2]\n")
+
+
+async def test_ask_with_nothing_listening_exits_3() -> None:
+    status, out, err = await run_cli("ask", "--url", "ws://127.0.0.1:1/v1/chat", "hello")
+    assert (status, out) == (3, "")
+    assert err.startswith("error: connect: cannot connect to ws://127.0.0.1:1/v1/chat")
+
+
+async def test_ask_with_an_unreadable_image_or_bad_arguments_exits_2(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.png"
+    status, _, err = await run_cli("ask", "--image", str(missing), "what?")
+    assert status == 2
+    assert err == f"error: usage: cannot read image {missing}: No such file or directory\n"
+    status, _, err = await run_cli("ask", "--max-new-tokens", "many", "x")
+    assert status == 2 and "invalid int value: 'many'" in err
+
+
+async def test_ask_interrupted_mid_reply_stops_it_and_exits_130() -> None:
+    async with (
+        running_server(slow_engine(delay_s=0.05)) as url,
+        cli("ask", "--url", url, "go") as ask,
+    ):
+        first = await ask.read_until(" s0")
+        ask.process.send_signal(signal.SIGINT)
+        assert await ask.exit_status() == 130
+        assert first == " s0" and "[stopped]" in await ask.stderr()
+
+
+@pytest.mark.parametrize(("command", "status"), [("ask", 130), ("chat", 0)])
+async def test_second_ctrl_c_leaves_when_the_reply_does_not_stop(command: str, status: int) -> None:
+    engine = scripts_in_turn(Script([" a", " b"], stall_after=1))  # stops reading its cancel flag
+    async with running_server(engine) as url:
+        args = ("ask", "--url", url, "go") if command == "ask" else ("chat", url)
+        async with cli(*args) as process:
+            if command == "chat":
+                await process.send("go")
+            await process.read_until(" a")
+            process.process.send_signal(signal.SIGINT)
+            if command == "chat":
+                assert (await process.stderr_line()).startswith("connected to scripted")
+            assert await process.stderr_line() == STOPPING_NOTICE + "\n"
+            process.process.send_signal(signal.SIGINT)  # the stop never comes: leave anyway
+            assert await process.exit_status() == status
+            assert process.process.stdout is not None
+            assert " b" not in process.output + (await process.process.stdout.read()).decode()
+        engine.unstall()
+
+
+# -- wschat chat ---------------------------------------------------------------------------
+
+
+async def test_chat_streams_replies_resets_and_ctrl_c_stops_a_reply_then_quits() -> None:
+    engine = scripts_in_turn(FAST, slow(), FAST)
+    async with running_server(engine) as url, cli("chat", url) as chat:
+        await chat.send("hello")
+        assert await chat.read_until("\n") == " hi there\n"
+        await chat.send("/reset")
+        assert await chat.read_until("\n") == "[reset]\n"
+        await chat.send("tell me slowly")
+        await chat.read_until(" s0")
+        chat.process.send_signal(signal.SIGINT)  # mid-reply: stops it
+        stopped = await chat.read_until("[stopped]\n")
+        assert re.fullmatch(r"( s\d+)*\n\[stopped\]\n", stopped), stopped
+        await chat.send("again")
+        assert await chat.read_until("\n") == " hi there\n"
+        chat.process.send_signal(signal.SIGINT)  # at the prompt: quits
+        assert await chat.exit_status() == 0
+        assert 1000 not in engine.requests[1].prompt_ids  # reset: no earlier reply in it
+        assert 1000 in engine.requests[2].prompt_ids  # the stopped reply stays in the talk
+
+
+async def test_chat_commands_and_end_of_input() -> None:
+    engine = ScriptedEngine()
+    async with running_server(engine) as url, cli("chat", url) as chat:
+        await chat.send("/help")
+        assert "/image PATH" in await chat.read_until("/quit")
+        await chat.send("/system Be terse.")
+        await chat.read_until("[system prompt set]\n")
+        await chat.send("/nope")
+        await chat.send("//slash")
+        await chat.read_until(" w7\n")
+        assert chat.process.stdin is not None
+        chat.process.stdin.close()
+        assert await chat.exit_status() == 0
+        assert "unknown command /nope; /help lists them" in await chat.stderr()
+    (request,) = engine.requests  # /nope sent nothing
+    assert is_sublist(engine.tokenize_text("Be terse."), request.prompt_ids)
+    assert is_sublist(engine.tokenize_text("/slash"), request.prompt_ids)
+    assert not is_sublist(engine.tokenize_text("//slash"), request.prompt_ids)
+
+
+async def test_chat_image_command_on_a_text_only_model_reports_unsupported(tmp_path: Path) -> None:
+    image = tmp_path / "pixel.png"
+    image.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 16)
+    async with running_server(ScriptedEngine()) as url, cli("chat", url) as chat:
+        await chat.send(f"/image {image}")
+        await chat.send("/quit")
+        assert await chat.exit_status() == 0
+        err = await chat.stderr()
+    assert "error: unsupported: the model 'scripted' does not read images" in err
+
+
+async def test_chat_with_nothing_listening_exits_3() -> None:
+    status, _, err = await run_cli("chat", "ws://127.0.0.1:1/v1/chat")
+    assert status == 3 and err.startswith("error: connect: cannot connect")

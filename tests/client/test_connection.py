@@ -1,0 +1,121 @@
+"""``FrameRouter``: where each server frame goes (no I/O: frames are fed in directly)."""
+
+from __future__ import annotations
+
+import pytest
+
+from client import BusyError, ConnectionClosedError, NotRunningError, Reply, UnauthorizedError
+from client.connection import FrameRouter
+from protocol import (
+    Configured,
+    Done,
+    Error,
+    ErrorCode,
+    FinishReason,
+    GoAway,
+    Pong,
+    Queued,
+    ResetOk,
+    Start,
+    Timing,
+    Token,
+    Usage,
+)
+
+
+def reply(id: str = "r1") -> Reply:
+    return Reply(id, send_cancel=lambda _: None)
+
+
+def done(id: str, text: str, reason: FinishReason = FinishReason.STOP) -> Done:
+    return Done(id, reason, text, Usage(3, 2, 0), Timing(0.0, 1.0, 10.0, 2.0))
+
+
+async def test_frames_with_an_id_feed_their_reply_until_done() -> None:
+    router = FrameRouter()
+    r = reply()
+    router.add_reply(r)
+    for frame in (Queued("r1", 1), Start("r1", 3, 0, 1.0), Token("r1", " a", 1)):
+        router.route(frame)
+    assert r.position is None and r.text == " a" and not r.finished
+    router.route(done("r1", " a"))
+    assert r.finished and router.replies == {}
+    router.route(Token("r1", " late", 2))
+    assert list(router.unrouted) == [Token("r1", " late", 2)] and r.text == " a"
+
+
+async def test_answers_without_id_go_to_the_oldest_request_expecting_them() -> None:
+    router = FrameRouter()
+    configure = router.expect(Configured)
+    reset = router.expect(ResetOk)
+    ping = router.expect(Pong)
+    router.route(Configured())
+    router.route(ResetOk())
+    router.route(Pong(7))
+    assert configure.future.result() == Configured()
+    assert reset.future.result() == ResetOk()
+    assert ping.future.result() == Pong(7)
+
+
+async def test_error_without_id_fails_the_oldest_waiting_request_only() -> None:
+    router = FrameRouter()
+    configure = router.expect(Configured)
+    ping = router.expect(Pong)
+    router.route(Error(ErrorCode.BUSY, "a generation is already running"))
+    with pytest.raises(BusyError):
+        configure.future.result()
+    assert not ping.future.done()
+
+
+async def test_error_with_a_request_id_fails_that_request() -> None:
+    router = FrameRouter()
+    cancel = router.expect(None, "c1")
+    router.route(Error(ErrorCode.NOT_RUNNING, "no generation 'c1'", "c1"))
+    with pytest.raises(NotRunningError):
+        cancel.future.result()
+
+
+async def test_error_for_a_refused_prompt_ends_its_reply_but_not_an_accepted_one() -> None:
+    router = FrameRouter()
+    refused, accepted = reply("a"), reply("b")
+    router.add_reply(refused)
+    router.add_reply(accepted)
+    router.route(Error(ErrorCode.BUSY, "busy", "a"))
+    router.route(Start("b", 3, 0, 0.0))
+    router.route(Error(ErrorCode.INTERNAL, "generation failed", "b"))
+    assert refused.finished and isinstance(refused.error, BusyError)
+    assert not accepted.finished  # its ``done`` is still to come
+    router.route(done("b", "", FinishReason.ERROR))
+    assert accepted.finished and list(router.replies) == []
+
+
+async def test_unclaimed_error_is_kept_for_the_close_that_follows() -> None:
+    router = FrameRouter()
+    r = reply()
+    router.add_reply(r)
+    router.route(Error(ErrorCode.UNAUTHORIZED, "token revoked"))
+    assert isinstance(router.unclaimed_error, UnauthorizedError)
+    closed = ConnectionClosedError(1008, "policy", error=router.unclaimed_error)
+    router.close(closed)
+    assert r.error is closed and str(closed) == (
+        "connection closed (code 1008): policy after error unauthorized: token revoked"
+    )
+
+
+async def test_close_ends_every_reply_and_request_still_waiting() -> None:
+    router = FrameRouter()
+    r = reply()
+    router.add_reply(r)
+    waiters = [router.expect(Pong), router.expect(None, "i1")]
+    closed = ConnectionClosedError(1006)
+    router.close(closed)
+    assert r.finished and r.error is closed and router.closed is closed
+    for waiter in waiters:
+        assert waiter.future.exception() is closed
+
+
+async def test_goaway_is_stored_and_handed_to_the_callback() -> None:
+    seen: list[GoAway] = []
+    router = FrameRouter(on_goaway=seen.append)
+    router.route(GoAway(2500))
+    assert router.goaway == GoAway(2500) and seen == [GoAway(2500)]
