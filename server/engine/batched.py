@@ -1,0 +1,272 @@
+"""``BatchedEngine``: the generations of all sessions decode together, one forward pass a step.
+
+One worker thread owns the model while there is work (and exits when there is none). Each pass
+of its loop:
+
+1. takes new requests in, up to ``width`` rows in all;
+2. prefills the prompts of the rows that joined (their uncached tails, all joiners in one
+   forward, long prompts in chunks of ``prefill_tokens`` so the running rows never wait long);
+   a row whose prompt is done picks its first token and moves into the decode batch;
+3. runs one decode forward over every decoding row, each at its own position (``SlotKV``), picks
+   each row's token with its own parameters and streams it.
+
+Cancel flags are read before every pass and again before a token is streamed, so a cancelled
+row streams nothing more and its ``done`` comes within one decode step. A failure inside a pass
+ends every row in it with an error (``error`` + ``done`` for its client) and the loop goes on
+with the rows that come next. KV state is kept per session across turns in a ``KVStore`` (the
+same contract as ``HFEngine``): a prompt that extends a session's cached tokens prefills only
+the new ones.
+
+Requests with images go to an ``HFEngine`` over the same model (one ``generate`` each).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from dataclasses import replace
+
+import torch
+
+from protocol import FinishReason
+
+from ..loader import LoadedModel
+from .base import Generation, GenerationRequest, LoopBridge
+from .hf import HFEngine
+from .kvstore import KVStore
+from .rows import BatchRow
+from .sampling import RowSampler, pick_tokens
+from .slotkv import LayerLayout, SlotKV
+from .streamer import TokenStreamer
+
+log = logging.getLogger("wschat.engine.batched")
+
+
+class BatchedEngine:
+    name = "batched"
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        width: int = 8,
+        context_tokens: int = 8192,
+        max_images: int = 4,
+        kv_budget_tokens: int = 262_144,
+        prefill_tokens: int = 512,
+    ) -> None:
+        self.single = HFEngine(
+            loaded,
+            context_tokens=context_tokens,
+            max_images=max_images,
+            kv_budget_tokens=kv_budget_tokens,
+        )
+        self.info = replace(self.single.info, name=self.name)
+        self.model = loaded.model
+        inner = self.model.model
+        self._text = getattr(inner, "language_model", inner)  # the decoder stack, text only
+        self._lm_head = self.model.lm_head
+        text_config = getattr(self.model.config, "text_config", self.model.config)
+        self._softcap = getattr(text_config, "final_logit_softcapping", None)
+        self._pad_id = int(loaded.tokenizer.pad_token_id or 0)
+        self._backend = loaded.tokenizer.backend_tokenizer
+        self.width = width
+        self.prefill_tokens = prefill_tokens
+        self.kv = KVStore(kv_budget_tokens)
+        layout = LayerLayout.of(text_config, self.model.dtype, self.model.device)
+        self._decode_kv = SlotKV(layout, width)
+        self._prefill_kv = SlotKV(layout, width)
+        self._decoding: list[BatchRow] = []  # row b of _decode_kv (worker thread only)
+        self._prefilling: list[BatchRow] = []  # row b of _prefill_kv (worker thread only)
+        self._waiting: deque[BatchRow] = deque()  # admitted by start, no row yet (worker only)
+        # guards _inbox and _worker: start() appends on the loop; the worker drains and exits
+        self._lock = threading.Lock()
+        self._inbox: list[BatchRow] = []
+        self._worker: threading.Thread | None = None
+        self.decode_steps = 0
+        self.decoded_tokens = 0
+
+    # -- the Engine interface ------------------------------------------------------------
+
+    def tokenize_text(self, text: str) -> list[int]:
+        return self.single.tokenize_text(text)
+
+    def token_id(self, token: str) -> int:
+        return self.single.token_id(token)
+
+    def image_placeholder_ids(self) -> list[int]:
+        return self.single.image_placeholder_ids()
+
+    def forget(self, session_key: str) -> None:
+        self.kv.forget(session_key)
+        self.single.forget(session_key)
+
+    def start(self, request: GenerationRequest) -> Generation:
+        if request.images:
+            return self.single.start(request)
+        generation = Generation()
+        key = request.session_key
+        prefix = self.kv.take(key, request.prompt_ids) if key else None
+        generation.cached_tokens = len(prefix.ids) if prefix else 0
+        room = self.info.context_tokens - len(request.prompt_ids)
+        bridge = LoopBridge(asyncio.get_running_loop(), generation)
+        row = BatchRow(
+            request,
+            generation,
+            bridge,
+            TokenStreamer(self._backend, bridge.put, request.params.stop),
+            RowSampler(request.params, request.prompt_ids, self.model.device),
+            prefix,
+            max(1, min(request.params.max_new_tokens, room)),
+            frozenset(self.info.end_of_turn_ids),
+        )
+        with self._lock:
+            self._inbox.append(row)
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._work, name="wschat-generate-batch", daemon=True
+                )
+                self._worker.start()
+        return generation
+
+    async def aclose(self) -> None:
+        worker = self._worker
+        if worker is not None:
+            await asyncio.to_thread(worker.join, 30)
+        await self.single.aclose()
+
+    # -- the worker thread ---------------------------------------------------------------
+
+    def _work(self) -> None:
+        with torch.inference_mode():
+            while True:
+                with self._lock:
+                    self._waiting.extend(self._inbox)
+                    self._inbox.clear()
+                    if not (self._waiting or self._prefilling or self._decoding):
+                        self._worker = None
+                        return
+                try:
+                    self._pass()
+                except BaseException as error:
+                    log.exception(
+                        "a batched pass failed; its %d rows end with an error", self._rows
+                    )
+                    self._fail_all(error)
+
+    @property
+    def _rows(self) -> int:
+        return len(self._decoding) + len(self._prefilling)
+
+    def _pass(self) -> None:
+        self._end_cancelled()
+        self._admit()
+        if self._prefilling:
+            self._prefill_chunk()
+            self._end_cancelled()
+        if self._decoding:
+            self._decode_step()
+
+    def _admit(self) -> None:
+        while self._waiting and self._rows < self.width:
+            row = self._waiting.popleft()
+            if row.cancelled:
+                row.finish(FinishReason.CANCELLED, row.prefix_state, self.kv)
+                continue
+            self._prefill_kv.add(row.prefix_state)
+            self._prefilling.append(row)
+
+    def _end_cancelled(self) -> None:
+        for kv, rows in ((self._decode_kv, self._decoding), (self._prefill_kv, self._prefilling)):
+            for b in reversed(range(len(rows))):
+                if rows[b].cancelled:
+                    self._retire(kv, rows, b, FinishReason.CANCELLED)
+
+    def _prefill_chunk(self) -> None:
+        rows, kv = self._prefilling, self._prefill_kv
+        per_row = max(16, self.prefill_tokens // len(rows))
+        counts = [min(row.unfed, per_row) for row in rows]
+        width = max(counts)
+        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        for b, (row, n) in enumerate(zip(rows, counts, strict=True)):
+            ids[b, :n] = torch.tensor(row.prompt_ids[row.fed : row.fed + n])
+        hidden = self._forward(kv, ids, counts)
+        for row, n in zip(rows, counts, strict=True):
+            row.fed += n
+        done = [b for b, row in enumerate(rows) if row.unfed == 0]
+        if not done:
+            return
+        last = torch.tensor([counts[b] - 1 for b in done])
+        logits = self._logits(hidden[torch.tensor(done), last])
+        picked = pick_tokens([rows[b].sampler for b in done], logits)
+        for b, token in zip(reversed(done), reversed(picked), strict=True):
+            row = rows[b]
+            reason = FinishReason.CANCELLED if row.cancelled else row.take(token)
+            if reason is not None:
+                self._retire(kv, rows, b, reason)
+                continue
+            self._decode_kv.transfer(kv, b, self._decode_kv.add())
+            self._decoding.append(row)
+            self._drop(kv, rows, b)
+
+    def _decode_step(self) -> None:
+        rows, kv = self._decoding, self._decode_kv
+        ids = torch.tensor([[row.next_token] for row in rows], dtype=torch.long)
+        hidden = self._forward(kv, ids, [1] * len(rows))
+        picked = pick_tokens([row.sampler for row in rows], self._logits(hidden[:, -1]))
+        self.decode_steps += 1
+        self.decoded_tokens += len(rows)
+        ended: list[tuple[int, FinishReason]] = []
+        for b, (row, token) in enumerate(zip(rows, picked, strict=True)):
+            reason = FinishReason.CANCELLED if row.cancelled else row.take(token)
+            if reason is not None:
+                ended.append((b, reason))
+        for b, reason in reversed(ended):
+            self._retire(kv, rows, b, reason)
+
+    def _forward(self, kv: SlotKV, ids: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        device = self.model.device
+        positions, masks = kv.plan(counts)
+        out = self._text(
+            input_ids=ids.to(device),
+            attention_mask=masks,
+            position_ids=positions,
+            cache=kv,
+            use_cache=True,
+        )
+        kv.advance()
+        hidden: torch.Tensor = out.last_hidden_state
+        return hidden
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self._lm_head(hidden)
+        if self._softcap is not None:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits.float()
+
+    def _retire(self, kv: SlotKV, rows: list[BatchRow], b: int, reason: FinishReason) -> None:
+        row = rows[b]
+        try:
+            row.finish(reason, kv.save(b), self.kv)
+        finally:
+            self._drop(kv, rows, b)
+
+    @staticmethod
+    def _drop(kv: SlotKV, rows: list[BatchRow], b: int) -> None:
+        """Free row ``b``: ``SlotKV.remove`` moves the last row into it; the list does the same."""
+        kv.remove(b)
+        rows[b] = rows[-1]
+        rows.pop()
+
+    def _fail_all(self, error: BaseException) -> None:
+        for row in [*self._decoding, *self._prefilling]:
+            try:
+                row.finish(FinishReason.ERROR, None, self.kv, error)
+            except Exception:
+                log.exception("ending a failed row")
+        self._decoding.clear()
+        self._prefilling.clear()
+        self._decode_kv.clear()
+        self._prefill_kv.clear()

@@ -1,0 +1,263 @@
+"""``SlotKV``: the KV state of several sequences in preallocated per-layer buffers, one row each.
+
+Rows ``[0, count)`` are occupied; a forward pass runs over all of them at once, each row at its
+own position (``plan``), so sequences of different lengths decode together without padding
+copies. Full-attention layers keep every position of a row in columns ``0..length-1``;
+sliding-window layers keep a ring of ``window`` columns where position ``p`` lives in column
+``p % window`` (the columns are the same for every row, so a row's ring can be saved and loaded
+as is). The model reads the cache through ``update`` exactly as it reads a transformers
+``Cache``; the masks that tell each row which columns are its own come from ``plan`` and are
+passed to the model ready-made (4-D boolean, True = attend), so no padding mask is inferred.
+
+Keys and values cross a row's boundary only as a ``KVState`` (``save``/``load``/``transfer``):
+the form a session's cache takes between turns in the ``KVStore``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+FULL = "full_attention"
+SLIDING = "sliding_attention"
+
+
+@dataclass(slots=True)
+class KVState:
+    """One sequence's keys and values outside the batch: ``length`` positions."""
+
+    length: int
+    full: list[tuple[torch.Tensor, torch.Tensor]]  # per full layer: [kv_heads, length, dim]
+    ring: list[tuple[torch.Tensor, torch.Tensor]]  # per sliding layer: [kv_heads, <=window, dim]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerLayout:
+    kinds: tuple[str, ...]
+    window: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, text_config: Any, dtype: torch.dtype, device: torch.device) -> LayerLayout:
+        kinds = tuple(text_config.layer_types)
+        unknown = set(kinds) - {FULL, SLIDING}
+        if unknown:
+            raise ValueError(f"layer types {sorted(unknown)} are not supported by SlotKV")
+        return cls(
+            kinds,
+            int(text_config.sliding_window),
+            int(text_config.num_key_value_heads),
+            int(text_config.head_dim),
+            dtype,
+            device,
+        )
+
+
+@dataclass(slots=True)
+class _Plan:
+    """Where the tokens of one forward go: row ``b`` writes positions ``starts[b] + t``."""
+
+    rows: int
+    width: int  # tokens per row in this forward (rows with fewer are padded at the end)
+    real: list[int]  # real tokens per row
+    starts: torch.Tensor  # [rows]
+    full_len: int  # columns of the full layers that the forward reads
+
+
+class SlotKV:
+    def __init__(self, layout: LayerLayout, rows: int, capacity: int = 256) -> None:
+        self.layout = layout
+        self.rows = rows
+        self.capacity = capacity
+        self.count = 0
+        self.lengths: list[int] = []
+        self._full: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._ring: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for i, kind in enumerate(layout.kinds):
+            size = capacity if kind == FULL else layout.window
+            target = self._full if kind == FULL else self._ring
+            target[i] = (self._empty(size), self._empty(size))
+        self._plan: _Plan | None = None
+
+    def _empty(self, columns: int) -> torch.Tensor:
+        lay = self.layout
+        shape = (self.rows, lay.kv_heads, columns, lay.head_dim)
+        return torch.zeros(shape, dtype=lay.dtype, device=lay.device)
+
+    # -- rows ----------------------------------------------------------------------------
+
+    def add(self, state: KVState | None = None) -> int:
+        """Occupy the next row, empty or holding ``state``; returns its index."""
+        if self.count >= self.rows:
+            raise RuntimeError("no free row")
+        row = self.count
+        self.count += 1
+        self.lengths.append(0)
+        if state is not None:
+            self.load(row, state)
+        return row
+
+    def remove(self, row: int) -> None:
+        """Free ``row``; the last row moves into it so occupied rows stay ``[0, count)``."""
+        last = self.count - 1
+        if row != last:
+            self.transfer(self, last, row)
+        self.count -= 1
+        self.lengths.pop()
+
+    def clear(self) -> None:
+        self.count = 0
+        self.lengths.clear()
+
+    def load(self, row: int, state: KVState) -> None:
+        self._reserve(state.length)
+        n, kept = state.length, min(state.length, self.layout.window)
+        for (k, v), (bk, bv) in zip(state.full, self._full.values(), strict=True):
+            bk[row, :, :n] = k
+            bv[row, :, :n] = v
+        for (k, v), (bk, bv) in zip(state.ring, self._ring.values(), strict=True):
+            bk[row, :, :kept] = k
+            bv[row, :, :kept] = v
+        self.lengths[row] = n
+
+    def save(self, row: int) -> KVState:
+        n = self.lengths[row]
+        kept = min(n, self.layout.window)
+        full = [(k[row, :, :n].clone(), v[row, :, :n].clone()) for k, v in self._full.values()]
+        ring = [
+            (k[row, :, :kept].clone(), v[row, :, :kept].clone()) for k, v in self._ring.values()
+        ]
+        return KVState(n, full, ring)
+
+    def transfer(self, source: SlotKV, src: int, dst: int) -> None:
+        """Copy row ``src`` of ``source`` (this one or another) into row ``dst`` of this one."""
+        n = source.lengths[src]
+        self._reserve(n)
+        kept = min(n, self.layout.window)
+        for (sk, sv), (dk, dv) in zip(source._full.values(), self._full.values(), strict=True):
+            dk[dst, :, :n] = sk[src, :, :n]
+            dv[dst, :, :n] = sv[src, :, :n]
+        for (sk, sv), (dk, dv) in zip(source._ring.values(), self._ring.values(), strict=True):
+            dk[dst, :, :kept] = sk[src, :, :kept]
+            dv[dst, :, :kept] = sv[src, :, :kept]
+        self.lengths[dst] = n
+
+    def _reserve(self, columns: int) -> None:
+        """Grow the full layers' buffers (doubling) so every row can hold ``columns``."""
+        if columns <= self.capacity:
+            return
+        capacity = max(columns, 2 * self.capacity)
+        for i, (k, v) in self._full.items():
+            grown_k, grown_v = self._empty(capacity), self._empty(capacity)
+            grown_k[:, :, : self.capacity] = k
+            grown_v[:, :, : self.capacity] = v
+            self._full[i] = (grown_k, grown_v)
+        self.capacity = capacity
+
+    # -- one forward pass ----------------------------------------------------------------
+
+    def plan(self, tokens: list[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Set up a forward of ``tokens[b]`` new tokens for each occupied row ``b``.
+
+        Returns the position ids ``[rows, width]`` and the attention masks by layer type.
+        """
+        rows, width = self.count, max(tokens)
+        device = self.layout.device
+        starts = torch.tensor(self.lengths, dtype=torch.long, device=device)
+        full_len = max(self.lengths) + width
+        self._reserve(full_len)
+        self._plan = _Plan(rows, width, list(tokens), starts, full_len)
+        steps = torch.arange(width, device=device)
+        positions = starts[:, None] + steps[None, :]  # [rows, width]
+        columns = torch.arange(full_len, device=device)
+        # Padded queries (t >= real) see their row's real tokens too: never an empty softmax.
+        full_mask = columns[None, None, :] <= positions[:, :, None]
+        masks = {FULL: full_mask[:, None], SLIDING: self._sliding_mask(positions, tokens)[:, None]}
+        return positions, masks
+
+    def _sliding_mask(self, positions: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+        assert self._plan is not None
+        window, width = self.layout.window, self._plan.width
+        device = positions.device
+        # Ring column j holds the latest position <= last with p % window == j (< 0: none yet).
+        last = self._plan.starts - 1 if width > 1 else self._plan.starts
+        ring = torch.arange(window, device=device)
+        held = last[:, None] - torch.remainder(last[:, None] - ring[None, :], window)
+        if width == 1:  # the new token is written into the ring before attention reads it
+            return (held >= 0)[:, None, :]
+        # Wider: keys are the ring as it was, then the new tokens (see update).
+        real = torch.tensor(tokens, device=device)
+        steps = torch.arange(width, device=device)
+        new_valid = steps[None, :] < real[:, None]
+        keys = torch.cat([held, positions], dim=1)  # [rows, window + width]
+        valid = torch.cat([held >= 0, new_valid], dim=1)
+        q = positions[:, :, None]
+        k = keys[:, None, :]
+        mask = valid[:, None, :] & (k <= q) & (k > q - window)
+        own = torch.zeros_like(mask)
+        own[:, :, window:] = torch.eye(width, dtype=torch.bool, device=device)
+        return mask | (own & ~new_valid[:, :, None])
+
+    def advance(self) -> None:
+        """After the forward: each row holds its real new tokens."""
+        assert self._plan is not None
+        for b, n in enumerate(self._plan.real):
+            self.lengths[b] += n
+        self._plan = None
+
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a transformers attention layer calls: store the new keys, return what to read."""
+        plan = self._plan
+        assert plan is not None, "update() outside a planned forward"
+        if layer_idx in self._full:
+            return self._update_full(self._full[layer_idx], key, value, plan)
+        return self._update_ring(self._ring[layer_idx], key, value, plan)
+
+    def _update_full(
+        self,
+        buffers: tuple[torch.Tensor, torch.Tensor],
+        key: torch.Tensor,
+        value: torch.Tensor,
+        plan: _Plan,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        bk, bv = buffers
+        rows, width = plan.rows, plan.width
+        row_ids = torch.arange(rows, device=key.device)[:, None]
+        cols = plan.starts[:, None] + torch.arange(width, device=key.device)[None, :]
+        bk[row_ids, :, cols] = key.transpose(1, 2)
+        bv[row_ids, :, cols] = value.transpose(1, 2)
+        return bk[:rows, :, : plan.full_len], bv[:rows, :, : plan.full_len]
+
+    def _update_ring(
+        self,
+        buffers: tuple[torch.Tensor, torch.Tensor],
+        key: torch.Tensor,
+        value: torch.Tensor,
+        plan: _Plan,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        bk, bv = buffers
+        rows, window = plan.rows, self.layout.window
+        if plan.width == 1:
+            row_ids = torch.arange(rows, device=key.device)
+            cols = torch.remainder(plan.starts, window)
+            bk[row_ids, :, cols] = key[:, :, 0]
+            bv[row_ids, :, cols] = value[:, :, 0]
+            return bk[:rows], bv[:rows]
+        keys = torch.cat([bk[:rows], key], dim=2)
+        values = torch.cat([bv[:rows], value], dim=2)
+        for b, n in enumerate(plan.real):  # only real tokens enter the ring, the last window
+            first = max(0, n - window)
+            start = int(plan.starts[b]) + first
+            cols = torch.remainder(
+                torch.arange(start, start + n - first, device=key.device), window
+            )
+            bk[b, :, cols] = key[b, :, first:n]  # an int index stays in place: [heads, n, dim]
+            bv[b, :, cols] = value[b, :, first:n]
+        return keys, values
