@@ -1,0 +1,279 @@
+"""``BatchedEngine`` on the tiny random Gemma 3 in float32: batched replies equal replies run
+alone (``HFEngine``'s ``generate``), per row, whatever shares the batch; engine-level and over a
+real server.
+
+The tiny model's sliding window is 16 tokens and the engine here prefills in chunks of 32, so
+these prompts cross both the ring of the sliding layers and the chunking of long prompts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from server.engine.base import (
+    CancelFlag,
+    Finished,
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    TokenPiece,
+)
+from server.engine.batched import BatchedEngine
+from server.engine.hf import HFEngine
+from server.engine.rows import BatchRow
+from server.loader import LoadedModel
+from tests.images import samples
+from tests.support import TIMEOUT, RawPeer, raw_peer, running_server, wait_until
+
+WIDTH = 8
+
+
+@pytest.fixture
+async def batched(tiny_text_loaded: LoadedModel) -> AsyncIterator[BatchedEngine]:
+    engine = BatchedEngine(tiny_text_loaded, width=WIDTH, prefill_tokens=32)
+    yield engine
+    await engine.aclose()
+
+
+async def collect(generation: Generation) -> tuple[str, Finished]:
+    texts: list[str] = []
+    async with asyncio.timeout(TIMEOUT):
+        async for item in generation.items():
+            if isinstance(item, TokenPiece):
+                texts.append(item.text)
+            else:
+                return "".join(texts), item
+    raise AssertionError("a generation ended without Finished")
+
+
+def prompts(engine: HFEngine | BatchedEngine, count: int) -> list[list[int]]:
+    """Prompts of 3 to 60 tokens: shorter and longer than the window and the prefill chunk."""
+    return [[2, *engine.tokenize_text("hello world " * (1 + 4 * i))] for i in range(count)]
+
+
+def greedy(tokens: int, **extra: Any) -> SamplingParams:
+    return SamplingParams(max_new_tokens=tokens, **extra)
+
+
+async def alone(engine: HFEngine | BatchedEngine, ids: list[int], params: SamplingParams) -> str:
+    text, finished = await collect(engine.start(GenerationRequest(ids, params)))
+    assert finished.error is None
+    return text
+
+
+async def test_eight_concurrent_greedy_replies_equal_each_reply_run_alone(
+    batched: BatchedEngine, tiny_text_engine: HFEngine
+) -> None:
+    asks = prompts(batched, WIDTH)
+    expected = [await alone(tiny_text_engine, ids, greedy(24)) for ids in asks]
+    first = [batched.start(GenerationRequest(ids, greedy(24))) for ids in asks[:4]]
+    await wait_until(lambda: batched.decode_steps >= 2)  # the rest join a decoding batch
+    later = [batched.start(GenerationRequest(ids, greedy(24))) for ids in asks[4:]]
+    results = await asyncio.gather(*(collect(g) for g in first + later))
+    assert [text for text, _ in results] == expected
+    assert {finished.reason.value for _, finished in results} == {"length"}
+    assert batched.decoded_tokens > batched.decode_steps  # rows shared decode passes
+
+
+async def test_cancel_in_a_batch_leaves_the_others_unchanged_and_ends_within_one_step(
+    batched: BatchedEngine, tiny_text_engine: HFEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asks = prompts(batched, 4)
+    expected = [await alone(tiny_text_engine, ids, greedy(40)) for ids in asks]
+    # One log appended from the loop (cancel) and the worker (steps, finishes): list.append is
+    # atomic, so its order is the order things happened.
+    events: list[str] = []
+    original_set, original_step, original_finish = (
+        CancelFlag.set,
+        BatchedEngine._decode_step,
+        BatchRow.finish,
+    )
+
+    def set_and_log(self: CancelFlag) -> None:
+        original_set(self)
+        events.append("cancel")
+
+    def step_and_log(self: BatchedEngine) -> None:
+        events.append("step")
+        original_step(self)
+
+    def finish_and_log(self: BatchRow, *args: Any, **kwargs: Any) -> None:
+        events.append(f"finish {self.request.prompt_ids is asks[1]}")
+        original_finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(CancelFlag, "set", set_and_log)
+    monkeypatch.setattr(BatchedEngine, "_decode_step", step_and_log)
+    monkeypatch.setattr(BatchRow, "finish", finish_and_log)
+    generations = [batched.start(GenerationRequest(ids, greedy(40))) for ids in asks]
+    async with asyncio.timeout(TIMEOUT):
+        streamed = 0
+        while streamed < 3:
+            streamed += sum(isinstance(i, TokenPiece) for i in await generations[1].next_items())
+    generations[1].cancel()
+    results = await asyncio.gather(*(collect(g) for g in generations))
+    texts = [text for text, _ in results]
+    cancelled_text, cancelled = results[1]
+    assert cancelled.reason.value == "cancelled"
+    assert expected[1].startswith(cancelled_text) and cancelled_text != expected[1]
+    assert texts[:1] + texts[2:] == expected[:1] + expected[2:]
+    after_cancel = events[events.index("cancel") + 1 :]
+    assert after_cancel[: after_cancel.index("finish True")].count("step") <= 1
+
+
+async def test_seeded_sampling_gives_the_same_reply_whatever_its_batch_mates(
+    batched: BatchedEngine,
+) -> None:
+    asks = prompts(batched, 4)
+    sampled = greedy(30, temperature=0.9, top_p=0.9, top_k=40, repetition_penalty=1.3, seed=1234)
+    reference = await alone(batched, asks[0], sampled)
+    mates = [
+        greedy(30, temperature=1.2, seed=7),
+        greedy(30, temperature=0.7, top_p=0.5),  # unseeded
+        greedy(30, repetition_penalty=1.5),
+    ]
+    generations = [batched.start(GenerationRequest(asks[0], sampled))]
+    generations += [
+        batched.start(GenerationRequest(ids, params))
+        for ids, params in zip(asks[1:], mates, strict=True)
+    ]
+    results = await asyncio.gather(*(collect(g) for g in generations))
+    assert results[0][0] == reference
+    other_seed = await alone(batched, asks[0], greedy(30, temperature=0.9, top_k=40, seed=99))
+    assert other_seed != reference  # the seed, not the batch, decides the draws
+
+
+async def test_repetition_penalty_matches_generate_greedy(
+    batched: BatchedEngine, tiny_text_engine: HFEngine
+) -> None:
+    ids = prompts(batched, 3)[2]
+    params = greedy(30, repetition_penalty=1.4)
+    assert await alone(batched, ids, params) == await alone(tiny_text_engine, ids, params)
+
+
+async def test_stop_string_ends_a_batched_reply_before_it(
+    batched: BatchedEngine, tiny_text_engine: HFEngine
+) -> None:
+    asks = prompts(batched, 3)
+    full = await alone(tiny_text_engine, asks[0], greedy(20))
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    cut = full.index(stop)
+    generations = [batched.start(GenerationRequest(asks[0], greedy(20, stop=(stop,))))]
+    generations += [batched.start(GenerationRequest(ids, greedy(20))) for ids in asks[1:]]
+    (text, finished), *_ = await asyncio.gather(*(collect(g) for g in generations))
+    assert finished.reason.value == "stop"
+    assert text == full[:cut]
+
+
+async def test_second_turn_prefills_only_new_tokens_and_matches_a_fresh_session(
+    batched: BatchedEngine,
+) -> None:
+    first_ids = prompts(batched, 2)[1]
+    first = batched.start(GenerationRequest(first_ids, greedy(12), session_key="s"))
+    _, first_done = await collect(first)
+    history = [*first_ids, *first_done.completion_ids, *batched.tokenize_text(" and then")]
+    second = batched.start(GenerationRequest(history, greedy(12), session_key="s"))
+    text, done = await collect(second)
+    # Everything but the last reply token (picked, never fed back) was cached.
+    cached = len(first_ids) + len(first_done.completion_ids) - 1
+    assert done.cached_tokens == second.cached_tokens == cached
+    fresh = await alone(batched, history, greedy(12))  # no session key: a full prefill
+    assert text == fresh
+
+
+async def ask(peer: RawPeer, frame_id: str, text: str, **params: Any) -> list[dict[str, Any]]:
+    await peer.send({"type": "prompt", "id": frame_id, "text": text, "params": params})
+    return await peer.recv_until("done")
+
+
+async def test_eight_sessions_over_a_server_get_the_replies_they_get_alone(
+    batched: BatchedEngine, tiny_text_engine: HFEngine
+) -> None:
+    texts = ["hello world " * (1 + 3 * i) for i in range(WIDTH)]
+    expected = []
+    async with running_server(tiny_text_engine, max_concurrent=1) as url:
+        for text in texts:
+            async with raw_peer(url) as (peer, _):
+                expected.append((await ask(peer, "a", text, max_new_tokens=16))[-1]["text"])
+
+    async def session(url: str, text: str) -> list[dict[str, Any]]:
+        async with raw_peer(url) as (peer, ready):
+            assert ready["engine"] == "batched"
+            return await ask(peer, "a", text, max_new_tokens=16)
+
+    async with running_server(batched, max_concurrent=WIDTH) as url:
+        replies = await asyncio.gather(*(session(url, text) for text in texts))
+    for frames, want in zip(replies, expected, strict=True):
+        tokens = [f["text"] for f in frames if f["type"] == "token"]
+        assert frames[-1]["text"] == "".join(tokens) == want
+
+
+async def test_prompts_beyond_the_batch_width_are_queued_with_their_positions(
+    tiny_text_loaded: LoadedModel,
+) -> None:
+    engine = BatchedEngine(tiny_text_loaded, width=2)
+    try:
+        async with (
+            running_server(engine, max_concurrent=2, max_queue=4) as url,
+            raw_peer(url) as (a, _),
+            raw_peer(url) as (b, _),
+            raw_peer(url) as (c, _),
+            raw_peer(url) as (d, _),
+        ):
+            for peer in (a, b):
+                await peer.send(
+                    {
+                        "type": "prompt",
+                        "id": "p",
+                        "text": "Go",
+                        "params": {"max_new_tokens": 400},
+                    }
+                )
+                await peer.recv_until("token")
+            await c.send({"type": "prompt", "id": "p", "text": "Go"})
+            assert (await c.recv_until("queued"))[-1]["position"] == 1
+            await d.send({"type": "prompt", "id": "p", "text": "Go"})
+            assert (await d.recv_until("queued"))[-1]["position"] == 2
+            await a.send({"type": "cancel", "id": "p"})
+            assert (await a.recv_until("done"))[-1]["reason"] == "cancelled"
+            assert (await d.recv_until("queued"))[-1]["position"] == 1
+            started = await c.recv_until("start")
+            assert started[-1]["type"] == "start"
+            await b.send({"type": "cancel", "id": "p"})
+            await c.send({"type": "cancel", "id": "p"})
+            for peer in (b, c, d):
+                assert (await peer.recv_until("done"))[-1]["type"] == "done"
+    finally:
+        await engine.aclose()
+
+
+async def test_a_prompt_with_an_image_takes_the_single_generation_path(
+    tiny_vision_loaded: LoadedModel,
+) -> None:
+    engine = BatchedEngine(tiny_vision_loaded)
+    try:
+        async with running_server(engine) as url, raw_peer(url) as (peer, ready):
+            assert ready["capabilities"] == {"images": True, "max_images": 4}
+            frame = {
+                "type": "prompt",
+                "id": "a",
+                "text": "What is this?",
+                "images": [samples.png()],
+                "params": {"max_new_tokens": 5},
+            }
+            await peer.send(frame)
+            with_image = await peer.recv_until("done")
+            steps_after_image = engine.decode_steps
+            text_only = await ask(peer, "b", "And now?", max_new_tokens=5)
+    finally:
+        await engine.aclose()
+    assert with_image[-1]["reason"] == "length"
+    assert with_image[0]["prompt_tokens"] > len(engine.image_placeholder_ids())
+    assert steps_after_image == 0  # generate ran it, not the batch
+    # The conversation holds an image, so its later turns stay on the single path too, and
+    # reuse its KV state there.
+    assert engine.decode_steps == 0
+    assert text_only[0]["cached_tokens"] > 0 and text_only[-1]["reason"] == "length"
