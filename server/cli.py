@@ -46,8 +46,18 @@ _OPTIONS: list[tuple[str, type, str]] = [
         str,
         "'auto' (bf16 where the device runs it fast, else fp32), 'bf16', 'fp32', 'fp16'",
     ),
-    ("engine", str, "'generate': one model.generate per reply in a worker thread"),
-    ("max_concurrent", int, "generations running at once across all sessions"),
+    (
+        "engine",
+        str,
+        "'batched': the replies of all sessions decode together, one forward pass a step; "
+        "'generate': one model.generate per reply in its own thread",
+    ),
+    (
+        "max_concurrent",
+        int,
+        "generations running at once across all sessions (the batched engine's batch width)",
+    ),
+    ("prefill_chunk_tokens", int, "prompt tokens the batched engine prefills per pass"),
     ("max_queue", int, "prompts waiting for a slot before new ones get 'overloaded'"),
     ("max_new_tokens", int, "the most tokens one reply may ask for"),
     ("default_max_new_tokens", int, "reply length when a prompt does not say"),

@@ -13,19 +13,47 @@ from .settings import Settings
 log = logging.getLogger("wschat.serve")
 
 
+ENGINES = ("batched", "generate")
+
+
 def make_engine(settings: Settings) -> Engine:
-    from .engine.hf import HFEngine
+    """The engine ``settings.engine`` names: 'batched' (BatchedEngine) or 'generate' (HFEngine)."""
+    if settings.engine not in ENGINES:
+        raise ValueError(f"unknown engine {settings.engine!r}: choose one of {ENGINES}")
     from .loader import load_model
 
     loaded = load_model(
         settings.model, cache_dir=settings.cache_dir, device=settings.device, dtype=settings.dtype
     )
-    return HFEngine(
-        loaded,
-        context_tokens=settings.context_tokens,
-        max_images=settings.max_images,
-        kv_budget_tokens=settings.kv_budget_tokens,
+    common: dict[str, int] = {
+        "context_tokens": settings.context_tokens,
+        "max_images": settings.max_images,
+        "kv_budget_tokens": settings.kv_budget_tokens,
+    }
+    engine: Engine
+    if settings.engine == "batched":
+        from .engine.batched import BatchedEngine
+
+        engine = BatchedEngine(
+            loaded,
+            width=settings.max_concurrent,
+            prefill_tokens=settings.prefill_chunk_tokens,
+            **common,
+        )
+    else:
+        from .engine.hf import HFEngine
+
+        engine = HFEngine(loaded, **common)
+    info = engine.info
+    log.info(
+        "engine %s: %s on %s (%s), %d generations at once",
+        info.name,
+        info.model,
+        info.device,
+        info.dtype,
+        settings.max_concurrent,
     )
+    return engine
 
 
 def uvicorn_config(settings: Settings, app: object) -> uvicorn.Config:

@@ -14,9 +14,14 @@ class Settings:
     cache_dir: Path | None = None
     device: str = "auto"
     dtype: str = "auto"
-    engine: str = "generate"
-    # generations decoding at once across sessions; more wait in a queue of max_queue
-    max_concurrent: int = 1
+    # "batched": every session's generation decodes in one forward per step (bench/ measures it
+    # ahead of "generate", one model.generate thread per reply, from 4 concurrent streams on)
+    engine: str = "batched"
+    # generations decoding at once across sessions (the batched engine's batch width); more wait
+    # in a queue of max_queue
+    max_concurrent: int = 8
+    # prompt tokens the batched engine prefills per pass, so decoding rows never wait long
+    prefill_chunk_tokens: int = 512
     max_queue: int = 64
     max_new_tokens: int = 1024
     default_max_new_tokens: int = 256
