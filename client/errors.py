@@ -144,8 +144,8 @@ class ConnectError(ClientError):
     """The connection could not be opened.
 
     ``status`` is the HTTP status of a refused handshake (401 without valid credentials, 403 for
-    a refused origin or a server still loading its model); ``close_code`` is set when the server
-    accepted and then closed before ``ready`` (1013: full, try again later).
+    a refused origin); ``close_code`` is set when the server accepted and then closed before
+    ``ready`` (1013: full or still loading its model, try again later).
     """
 
     def __init__(

@@ -1,8 +1,9 @@
 """The Starlette application: ``/v1/chat``, ``/healthz``, ``/readyz``.
 
 The model loads in a worker thread after the server starts listening, so ``/healthz`` answers at
-once and ``/readyz`` turns 200 when the engine is ready; a chat connection before then is closed
-with 1013 (try again later).
+once and ``/readyz`` turns 200 when the engine is ready; a chat connection before then is
+accepted and closed with 1013 (try again later), as is one over the connection caps. Tokens and
+Origin are checked before anything else (``access``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.websockets import WebSocket
 
 from protocol import SUBPROTOCOL, CloseCode
 
+from .access import admit
 from .connection import Connection
 from .engine import Engine
 from .hub import Hub
@@ -54,19 +56,38 @@ async def readyz(request: Request) -> Response:
 
 async def chat(websocket: WebSocket) -> None:
     hub: Hub = websocket.app.state.hub
+    if not await admit(websocket, hub.settings):
+        return
     offered = websocket.scope.get("subprotocols", [])
-    subprotocol = SUBPROTOCOL if SUBPROTOCOL in offered else None
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     if hub.engine is None:
         await websocket.close(CloseCode.TRY_AGAIN_LATER, "the model is still loading")
         return
-    await websocket.accept(subprotocol=subprotocol)
+    if hub.shutting_down:
+        await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
+        return
+    client = websocket.client.host if websocket.client else "unknown"
+    full = hub.caps.acquire(client)
+    if full is not None:
+        await websocket.close(CloseCode.TRY_AGAIN_LATER, full)
+        return
+    try:
+        await _serve_session(websocket, hub)
+    finally:
+        hub.caps.release(client)
+
+
+async def _serve_session(websocket: WebSocket, hub: Hub) -> None:
     token = websocket.query_params.get("resume")
     session = hub.sessions.claim(token) if token else None
     session = session or hub.new_session()
     resume_token = hub.sessions.add(session)
+    connection = Connection(websocket, hub)
+    hub.connections.add(connection)
     try:
-        await Connection(websocket, hub).serve(session, resume_token)
+        await connection.serve(session, resume_token)
     finally:
+        hub.connections.discard(connection)
         hub.sessions.detach(session)
         for expired in hub.sessions.expire():
             hub.forget(expired)

@@ -3,13 +3,17 @@
 It reads frames while a generation streams (so ``cancel`` and ``ping`` work mid-reply), decodes
 them with the protocol's limits, and is the one place where exceptions become ``error`` frames:
 a ``ProtocolError`` keeps its code, anything else is logged and sent as ``internal`` with a
-generic message (PROTOCOL.md "Errors": the session goes on).
+generic message (PROTOCOL.md "Errors": the session goes on). It also enforces what is per
+connection (PROTOCOL.md "Limits"): the frame rate (a flood is closed with 1008) and the idle
+timeout (no frame and no generation: close 1000).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -18,6 +22,7 @@ from protocol import (
     BadFrame,
     Capabilities,
     ClientFrame,
+    CloseCode,
     DecodeLimits,
     Error,
     ErrorCode,
@@ -29,6 +34,7 @@ from protocol import (
     encode,
 )
 
+from .caps import FrameRate
 from .hub import Hub
 from .session import Session
 
@@ -42,6 +48,8 @@ class Connection:
         self.closed = False
         self._send_lock = asyncio.Lock()  # one frame at a time on the socket, in order
         s = hub.settings
+        self.rate = FrameRate(s.frames_per_second)
+        self.last_frame_at = time.monotonic()
         self.limits = DecodeLimits(
             max_frame_bytes=s.max_frame_bytes,
             max_str_len=max(s.max_prompt_bytes, 4096),
@@ -66,8 +74,12 @@ class Connection:
         await self.send(self._ready(session, resume_token))
         try:
             while not self.closed:
-                message = await self.ws.receive()
-                if message["type"] == "websocket.disconnect":
+                message = await self._receive_or_idle()
+                if message is None or message["type"] == "websocket.disconnect":
+                    break
+                self.last_frame_at = time.monotonic()
+                if not self.rate.allow(self.last_frame_at):
+                    await self._flooded()
                     break
                 await self._dispatch(message.get("bytes"), message.get("text"))
         except WebSocketDisconnect:
@@ -75,6 +87,38 @@ class Connection:
         finally:
             self.closed = True
             await session.stop_generation()
+
+    async def _receive_or_idle(self) -> dict | None:
+        """The next message; None once the connection was idle for ``idle_timeout_s`` (then it
+        is closed). A running or queued generation is not idle, nor is the time it ran."""
+        limit = self.hub.settings.idle_timeout_s
+        while True:
+            if limit <= 0:
+                return await self.ws.receive()
+            busy_until = time.monotonic() if self.session.run else self.session.last_active_at
+            left = max(self.last_frame_at, busy_until) + limit - time.monotonic()
+            if left > 0:
+                try:
+                    async with asyncio.timeout(left):
+                        return await self.ws.receive()
+                except TimeoutError:
+                    continue
+            await self.close(CloseCode.NORMAL, "idle")
+            return None
+
+    async def _flooded(self) -> None:
+        per_s = self.hub.settings.frames_per_second
+        await self.report(ErrorCode.OVERLOADED, f"more than {per_s} frames in a second", None)
+        await self.close(CloseCode.POLICY_VIOLATION, "too many frames")
+
+    async def close(self, code: CloseCode, reason: str) -> None:
+        """Close once; later sends are dropped."""
+        if self.closed:
+            return
+        async with self._send_lock:
+            self.closed = True
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+                await self.ws.close(code, reason)
 
     async def _dispatch(self, data: bytes | None, text: str | None) -> None:
         frame: ClientFrame | None = None
@@ -102,14 +146,14 @@ class Connection:
             session=session.key,
             resume=resume_token,
             model=info.model,
-            capabilities=Capabilities(info.images, info.max_images),
+            capabilities=Capabilities(info.images, session.max_images),
             limits=Limits(
                 max_frame_bytes=s.max_frame_bytes,
                 max_image_bytes=s.max_image_bytes,
                 context_tokens=info.context_tokens,
                 max_new_tokens=s.max_new_tokens,
                 max_image_pixels=s.max_image_pixels,
-                max_images=info.max_images,
+                max_images=session.max_images,
                 max_prompt_bytes=s.max_prompt_bytes,
                 max_prompt_tokens=s.max_prompt_tokens,
                 frames_per_second=s.frames_per_second,

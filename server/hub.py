@@ -6,13 +6,18 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from .caps import ConnectionCaps
 from .conversation import TurnMarkup
 from .engine import Engine
 from .scheduler import GenerationSlots
 from .session import Session
 from .settings import Settings
 from .stats import ServerStats
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 
 @dataclass(eq=False)
@@ -66,6 +71,8 @@ class Hub:
     slots: GenerationSlots = field(init=False)
     sessions: SessionStore = field(init=False)
     stats: ServerStats = field(init=False)
+    caps: ConnectionCaps = field(init=False)
+    connections: set[Connection] = field(default_factory=set)
     markup: TurnMarkup | None = None
     shutting_down: bool = False
 
@@ -73,6 +80,9 @@ class Hub:
         self.slots = GenerationSlots(self.settings.max_concurrent, self.settings.max_queue)
         self.sessions = SessionStore(self.settings.resume_window_s)
         self.stats = ServerStats()
+        self.caps = ConnectionCaps(
+            self.settings.max_connections, self.settings.max_connections_per_client
+        )
 
     def set_engine(self, engine: Engine) -> None:
         self.engine = engine

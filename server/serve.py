@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import uvicorn
 
-from .app import build_app
+from .app import EngineFactory, build_app
 from .engine import Engine
 from .settings import Settings
+from .shutdown import GracefulServer
 
 log = logging.getLogger("wschat.serve")
 
@@ -56,6 +58,38 @@ def make_engine(settings: Settings) -> Engine:
     return engine
 
 
+class SecretsFilter(logging.Filter):
+    """Redact what could carry a token from every line uvicorn logs: query strings,
+    ``Authorization`` values and ``bearer.`` subprotocols (its debug level logs raw headers)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = _redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
+_SECRETS = (
+    (re.compile(r"\?[^\s\"']*"), "?…"),
+    (re.compile(r"(?i)(authorization:\s*)\S.*"), r"\1…"),
+    (re.compile(r"(?i)\bbearer\.[^\s,]*"), "bearer.…"),
+)
+
+
+def _redact(message: str) -> str:
+    for pattern, replacement in _SECRETS:
+        message = pattern.sub(replacement, message)
+    return message
+
+
+def install_log_filters() -> None:
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, SecretsFilter) for f in logger.filters):
+            logger.addFilter(SecretsFilter())
+
+
 def uvicorn_config(settings: Settings, app: object) -> uvicorn.Config:
     return uvicorn.Config(
         app,
@@ -72,8 +106,11 @@ def uvicorn_config(settings: Settings, app: object) -> uvicorn.Config:
     )
 
 
-def serve(settings: Settings) -> int:
-    app = build_app(settings, lambda: make_engine(settings))
-    server = uvicorn.Server(uvicorn_config(settings, app))
+def serve(settings: Settings, engine: Engine | EngineFactory | None = None) -> int:
+    """Serve until SIGTERM/SIGINT, drain (``shutdown.drain``), exit 0."""
+    app = build_app(settings, engine or (lambda: make_engine(settings)))
+    config = uvicorn_config(settings, app)
+    server = GracefulServer(config, app.state.hub, settings.shutdown_grace_s)
+    install_log_filters()  # after Config, which (re)configures uvicorn's loggers
     server.run()
     return 0

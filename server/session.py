@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -88,6 +89,8 @@ class Session:
         self.defaults = GenerationParams()
         self.state = SessionState.IDLE
         self.run: GenerationRun | None = None
+        self.last_active_at = time.monotonic()  # when its last generation ended
+        self.max_images = min(settings.max_images, engine.info.max_images)
         self._task: asyncio.Task[None] | None = None
         self._staged: list[CheckedImage] = []
         self._ids: set[str] = set()  # every generation id this session has had
@@ -150,9 +153,9 @@ class Session:
 
     async def _on_image(self, frame: Image) -> None:
         self._require_images(frame.id)
-        if len(self._staged) + 1 > self.engine.info.max_images:
+        if len(self._staged) + 1 > self.max_images:
             raise ProtocolError(
-                f"at most {self.engine.info.max_images} images per prompt",
+                f"at most {self.max_images} images per prompt",
                 id=frame.id,
                 code=ErrorCode.TOO_LARGE,
             )
@@ -233,8 +236,13 @@ class Session:
                 )
             if self.run is run:
                 self.run = None
+                self.last_active_at = time.monotonic()
                 if self.state is not SessionState.CLOSED:
                     self._set_state(SessionState.IDLE)
+
+    @property
+    def generation_task(self) -> asyncio.Task[None] | None:
+        return self._task
 
     async def stop_generation(self) -> None:
         """Cancel whatever runs or waits and return once its ``done`` is sent."""
@@ -291,9 +299,9 @@ class Session:
             return list(self._staged)
         self._require_images(frame.id)
         total = len(self._staged) + len(frame.images)
-        if total > self.engine.info.max_images:
+        if total > self.max_images:
             raise ProtocolError(
-                f"{total} images; at most {self.engine.info.max_images} per prompt",
+                f"{total} images; at most {self.max_images} per prompt",
                 id=frame.id,
                 code=ErrorCode.TOO_LARGE,
             )

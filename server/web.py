@@ -22,10 +22,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 import protocol
 from protocol import SUBPROTOCOL, CloseCode, encode
 
+from .access import admit, http_refusal
 from .hub import Hub
 from .live import snapshot
 from .metrics import CONTENT_TYPE, Metrics
-from .settings import Settings
 
 STATIC_DIR = Path(__file__).with_name("static")
 MSGPACK_MODULE = Path(protocol.__file__).with_name("msgpack.mjs")
@@ -43,33 +43,23 @@ PAGE_HEADERS = {
 }
 
 
-async def _admit(websocket: WebSocket, settings: Settings) -> bool:
-    # ACCESS: server/access.py's admit() goes here once it lands (tokens and Origin).
-    return True
-
-
-def _http_authorized(request: Request, settings: Settings) -> bool:
-    # ACCESS: server/access.py's http_authorized() goes here once it lands.
-    return True
-
-
 def web_routes(hub: Hub) -> list[BaseRoute]:
     metrics = Metrics(hub)
 
     async def metrics_page(request: Request) -> Response:
-        if not _http_authorized(request, hub.settings):
-            return _unauthorized(request)
+        if (refused := http_refusal(request, hub.settings)) is not None:
+            return refused
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     async def auth_check(request: Request) -> Response:
         """Lets a page tell a refused token from a server that is down (a browser sees neither
         the status nor the reason of a refused WebSocket handshake)."""
-        if not _http_authorized(request, hub.settings):
-            return _unauthorized(request)
+        if (refused := http_refusal(request, hub.settings)) is not None:
+            return refused
         return JSONResponse({"ok": True, "tokens": bool(hub.settings.tokens)})
 
     async def stats_socket(websocket: WebSocket) -> None:
-        if not await _admit(websocket, hub.settings):
+        if not await admit(websocket, hub.settings):
             return
         offered = websocket.scope.get("subprotocols", [])
         await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
@@ -97,15 +87,6 @@ def _page(name: str) -> Callable[[Request], Awaitable[Response]]:
 
 async def _msgpack_module(request: Request) -> Response:
     return FileResponse(MSGPACK_MODULE, media_type="text/javascript; charset=utf-8")
-
-
-def _unauthorized(request: Request) -> Response:
-    given = "authorization" in request.headers or "token" in request.query_params
-    return JSONResponse(
-        {"ok": False, "error": "unauthorized", "token_given": given},
-        status_code=401,
-        headers={"WWW-Authenticate": "Bearer"},
-    )
 
 
 async def _stream_stats(websocket: WebSocket, hub: Hub) -> None:

@@ -16,7 +16,7 @@ from websockets.asyncio.client import ClientConnection
 
 from server.app import build_app
 from server.engine import Engine
-from server.serve import uvicorn_config
+from server.serve import install_log_filters, uvicorn_config
 from server.settings import Settings
 
 TIMEOUT = 30.0
@@ -35,6 +35,7 @@ async def running_server(
     sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn_config(settings, app))
+    install_log_filters()
     server.config.port = port
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:

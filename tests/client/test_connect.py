@@ -49,7 +49,7 @@ async def test_closing_the_chat_ends_its_running_reply() -> None:
         assert closed.value.code == 1000
 
 
-async def test_server_still_loading_refuses_the_handshake_with_connect_error() -> None:
+async def test_server_still_loading_closes_with_try_again_later() -> None:
     release = threading.Event()
 
     def load_forever() -> ScriptedEngine:
@@ -60,8 +60,8 @@ async def test_server_still_loading_refuses_the_handshake_with_connect_error() -
         async with running_server(load_forever) as url:  # type: ignore[arg-type]
             with pytest.raises(ConnectError) as refused:
                 await connect(url, timeout=WAIT)
-            assert refused.value.status == 403
-            assert refused.value.message == "the server refused the connection: HTTP 403"
+            assert (refused.value.status, refused.value.close_code) == (None, 1013)
+            assert "the model is still loading" in refused.value.message
     finally:
         release.set()
 

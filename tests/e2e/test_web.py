@@ -157,3 +157,49 @@ async def test_stats_socket_ends_when_its_peer_leaves_and_the_server_stops_clean
             async with stats_socket(url) as ws:
                 await next_stats(ws)
     # leaving running_server (within its timeout) proves no stats loop kept the server up
+
+
+async def test_metrics_auth_check_and_stats_follow_the_servers_tokens() -> None:
+    async with (
+        running_server(ScriptedEngine(), tokens=("secret",)) as url,
+        httpx.AsyncClient(base_url=base(url), timeout=TIMEOUT) as http,
+    ):
+        good = {"Authorization": "Bearer secret"}
+        assert (await http.get("/metrics")).status_code == 401
+        assert (await http.get("/metrics", headers=good)).status_code == 200
+        missing = await http.get("/v1/auth")
+        wrong = await http.get("/v1/auth", headers={"Authorization": "Bearer nope"})
+        right = await http.get("/v1/auth", headers=good)
+        assert (missing.status_code, missing.json()["token_given"]) == (401, False)
+        assert (wrong.status_code, wrong.json()["token_given"]) == (401, True)
+        assert (right.status_code, right.json()) == (200, {"ok": True, "tokens": True})
+        stats_url = url.replace("/v1/chat", "/v1/stats")
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with asyncio.timeout(TIMEOUT):
+                await websockets.connect(stats_url)
+        assert refused.value.response.status_code == 401
+        async with asyncio.timeout(TIMEOUT):
+            ws = await websockets.connect(stats_url, subprotocols=["wschat.v1", "bearer.secret"])
+        try:
+            assert ws.subprotocol == "wschat.v1"
+            assert (await next_stats(ws)).model == "scripted"
+        finally:
+            async with asyncio.timeout(TIMEOUT):
+                await ws.close()
+
+
+async def test_stats_socket_refuses_an_origin_outside_the_allow_list() -> None:
+    allowed = "http://dash.example"
+    async with running_server(ScriptedEngine(), allowed_origins=(allowed,)) as url:
+        stats_url = url.replace("/v1/chat", "/v1/stats")
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with asyncio.timeout(TIMEOUT):
+                await websockets.connect(stats_url, origin="http://elsewhere.example")
+        assert refused.value.response.status_code == 403
+        async with asyncio.timeout(TIMEOUT):
+            ws = await websockets.connect(stats_url, origin=allowed)
+        try:
+            await next_stats(ws)
+        finally:
+            async with asyncio.timeout(TIMEOUT):
+                await ws.close()
