@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from array import array
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -84,29 +85,58 @@ class EngineInfo:
 Item = TokenPiece | Finished
 
 
+_COMPACT_EVERY = 256  # waiting text pieces joined into one string this often
+
+
 @dataclass(eq=False)
 class Generation:
-    """One running generation as the session sees it: items in order, then one ``Finished``."""
+    """One running generation as the session sees it: token text in order, then one
+    ``Finished``.
+
+    Text that arrives while the reader is busy (a slow socket) waits as one merged piece: a
+    joined string and a compact id array, so a stalled client costs about the bytes of its text,
+    not an object per token.
+    """
 
     cancel_flag: CancelFlag = field(default_factory=CancelFlag)
     cached_tokens: int = 0
-    _items: asyncio.Queue[Item] = field(default_factory=asyncio.Queue)
+    _texts: list[str] = field(default_factory=list)
+    _ids: array[int] = field(default_factory=lambda: array("q"))
+    _end: Finished | None = None
+    _ready: asyncio.Event = field(default_factory=asyncio.Event)
     _finished: bool = False
 
     def cancel(self) -> None:
         self.cancel_flag.set()
 
+    def push(self, item: Item) -> None:
+        """On the event loop: add an item for the reader."""
+        if isinstance(item, Finished):
+            self._end = item
+        else:
+            self._texts.append(item.text)
+            self._ids.extend(item.ids)
+            if len(self._texts) >= _COMPACT_EVERY:
+                self._texts = ["".join(self._texts)]
+        self._ready.set()
+
     def pending(self) -> list[Item]:
-        """Every item already waiting, without blocking: a slow reader's merge point."""
-        items = []
-        while not self._items.empty():
-            items.append(self._items.get_nowait())
+        """Every item already waiting, merged, without blocking."""
+        items: list[Item] = []
+        if self._texts or self._ids:
+            items.append(TokenPiece("".join(self._texts), tuple(self._ids)))
+            self._texts, self._ids = [], array("q")
+        if self._end is not None:
+            items.append(self._end)
+            self._end = None
+        self._ready.clear()
         return items
 
     async def next_items(self) -> list[Item]:
         """At least one item; all that are waiting."""
-        first = await self._items.get()
-        return [first, *self.pending()]
+        while not (items := self.pending()):
+            await self._ready.wait()
+        return items
 
     async def items(self) -> AsyncIterator[Item]:
         while not self._finished:
@@ -117,11 +147,11 @@ class Generation:
 
 
 class LoopBridge:
-    """Hands items from a worker thread to a generation's queue on the event loop."""
+    """Hands items from a worker thread to a generation on the event loop."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, generation: Generation) -> None:
         self._loop = loop
-        self._queue = generation._items
+        self._push = generation.push
         self._closed = False
 
     def put(self, item: Item) -> None:
@@ -130,7 +160,7 @@ class LoopBridge:
         if isinstance(item, Finished):
             self._closed = True
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to read
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._push, item)
 
 
 class Engine(Protocol):
