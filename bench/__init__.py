@@ -1,0 +1,1 @@
+"""The wschat benchmark: ``python -m bench`` (see bench/__main__.py)."""

@@ -1,0 +1,49 @@
+"""The model loaded in this process, the prompts as wschat renders them, and the ceilings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .ceiling import static_batch
+from .incb import continuous_batching
+from .stats import StreamTimes
+
+
+@dataclass(slots=True)
+class InProcess:
+    loaded: Any  # server.loader.LoadedModel
+    engine: Any  # an HFEngine over it: the tokenizer and turn markup the server uses
+
+    @classmethod
+    def load(cls) -> InProcess:
+        from server.engine.hf import HFEngine
+        from server.loader import load_model
+
+        loaded = load_model("embedded")
+        return cls(loaded, HFEngine(loaded))
+
+    @staticmethod
+    def model_dir() -> str:
+        from server.loader import embedded_model_dir
+
+        return str(embedded_model_dir())
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """The first turn of a session whose user says ``text``, id for id as the server has it."""
+        from server.conversation import Conversation
+
+        return Conversation(self.engine).prompt_ids(self.engine.tokenize_text(text))
+
+    def _args(self, texts: list[str]) -> tuple[Any, list[list[int]], list[int], int]:
+        eos = list(self.engine.info.end_of_turn_ids)
+        pad = int(self.loaded.tokenizer.pad_token_id or 0)
+        return self.loaded.model, [self.prompt_ids(t) for t in texts], eos, pad
+
+    def static(self, texts: list[str], tokens: int) -> list[StreamTimes]:
+        model, prompts, eos, pad = self._args(texts)
+        return static_batch(model, prompts, tokens, eos, pad)
+
+    def continuous(self, texts: list[str], tokens: int) -> list[StreamTimes]:
+        model, prompts, eos, pad = self._args(texts)
+        return continuous_batching(model, prompts, tokens, eos, pad)

@@ -1,0 +1,115 @@
+"""The servers under test, each in its own subprocess: wschat (``python -m server``) and the
+peer, ``transformers serve``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+START_TIMEOUT = 240.0
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    process: subprocess.Popen[bytes]
+    base: str  # http://127.0.0.1:<port>
+    log: Path
+
+    @property
+    def ws_url(self) -> str:
+        return self.base.replace("http://", "ws://") + "/v1/chat"
+
+    def rss(self) -> int:
+        return int(psutil.Process(self.process.pid).memory_info().rss)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_healthy(running: Running, path: str) -> None:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if running.process.poll() is not None:
+            raise RuntimeError(f"server exited with {running.process.returncode}: {running.log}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(running.base + path, timeout=2).status_code == 200:
+                return
+        time.sleep(0.25)
+    raise RuntimeError(f"server not ready in {START_TIMEOUT:.0f} s: {running.log}")
+
+
+@contextlib.contextmanager
+def _run(command: list[str], path: str, port: int, log: Path) -> Iterator[Running]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    running = Running(process, f"http://127.0.0.1:{port}", log)
+    try:
+        _wait_healthy(running, path)
+        yield running
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+@contextlib.contextmanager
+def wschat(engine: str, logs: Path, sessions: int = 1100) -> Iterator[Running]:
+    """``python -m server`` on the embedded model; ``sessions`` connections allowed from here."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "server",
+        "--model", "embedded",
+        "--engine", engine,
+        "--port", str(port),
+        "--ping-interval-s", "0",
+        "--max-connections", str(sessions),
+        "--max-connections-per-client", str(sessions),
+        "--log-level", "warning",
+    ]  # fmt: skip
+    with _run(command, "/readyz", port, logs / f"wschat-{engine}.log") as running:
+        yield running
+
+
+def peer_available() -> str | None:
+    """Why ``transformers serve`` cannot run here, or None when it can."""
+    if shutil.which("transformers") is None:
+        return "the transformers CLI is not on PATH"
+    try:
+        import fastapi  # noqa: F401
+        import openai  # noqa: F401
+    except ImportError as missing:
+        return f"transformers serve needs transformers[serving] ({missing.name} is missing)"
+    return None
+
+
+@contextlib.contextmanager
+def transformers_serve(model_dir: Path, batching: bool, logs: Path) -> Iterator[Running]:
+    port = free_port()
+    command = [
+        "transformers", "serve", str(model_dir),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--device", "cpu",
+        "--continuous-batching" if batching else "--no-continuous-batching",
+    ]  # fmt: skip
+    name = "peer-cb" if batching else "peer"
+    with _run(command, "/health", port, logs / f"{name}.log") as running:
+        yield running

@@ -1,0 +1,128 @@
+"""The run as a table of figures, ratios and the issue's targets (met or missed)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def _get(result: dict[str, Any], *path: Any) -> Any:
+    node: Any = result
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _fmt(value: Any, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if unit == "ms":
+        return f"{value * 1000:.0f} ms"
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "MB":
+        return f"{value:.1f} MB"
+    return f"{value:.1f}"
+
+
+def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target of issue 5: what we measured, against what, and whether it is met."""
+    ours = result[f"wschat-{result['engine']}"]
+    top = max(ours)
+    ceil = result["ceiling"]
+    peer_cb = _get(result, "peers", "transformers-serve-cb", top, "aggregate_tps")
+    turns = result["conversation"]
+    cancel, memory = result["cancel"], result["memory"]
+    one, many = ours[1], ours[top]
+    rows = [
+        # target, measured, against, unit of both, ratio or difference, its unit, limit, op
+        ("one stream tokens/s >= 0.95 x in-process", one["stream_tps"], ceil[1]["stream_tps"],
+         "", one["stream_tps"] / ceil[1]["stream_tps"], "x", 0.95, ">="),
+        ("one stream TTFT <= in-process + 15 ms", one["ttft_median_s"], ceil[1]["ttft_median_s"],
+         "ms", one["ttft_median_s"] - ceil[1]["ttft_median_s"], "ms", 0.015, "<="),
+        (f"{top} sessions aggregate >= 0.9 x static batch", many["aggregate_tps"],
+         ceil[top]["aggregate_tps"], "", many["aggregate_tps"] / ceil[top]["aggregate_tps"], "x",
+         0.9, ">="),
+        (f"{top} sessions aggregate > transformers serve --c-b", many["aggregate_tps"], peer_cb,
+         "", many["aggregate_tps"] / peer_cb if peer_cb else None, "x", 1.0, ">"),
+        (f"{top} sessions TTFT p95 <= 600 ms", many["ttft_p95_s"], ceil[top]["ttft_p95_s"], "ms",
+         many["ttft_p95_s"], "ms", 0.6, "<="),
+        (f"turn {len(turns)} TTFT <= 1.5 x turn 1", turns[-1]["ttft"], turns[0]["ttft"], "ms",
+         turns[-1]["ttft"] / turns[0]["ttft"], "x", 1.5, "<="),
+        ("cancel to done p95 <= one decode step + 30 ms", cancel["p95_s"],
+         cancel["decode_step_s"], "ms", cancel["p95_s"] - cancel["decode_step_s"], "ms", 0.030,
+         "<="),
+        (f"{memory['sessions']} idle sessions <= 50 MB more RSS", memory["rss_idle_mb"],
+         memory["rss_none_mb"], "MB", memory["delta_mb"], "MB", 50.0, "<="),
+    ]  # fmt: skip
+    out = []
+    for name, value, against, unit, ratio, ratio_unit, limit, op in rows:
+        met = None
+        if ratio is not None:
+            met = {">=": ratio >= limit, "<=": ratio <= limit, ">": ratio > limit}[op]
+        out.append(
+            {"target": name, "value": value, "against": against, "unit": unit, "ratio": ratio,
+             "ratio_unit": ratio_unit, "limit": limit, "op": op, "met": met}
+        )  # fmt: skip
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = []
+    ours_name = f"wschat-{result['engine']}"
+    systems = [ours_name, *(k for k in result if k.startswith("wschat-") and k != ours_name)]
+    systems += ["ceiling", "transformers-cb-inprocess"]
+    peers = result.get("peers", {})
+    systems += [k for k in peers if isinstance(peers[k], dict) and "error" not in peers[k]]
+    head = f"{'system':<30}{'streams':>8}{'agg tok/s':>11}{'stream tok/s':>13}"
+    head += f"{'TTFT med':>10}{'TTFT p95':>10}{'ITL p95':>9}{'vs ceiling':>11}"
+    lines += [head, "-" * len(head)]
+    for name in systems:
+        figures = result.get(name) or peers.get(name) or {}
+        if "error" in figures:
+            lines.append(f"{name:<30} failed: {figures['error']}")
+            continue
+        for n, f in sorted(figures.items()):
+            ceil = _get(result, "ceiling", n, "aggregate_tps")
+            ratio = f["aggregate_tps"] / ceil if ceil else None
+            lines.append(
+                f"{name:<30}{n:>8}{f['aggregate_tps']:>11.1f}{f['stream_tps']:>13.1f}"
+                f"{_fmt(f['ttft_median_s'], 'ms'):>10}{_fmt(f['ttft_p95_s'], 'ms'):>10}"
+                f"{_fmt(f['itl_p95_s'], 'ms'):>9}{_fmt(ratio, 'x'):>11}"
+            )
+    for name, value in peers.items():
+        if isinstance(value, str):
+            lines.append(f"peers: {name}: {value}")
+        elif isinstance(value, dict) and "error" in value:
+            lines.append(f"{name:<30} failed: {value['error']}")
+    lines.append("")
+    turns = result["conversation"]
+    lines.append(
+        "conversation TTFT by turn (ms): "
+        + " ".join(f"{t['ttft'] * 1000:.0f}" for t in turns)
+        + "; cached tokens at turn "
+        + f"{len(turns)}: {turns[-1]['cached_tokens']} of {turns[-1]['prompt_tokens']}"
+    )
+    c = result["cancel"]
+    lines.append(
+        f"cancel to done ({c['count']}x): median {_fmt(c['median_s'], 'ms')}, "
+        f"p95 {_fmt(c['p95_s'], 'ms')}; one decode step {_fmt(c['decode_step_s'], 'ms')}"
+    )
+    m = result["memory"]
+    lines.append(
+        f"RSS: {m['rss_none_mb']:.0f} MB with no session, {m['rss_idle_mb']:.0f} MB with "
+        f"{m['sessions']} idle sessions (+{m['delta_mb']:.1f} MB)"
+    )
+    lines.append("")
+    head = f"{'target':<62}{'measured':>12}{'against':>12}{'ratio/diff':>12}  met"
+    lines += [head, "-" * len(head)]
+    for t in targets(result):
+        unit = t["unit"]
+        met = {True: "yes", False: "NO", None: "-"}[t["met"]]
+        lines.append(
+            f"{t['target']:<62}{_fmt(t['value'], unit):>12}{_fmt(t['against'], unit):>12}"
+            f"{_fmt(t['ratio'], t['ratio_unit']):>12}  {met}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,71 @@
+"""Figures from token timestamps: TTFT, inter-token gaps, rates, percentiles."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class StreamTimes:
+    """One stream: when its request was sent and when each of its tokens arrived."""
+
+    sent: float
+    tokens: list[float]
+
+    @property
+    def ttft(self) -> float:
+        return self.tokens[0] - self.sent
+
+    @property
+    def gaps(self) -> list[float]:
+        return [b - a for a, b in zip(self.tokens, self.tokens[1:], strict=False)]
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second after the first (the decode rate a reader sees)."""
+        if len(self.tokens) < 2:
+            return 0.0
+        return (len(self.tokens) - 1) / (self.tokens[-1] - self.tokens[0])
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); nan for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+@dataclass(frozen=True, slots=True)
+class Concurrent:
+    """What N streams started together achieved."""
+
+    streams: int
+    tokens: int
+    aggregate: float  # tokens/s over the wall time from the first send to the last token
+    ttft_median: float
+    ttft_p95: float
+    itl_p95: float
+
+    @classmethod
+    def of(cls, streams: Sequence[StreamTimes]) -> Concurrent:
+        start = min(s.sent for s in streams)
+        end = max(s.tokens[-1] for s in streams if s.tokens)
+        tokens = sum(len(s.tokens) for s in streams)
+        ttfts = [s.ttft for s in streams if s.tokens]
+        gaps = [g for s in streams for g in s.gaps]
+        return cls(
+            len(streams),
+            tokens,
+            tokens / (end - start),
+            median(ttfts),
+            percentile(ttfts, 95),
+            percentile(gaps, 95),
+        )
