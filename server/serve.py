@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 
 import uvicorn
 
@@ -19,9 +20,34 @@ ENGINES = ("batched", "generate")
 
 
 def make_engine(settings: Settings) -> Engine:
-    """The engine ``settings.engine`` names: 'batched' (BatchedEngine) or 'generate' (HFEngine)."""
+    """The engine ``settings.engine`` names: 'batched' (BatchedEngine) or 'generate' (HFEngine).
+
+    Loading runs in a thread of its own that exits once it is done. OpenMP keeps a pool of
+    workers per live thread that has run a parallel region, and while two such threads live
+    each one's parallel regions run far slower (on 2 cores, a bf16 decode step took 1.6x as
+    long in the engine's worker as in the thread that loaded the model); so no thread but the
+    engine's may keep a pool.
+    """
     if settings.engine not in ENGINES:
         raise ValueError(f"unknown engine {settings.engine!r}: choose one of {ENGINES}")
+    made: list[Engine] = []
+    failed: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            made.append(_build_engine(settings))
+        except BaseException as error:
+            failed.append(error)
+
+    loader = threading.Thread(target=build, name="wschat-load")
+    loader.start()
+    loader.join()
+    if failed:
+        raise failed[0]
+    return made[0]
+
+
+def _build_engine(settings: Settings) -> Engine:
     from .loader import load_model
 
     loaded = load_model(
