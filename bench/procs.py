@@ -54,6 +54,7 @@ def _wait_healthy(running: Running, path: str) -> None:
 
 @contextlib.contextmanager
 def _run(command: list[str], path: str, port: int, log: Path) -> Iterator[Running]:
+    log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -67,6 +67,7 @@ class _Plan:
     real: list[int]  # real tokens per row
     starts: torch.Tensor  # [rows]
     full_len: int  # columns of the full layers that the forward reads
+    ring_len: int  # columns of the rings it reads: all of them once a row has wrapped around
 
 
 class SlotKV:
@@ -171,7 +172,11 @@ class SlotKV:
         starts = torch.tensor(self.lengths, dtype=torch.long, device=device)
         full_len = max(self.lengths) + width
         self._reserve(full_len)
-        self._plan = _Plan(rows, width, list(tokens), starts, full_len)
+        # Until a row passes the window, position p sits in column p: the columns past the
+        # longest row are empty, so attention skips them.
+        held = max(self.lengths) + (1 if width == 1 else 0)
+        ring_len = min(self.layout.window, held)
+        self._plan = _Plan(rows, width, list(tokens), starts, full_len, ring_len)
         steps = torch.arange(width, device=device)
         positions = starts[:, None] + steps[None, :]  # [rows, width]
         columns = torch.arange(full_len, device=device)
@@ -182,11 +187,11 @@ class SlotKV:
 
     def _sliding_mask(self, positions: torch.Tensor, tokens: list[int]) -> torch.Tensor:
         assert self._plan is not None
-        window, width = self.layout.window, self._plan.width
+        window, width, ring_len = self.layout.window, self._plan.width, self._plan.ring_len
         device = positions.device
         # Ring column j holds the latest position <= last with p % window == j (< 0: none yet).
         last = self._plan.starts - 1 if width > 1 else self._plan.starts
-        ring = torch.arange(window, device=device)
+        ring = torch.arange(ring_len, device=device)
         held = last[:, None] - torch.remainder(last[:, None] - ring[None, :], window)
         if width == 1:  # the new token is written into the ring before attention reads it
             return (held >= 0)[:, None, :]
@@ -194,13 +199,13 @@ class SlotKV:
         real = torch.tensor(tokens, device=device)
         steps = torch.arange(width, device=device)
         new_valid = steps[None, :] < real[:, None]
-        keys = torch.cat([held, positions], dim=1)  # [rows, window + width]
+        keys = torch.cat([held, positions], dim=1)  # [rows, ring_len + width]
         valid = torch.cat([held >= 0, new_valid], dim=1)
         q = positions[:, :, None]
         k = keys[:, None, :]
         mask = valid[:, None, :] & (k <= q) & (k > q - window)
         own = torch.zeros_like(mask)
-        own[:, :, window:] = torch.eye(width, dtype=torch.bool, device=device)
+        own[:, :, ring_len:] = torch.eye(width, dtype=torch.bool, device=device)
         return mask | (own & ~new_valid[:, :, None])
 
     def advance(self) -> None:
@@ -249,9 +254,9 @@ class SlotKV:
             cols = torch.remainder(plan.starts, window)
             bk[row_ids, :, cols] = key[:, :, 0]
             bv[row_ids, :, cols] = value[:, :, 0]
-            return bk[:rows], bv[:rows]
-        keys = torch.cat([bk[:rows], key], dim=2)
-        values = torch.cat([bv[:rows], value], dim=2)
+            return bk[:rows, :, : plan.ring_len], bv[:rows, :, : plan.ring_len]
+        keys = torch.cat([bk[:rows, :, : plan.ring_len], key], dim=2)
+        values = torch.cat([bv[:rows, :, : plan.ring_len], value], dim=2)
         for b, n in enumerate(plan.real):  # only real tokens enter the ring, the last window
             first = max(0, n - window)
             start = int(plan.starts[b]) + first
