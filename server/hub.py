@@ -27,10 +27,15 @@ class _Detached:
 
 
 class SessionStore:
-    """Sessions by key; a resume token maps to the key of a detached session."""
+    """Sessions by key; a resume token maps to the key of a detached session.
 
-    def __init__(self, resume_window_s: float) -> None:
+    Detached sessions are bounded in time (the resume window) and in number (``max_detached``,
+    oldest dropped first), so connection churn cannot pile them up.
+    """
+
+    def __init__(self, resume_window_s: float, max_detached: int = 1000) -> None:
         self.resume_window_s = resume_window_s
+        self.max_detached = max_detached
         self.live: dict[str, Session] = {}
         self._detached: dict[str, _Detached] = {}  # by resume token
         self._tokens: dict[str, str] = {}  # session key -> resume token
@@ -47,16 +52,23 @@ class SessionStore:
         token = self._tokens.pop(session.key, None)
         if token is not None and self.resume_window_s > 0:
             self._detached[token] = _Detached(session, time.monotonic() + self.resume_window_s)
-        self.expire()
 
     def claim(self, token: str) -> Session | None:
-        self.expire()
-        entry = self._detached.pop(token, None)
-        return entry.session if entry else None
+        """The detached session of ``token`` while its window is open (``expire`` drops the
+        rest: the caller forgets their engine state)."""
+        entry = self._detached.get(token)
+        if entry is None or entry.expires_at <= time.monotonic():
+            return None
+        del self._detached[token]
+        return entry.session
 
     def expire(self) -> list[Session]:
+        """Drop detached sessions past their window or over the cap; returns them."""
         now = time.monotonic()
         gone = [t for t, d in self._detached.items() if d.expires_at <= now]
+        over = len(self._detached) - len(gone) - self.max_detached
+        if over > 0:  # insertion order is detach order: the oldest go first
+            gone += [t for t in self._detached if t not in gone][:over]
         return [self._detached.pop(t).session for t in gone]
 
     @property
@@ -78,7 +90,7 @@ class Hub:
 
     def __post_init__(self) -> None:
         self.slots = GenerationSlots(self.settings.max_concurrent, self.settings.max_queue)
-        self.sessions = SessionStore(self.settings.resume_window_s)
+        self.sessions = SessionStore(self.settings.resume_window_s, self.settings.max_connections)
         self.stats = ServerStats()
         self.caps = ConnectionCaps(
             self.settings.max_connections, self.settings.max_connections_per_client
