@@ -59,6 +59,7 @@ class ScriptedEngine:
         self.requests: list[GenerationRequest] = []
         self.forgotten: list[str] = []
         self.threads: set[threading.Thread] = set()
+        self._threads_lock = threading.Lock()  # threads remove themselves as they end
         self._release_stall = threading.Event()
 
     def tokenize_text(self, text: str) -> list[int]:
@@ -83,7 +84,8 @@ class ScriptedEngine:
             name="wschat-generate-scripted",
             daemon=True,
         )
-        self.threads.add(thread)
+        with self._threads_lock:
+            self.threads.add(thread)
         thread.start()
         return generation
 
@@ -92,7 +94,9 @@ class ScriptedEngine:
 
     async def aclose(self) -> None:
         self._release_stall.set()
-        for thread in list(self.threads):
+        with self._threads_lock:
+            running = list(self.threads)
+        for thread in running:
             await asyncio.to_thread(thread.join, 10)
 
     def _run(self, script: Script, generation: Generation, bridge: LoopBridge) -> None:
@@ -123,4 +127,5 @@ class ScriptedEngine:
             finished = Finished(FinishReason.ERROR, tuple(produced), error=error)
         finally:
             bridge.put(finished)
-            self.threads.discard(threading.current_thread())
+            with self._threads_lock:
+                self.threads.discard(threading.current_thread())
