@@ -1,0 +1,101 @@
+"""The README's commands on the embedded Gemma 3 270M: ``wschat-server`` (converting the GGUF on
+first use) and ``wschat ask``; then SIGTERM, and the server exits 0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.images.samples import png
+
+pytestmark = pytest.mark.real_model
+
+START_TIMEOUT = 600.0  # the first start converts the GGUF (about a minute on 2 cores)
+ASK_TIMEOUT = 120.0
+
+
+def command(script: str, module: str) -> list[str]:
+    """The installed console script, as the README runs it (``python -m`` if not on PATH)."""
+    found = shutil.which(script)
+    return [found] if found else [sys.executable, "-m", module]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    async with asyncio.timeout(START_TIMEOUT), httpx.AsyncClient(timeout=5) as http:
+        while True:  # another process: nothing to await but its /readyz
+            assert proc.poll() is None, log.read_text()
+            try:
+                if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.5)
+
+
+async def ask(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        *command("wschat", "client"),
+        "ask",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        async with asyncio.timeout(ASK_TIMEOUT):
+            out, err = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WSCHAT_")}
+    env |= {"HF_HUB_OFFLINE": "1", "WSCHAT_URL": f"ws://127.0.0.1:{port}/v1/chat"}
+    with log.open("wb") as sink:
+        server = subprocess.Popen(
+            [*command("wschat-server", "server"), "--port", str(port)],
+            stderr=sink,
+            stdout=sink,
+            env=env,
+        )
+    try:
+        await wait_ready(server, port, log)
+        status, out, err = await ask("--max-new-tokens", "24", "The capital of France is", env=env)
+        assert status == 0, err
+        assert out.strip(), "the reply was empty"
+        image = tmp_path / "red.png"
+        image.write_bytes(png())
+        status, out, err = await ask("--image", str(image), "What is this?", env=env)
+        assert status == 4, (status, out, err)  # the server refused the request
+        assert "unsupported" in err and "does not read images" in err
+        server.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(60):
+            returncode = await asyncio.to_thread(server.wait)
+        assert returncode == 0, log.read_text()
+        text = log.read_text()
+        assert "loaded" in text.lower()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(30)
