@@ -35,6 +35,8 @@ def _figures(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
         "itl_median_s": median([g for s in pooled for g in s.gaps]),
         "itl_p95_s": whole.itl_p95,
         "rounds": len(rounds),
+        "aggregate_rounds": [c.aggregate for c in per_round],
+        "stream_tps_rounds": [median([s.rate for s in r]) for r in rounds],
     }
 
 

@@ -38,7 +38,7 @@ CONVERSATION = (
 class Workload:
     tokens: int = 64  # new tokens per stream
     concurrency: tuple[int, ...] = (1, 4, 8)
-    repeats: int = 2  # interleaved ceiling/server rounds of every concurrency
+    repeats: int = 3  # interleaved ceiling/server rounds of every concurrency
     turn_tokens: int = 100  # reply length of each conversation turn
     cancels: int = 20
     idle_sessions: int = 1000

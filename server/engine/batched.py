@@ -1,7 +1,8 @@
 """``BatchedEngine``: the generations of all sessions decode together, one forward pass a step.
 
-One worker thread owns the model while there is work (and exits when there is none). Each pass
-of its loop:
+One worker thread owns the model while there is work (and exits when there is none; it is
+started from the event loop once the callbacks already due have run, so prompts that arrived
+together are prefilled in one forward). Each pass of its loop:
 
 1. takes new requests in, up to ``width`` rows in all;
 2. prefills the prompts of the rows that joined (their uncached tails, all joiners in one
@@ -85,6 +86,7 @@ class BatchedEngine:
         self._lock = threading.Lock()
         self._inbox: list[BatchRow] = []
         self._worker: threading.Thread | None = None
+        self._wake_pending = False
         self.decode_steps = 0
         self.decoded_tokens = 0
 
@@ -124,12 +126,21 @@ class BatchedEngine:
         )
         with self._lock:
             self._inbox.append(row)
-            if self._worker is None:
+            wake = self._worker is None and not self._wake_pending
+            self._wake_pending = self._wake_pending or wake
+        if wake:
+            # After the callbacks already due: prompts that arrived together start together.
+            asyncio.get_running_loop().call_soon(self._wake)
+        return generation
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._wake_pending = False
+            if self._worker is None and self._inbox:
                 self._worker = threading.Thread(
                     target=self._work, name="wschat-generate-batch", daemon=True
                 )
                 self._worker.start()
-        return generation
 
     async def aclose(self) -> None:
         worker = self._worker
