@@ -1,10 +1,12 @@
-"""One benchmark run: the in-process ceiling and the server, interleaved round by round so that
-the machine's drift hits both alike; then the conversation, cancels, idle sessions, the other
-engine, transformers' continuous batching in process, and the peer."""
+"""One benchmark run. The in-process ceiling, the server and the peer with continuous batching
+are measured back to back in each round, so the drift of a shared machine's load hits all of
+them alike; then the conversation, cancels, idle sessions, the other engine, transformers'
+continuous batching manager in process, and the peer without continuous batching."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -21,22 +23,22 @@ log = logging.getLogger("bench")
 
 
 def _figures(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
-    """Rounds of one concurrency: aggregate is the median of rounds; latencies pool them."""
-    pooled = [s for r in rounds for s in r]
+    """Rounds of one concurrency: each figure is the median over rounds of that round's figure,
+    so one round disturbed by another user of the machine does not decide it."""
     per_round = [Concurrent.of(r) for r in rounds]
-    whole = Concurrent.of(pooled)  # its aggregate mixes rounds: only its latencies are used
+    rates = [median([s.rate for s in r]) for r in rounds]
     return {
         "streams": per_round[0].streams,
         "tokens": per_round[0].tokens,
         "aggregate_tps": median([c.aggregate for c in per_round]),
-        "stream_tps": median([s.rate for s in pooled]),
-        "ttft_median_s": whole.ttft_median,
-        "ttft_p95_s": whole.ttft_p95,
-        "itl_median_s": median([g for s in pooled for g in s.gaps]),
-        "itl_p95_s": whole.itl_p95,
+        "stream_tps": median(rates),
+        "ttft_median_s": median([c.ttft_median for c in per_round]),
+        "ttft_p95_s": median([c.ttft_p95 for c in per_round]),
+        "itl_median_s": median([median([g for s in r for g in s.gaps]) for r in rounds]),
+        "itl_p95_s": median([c.itl_p95 for c in per_round]),
         "rounds": len(rounds),
         "aggregate_rounds": [c.aggregate for c in per_round],
-        "stream_tps_rounds": [median([s.rate for s in r]) for r in rounds],
+        "stream_tps_rounds": rates,
     }
 
 
@@ -60,25 +62,59 @@ def run(work: Workload, *, engine: str, peer_wanted: bool, logs: Path) -> dict[s
     log.info("loading the model in process (the ceiling)")
     local = InProcess.load()
     local.static(work.texts(1), 4)  # warm-up
-    ceiling: dict[int, list[list[StreamTimes]]] = {n: [] for n in work.concurrency}
-    ours: dict[int, list[list[StreamTimes]]] = {n: [] for n in work.concurrency}
+    systems = ["ceiling", f"wschat-{engine}"]
+    why_not = procs.peer_available() if peer_wanted else "--no-peer"
+    if why_not is None:
+        systems.append("transformers-serve-cb")
+    rounds: dict[str, dict[int, list[list[StreamTimes]]]] = {
+        name: {n: [] for n in work.concurrency} for name in systems
+    }
     log.info("starting wschat --engine %s", engine)
-    with procs.wschat(engine, logs, sessions=work.idle_sessions + 50) as server:
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(procs.wschat(engine, logs, sessions=work.idle_sessions + 50))
         url = server.ws_url
         _server_streams(url, work.texts(1), 4)  # warm-up
+        measure = {
+            "ceiling": local.static,
+            f"wschat-{engine}": lambda t, k: _server_streams(url, t, k),
+        }
+        if why_not is None:
+            # The peer with continuous batching takes part in every round, beside ours (an idle
+            # server takes no CPU); the other peer is measured on its own afterwards.
+            log.info("starting transformers serve --continuous-batching")
+            peer_server = stack.enter_context(
+                procs.transformers_serve(Path(InProcess.model_dir()), True, logs)
+            )
+            model_dir = InProcess.model_dir()
+            asyncio.run(peer.concurrent(peer_server.base, model_dir, ["Hi"], 4))  # warm-up
+            measure["transformers-serve-cb"] = lambda t, k: asyncio.run(
+                peer.concurrent(peer_server.base, model_dir, t, k)
+            )
         for r in range(work.repeats):
             for n in work.concurrency:
-                log.info("round %d: %d streams, ceiling then server", r + 1, n)
-                ceiling[n].append(local.static(work.texts(n), work.tokens))
-                ours[n].append(_server_streams(url, work.texts(n), work.tokens))
+                log.info("round %d: %d streams: %s", r + 1, n, ", ".join(systems))
+                for name in systems:
+                    rounds[name][n].append(measure[name](work.texts(n), work.tokens))
         log.info("conversation of %d turns", len(CONVERSATION))
-        turns = asyncio.run(wsload.conversation(url, list(CONVERSATION), work.turn_tokens))
+        runs = [
+            asyncio.run(wsload.conversation(url, list(CONVERSATION), work.turn_tokens))
+            for _ in range(work.conversations)
+        ]
+        turns = [
+            {**run_turns[0], "ttft": median([t["ttft"] for t in run_turns])}
+            for run_turns in zip(*runs, strict=True)
+        ]
         log.info("%d cancels", work.cancels)
         cancel_waits = asyncio.run(wsload.cancels(url, work.texts(1)[0], work.cancels))
         log.info("%d idle sessions", work.idle_sessions)
         result["memory"] = asyncio.run(_memory(server, url, work.idle_sessions))
-    result["ceiling"] = {n: _figures(r) for n, r in ceiling.items()}
-    result[f"wschat-{engine}"] = {n: _figures(r) for n, r in ours.items()}
+    for name in ("ceiling", f"wschat-{engine}"):
+        result[name] = {n: _figures(r) for n, r in rounds[name].items()}
+    peers: dict[str, Any] = {"skipped": why_not} if why_not else {}
+    if "transformers-serve-cb" in rounds:
+        peers["transformers-serve-cb"] = {
+            n: _figures(r) for n, r in rounds["transformers-serve-cb"].items()
+        }
     result["engine"] = engine
     result["conversation"] = turns
     step = result["ceiling"][1]["itl_median_s"]
@@ -104,7 +140,9 @@ def run(work: Workload, *, engine: str, peer_wanted: bool, logs: Path) -> dict[s
         log.exception("continuous batching in process failed")
         result["transformers-cb-inprocess"] = {"error": repr(error)}
     del local
-    result["peers"] = _peers(work, logs) if peer_wanted else {"skipped": "--no-peer"}
+    if why_not is None:
+        peers.update(_plain_peer(work, logs))
+    result["peers"] = peers
     return result
 
 
@@ -125,27 +163,22 @@ async def _memory(server: procs.Running, url: str, count: int) -> dict[str, Any]
     }
 
 
-def _peers(work: Workload, logs: Path) -> dict[str, Any]:
-    why_not = procs.peer_available()
-    if why_not:
-        return {"skipped": why_not}
+def _plain_peer(work: Workload, logs: Path) -> dict[str, Any]:
+    """``transformers serve`` without continuous batching: one round (it serves one at a time)."""
     model_dir = InProcess.model_dir()
-    out: dict[str, Any] = {}
-    for batching in (False, True):
-        name = "transformers-serve-cb" if batching else "transformers-serve"
-        log.info("starting %s", name)
-        try:
-            with procs.transformers_serve(Path(model_dir), batching, logs) as server:
-                asyncio.run(peer.concurrent(server.base, model_dir, ["Hi"], 4))  # warm-up
-                figures = {}
-                for n in work.peer_concurrency:
-                    log.info("%s: %d streams", name, n)
-                    streams = asyncio.run(
-                        peer.concurrent(server.base, model_dir, work.texts(n), work.tokens)
-                    )
-                    figures[n] = _figures([streams])
-                out[name] = figures
-        except Exception as error:
-            log.exception("%s failed", name)
-            out[name] = {"error": repr(error)}
-    return out
+    name = "transformers-serve"
+    log.info("starting %s", name)
+    try:
+        with procs.transformers_serve(Path(model_dir), False, logs) as server:
+            asyncio.run(peer.concurrent(server.base, model_dir, ["Hi"], 4))  # warm-up
+            figures = {}
+            for n in work.peer_concurrency:
+                log.info("%s: %d streams", name, n)
+                streams = asyncio.run(
+                    peer.concurrent(server.base, model_dir, work.texts(n), work.tokens)
+                )
+                figures[n] = _figures([streams])
+        return {name: figures}
+    except Exception as error:  # a failure here must not lose the rest of the run
+        log.exception("%s failed", name)
+        return {name: {"error": repr(error)}}

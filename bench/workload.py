@@ -38,8 +38,9 @@ CONVERSATION = (
 class Workload:
     tokens: int = 64  # new tokens per stream
     concurrency: tuple[int, ...] = (1, 4, 8)
-    repeats: int = 3  # interleaved ceiling/server rounds of every concurrency
+    repeats: int = 5  # rounds of every concurrency, each system measured back to back
     turn_tokens: int = 100  # reply length of each conversation turn
+    conversations: int = 2  # each turn's TTFT is the median over these runs of the conversation
     cancels: int = 20
     idle_sessions: int = 1000
     peer_concurrency: tuple[int, ...] = (1, 4, 8)
@@ -51,6 +52,7 @@ class Workload:
             tokens=32,
             repeats=1,
             turn_tokens=30,
+            conversations=3,
             cancels=8,
             idle_sessions=300,
             peer_concurrency=(8,),
