@@ -23,10 +23,10 @@ Requests with images go to an ``HFEngine`` over the same model (one ``generate``
 Why not transformers' continuous batching manager (``model.init_continuous_batching()``), which
 also streams, cancels and batches per request: ``python -m bench`` measures it in process in the
 same runs, and on the 2-core CPU it reached 0.63-0.75x of the static-batch ceiling at 8 streams
-and 0.65-0.70x at one stream (its paged cache goes through padded "paged|sdpa" attention and a
-Python scheduler every step), where this engine reaches about 0.9-1.0x at both. It also keeps
-no KV state between a session's turns unless their prefix blocks happen to survive, while the
-issue asks for each session's state to be kept under a budget.
+and 0.65-0.70x at one stream (on CPU its paged cache runs through an sdpa fallback, and it logs
+that it wants flash attention), where this engine reaches about 0.9-1.0x at both. Its prefix
+blocks are shared only while they stay in its cache, with no per-session budget, where each
+session's KV state is kept here under ``kv_budget_tokens`` and evicted idle-first.
 """
 
 from __future__ import annotations
