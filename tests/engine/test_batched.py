@@ -277,3 +277,50 @@ async def test_a_prompt_with_an_image_takes_the_single_generation_path(
     # reuse its KV state there.
     assert engine.decode_steps == 0
     assert text_only[0]["cached_tokens"] > 0 and text_only[-1]["reason"] == "length"
+
+
+async def reply(url: str, text: str, **params: Any) -> list[dict[str, Any]]:
+    async with raw_peer(url) as (peer, _):
+        return await ask(peer, "a", text, **params)
+
+
+async def test_cancel_of_one_session_over_a_server_leaves_its_batch_mates_unchanged(
+    batched: BatchedEngine, tiny_text_engine: HFEngine
+) -> None:
+    mates = ["hello world " * 3, "hello world " * 9]
+    async with running_server(tiny_text_engine, max_concurrent=1) as url:
+        expected = [(await reply(url, text, max_new_tokens=30))[-1]["text"] for text in mates]
+    async with running_server(batched, max_concurrent=WIDTH) as url, raw_peer(url) as (peer, _):
+        await peer.send(
+            {"type": "prompt", "id": "c", "text": "Go", "params": {"max_new_tokens": 400}}
+        )
+        await peer.recv_until("token")
+        others = [asyncio.create_task(reply(url, text, max_new_tokens=30)) for text in mates]
+        await wait_until(lambda: len(batched._decoding) == 3)  # all three decode together
+        await peer.send({"type": "cancel", "id": "c"})
+        cancelled = (await peer.recv_until("done"))[-1]
+        async with asyncio.timeout(TIMEOUT):
+            texts = [frames[-1]["text"] for frames in await asyncio.gather(*others)]
+    assert cancelled["reason"] == "cancelled"
+    assert cancelled["usage"]["completion_tokens"] < 400
+    assert texts == expected
+
+
+async def test_seeded_sampling_and_stop_strings_over_a_server_ignore_batch_mates(
+    batched: BatchedEngine,
+) -> None:
+    sampled = {"max_new_tokens": 20, "temperature": 0.8, "top_p": 0.9, "top_k": 50, "seed": 42}
+    async with running_server(batched, max_concurrent=WIDTH) as url:
+        alone_sampled = (await reply(url, "Once", **sampled))[-1]["text"]
+        full = (await reply(url, "Tell me", max_new_tokens=16))[-1]["text"]
+        stop = full[len(full) // 2 : len(full) // 2 + 3]
+        mates = [reply(url, "hello world " * i, max_new_tokens=20, temperature=1.0) for i in (2, 5)]
+        together = await asyncio.gather(
+            reply(url, "Once", **sampled),
+            reply(url, "Tell me", max_new_tokens=16, stop=[stop]),
+            *mates,
+        )
+    assert together[0][-1]["text"] == alone_sampled
+    stopped = together[1][-1]
+    assert stopped["reason"] == "stop"
+    assert stopped["text"] == full[: full.index(stop)]
