@@ -38,9 +38,9 @@ CONVERSATION = (
 class Workload:
     tokens: int = 64  # new tokens per stream
     concurrency: tuple[int, ...] = (1, 4, 8)
-    repeats: int = 5  # rounds of every concurrency, each system measured back to back
+    repeats: int = 4  # rounds of every concurrency, each system measured back to back
     turn_tokens: int = 100  # reply length of each conversation turn
-    conversations: int = 2  # each turn's TTFT is the median over these runs of the conversation
+    conversations: int = 3  # each turn's TTFT is the median over these runs of the conversation
     cancels: int = 20
     idle_sessions: int = 1000
     peer_concurrency: tuple[int, ...] = (1, 4, 8)
