@@ -5,17 +5,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import subprocess
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import msgpack
 import uvicorn
 import websockets
 from websockets.asyncio.client import ClientConnection
 
 from server.app import build_app
-from server.engine import Engine
+from server.engine import Engine, Finished, Generation, TokenPiece
 from server.serve import install_log_filters, uvicorn_config
 from server.settings import Settings
 
@@ -101,3 +104,36 @@ async def wait_until(predicate: Any, timeout: float = TIMEOUT, interval: float =
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(interval)
+
+
+async def collect(generation: Generation) -> tuple[str, Finished]:
+    """A generation's whole text and its ``Finished``, read from the engine directly."""
+    texts: list[str] = []
+    async with asyncio.timeout(TIMEOUT):
+        async for item in generation.items():
+            if isinstance(item, TokenPiece):
+                texts.append(item.text)
+            else:
+                return "".join(texts), item
+    raise AssertionError("a generation ended without Finished")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_ready(
+    proc: subprocess.Popen[bytes], port: int, log: Path, timeout: float = TIMEOUT
+) -> None:
+    """Until a server process answers ``/readyz`` 200; fails with its log if it exits."""
+    async with asyncio.timeout(timeout), httpx.AsyncClient(timeout=5) as http:
+        while True:  # another process: nothing to await but its /readyz
+            assert proc.poll() is None, log.read_text()
+            try:
+                if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.05)

@@ -7,15 +7,14 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.images.samples import png
+from tests.support import free_port, wait_ready
 
 pytestmark = pytest.mark.real_model
 
@@ -27,24 +26,6 @@ def command(script: str, module: str) -> list[str]:
     """The installed console script, as the README runs it (``python -m`` if not on PATH)."""
     found = shutil.which(script)
     return [found] if found else [sys.executable, "-m", module]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-async def wait_ready(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-    async with asyncio.timeout(START_TIMEOUT), httpx.AsyncClient(timeout=5) as http:
-        while True:  # another process: nothing to await but its /readyz
-            assert proc.poll() is None, log.read_text()
-            try:
-                if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.5)
 
 
 async def ask(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
@@ -80,7 +61,7 @@ async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_pat
             env=env,
         )
     try:
-        await wait_ready(server, port, log)
+        await wait_ready(server, port, log, START_TIMEOUT)
         status, out, err = await ask("--max-new-tokens", "24", "The capital of France is", env=env)
         assert status == 0, err
         assert out.strip(), "the reply was empty"

@@ -16,8 +16,6 @@ import pytest
 
 from server.engine.base import (
     CancelFlag,
-    Finished,
-    Generation,
     GenerationRequest,
     SamplingParams,
     TokenPiece,
@@ -27,7 +25,7 @@ from server.engine.hf import HFEngine
 from server.engine.rows import BatchRow
 from server.loader import LoadedModel
 from tests.images import samples
-from tests.support import TIMEOUT, RawPeer, raw_peer, running_server, wait_until
+from tests.support import TIMEOUT, RawPeer, collect, raw_peer, running_server, wait_until
 
 WIDTH = 8
 
@@ -37,17 +35,6 @@ async def batched(tiny_text_loaded: LoadedModel) -> AsyncIterator[BatchedEngine]
     engine = BatchedEngine(tiny_text_loaded, width=WIDTH, prefill_tokens=32)
     yield engine
     await engine.aclose()
-
-
-async def collect(generation: Generation) -> tuple[str, Finished]:
-    texts: list[str] = []
-    async with asyncio.timeout(TIMEOUT):
-        async for item in generation.items():
-            if isinstance(item, TokenPiece):
-                texts.append(item.text)
-            else:
-                return "".join(texts), item
-    raise AssertionError("a generation ended without Finished")
 
 
 def prompts(engine: HFEngine | BatchedEngine, count: int) -> list[list[int]]:

@@ -5,17 +5,16 @@ the least recently used idle sessions."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from server.engine.base import Finished, Generation, GenerationRequest, SamplingParams, TokenPiece
+from server.engine.base import Finished, Generation, GenerationRequest, SamplingParams
 from server.engine.batched import BatchedEngine
 from server.engine.hf import HFEngine
 from server.loader import LoadedModel
-from tests.support import TIMEOUT, RawPeer, raw_peer, running_server
+from tests.support import RawPeer, collect, raw_peer, running_server
 
 Engine = HFEngine | BatchedEngine
 
@@ -43,14 +42,7 @@ async def run_text(
     generation: Generation = engine.start(
         GenerationRequest(ids, SamplingParams(max_new_tokens=tokens), session_key=key)
     )
-    texts: list[str] = []
-    async with asyncio.timeout(TIMEOUT):
-        async for item in generation.items():
-            if isinstance(item, TokenPiece):
-                texts.append(item.text)
-            else:
-                return "".join(texts), item
-    raise AssertionError("no Finished")
+    return await collect(generation)
 
 
 def user_turn(engine: Engine, text: str) -> list[int]:

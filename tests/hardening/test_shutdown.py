@@ -7,26 +7,18 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 import websockets
 
-from tests.support import TIMEOUT, RawPeer, raw_peer
+from tests.support import TIMEOUT, RawPeer, free_port, raw_peer, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @asynccontextmanager
@@ -43,15 +35,7 @@ async def scripted_server_process(
             stderr=sink,
         )
     try:
-        async with asyncio.timeout(TIMEOUT), httpx.AsyncClient(timeout=2) as http:
-            while True:  # nothing to await on another process: poll its /readyz
-                assert proc.poll() is None, log.read_text()
-                try:
-                    if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.05)
+        await wait_ready(proc, port, log)
         yield proc, f"ws://127.0.0.1:{port}/v1/chat"
     finally:
         if proc.poll() is None:
