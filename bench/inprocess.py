@@ -17,21 +17,21 @@ class InProcess:
 
     @classmethod
     def load(cls) -> InProcess:
-        from server.engine.hf import HFEngine
-        from server.loader import load_model
+        from wschat.server.engine.hf import HFEngine
+        from wschat.server.loader import load_model
 
         loaded = load_model("embedded")
         return cls(loaded, HFEngine(loaded))
 
     @staticmethod
     def model_dir() -> str:
-        from server.loader import embedded_model_dir
+        from wschat.server.loader import embedded_model_dir
 
         return str(embedded_model_dir())
 
     def prompt_ids(self, text: str) -> list[int]:
         """The first turn of a session whose user says ``text``, id for id as the server has it."""
-        from server.conversation import Conversation
+        from wschat.server.conversation import Conversation
 
         return Conversation(self.engine).prompt_ids(self.engine.tokenize_text(text))
 

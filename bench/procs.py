@@ -1,4 +1,4 @@
-"""The servers under test, each in its own subprocess: wschat (``python -m server``) and the
+"""The servers under test, each in its own subprocess: wschat (``python -m wschat.server``) and the
 peer, ``transformers serve``."""
 
 from __future__ import annotations
@@ -73,10 +73,10 @@ def _run(command: list[str], path: str, port: int, log: Path) -> Iterator[Runnin
 
 @contextlib.contextmanager
 def wschat(engine: str, logs: Path, sessions: int = 1100) -> Iterator[Running]:
-    """``python -m server`` on the embedded model; ``sessions`` connections allowed from here."""
+    """``python -m wschat.server`` on the embedded model; ``sessions`` connections allowed."""
     port = free_port()
     command = [
-        sys.executable, "-m", "server",
+        sys.executable, "-m", "wschat.server",
         "--model", "embedded",
         "--engine", engine,
         "--port", str(port),

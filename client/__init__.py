@@ -5,7 +5,7 @@ async with connect("ws://127.0.0.1:8000/v1/chat") as chat:
         print(piece, end="", flush=True)
 """
 
-from protocol import Done, FinishReason
+from wschat.protocol import Done, FinishReason
 
 from .api import Chat
 from .errors import (

@@ -23,8 +23,7 @@ from typing import Any, Self
 
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
-
-from protocol import (
+from wschat.protocol import (
     Cancel,
     Capabilities,
     Configure,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from protocol import Done, FinishReason
+from wschat.protocol import Done, FinishReason
 
 from .errors import ClientError
 from .local import local_params

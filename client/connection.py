@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol import (
+from wschat.protocol import (
     Configured,
     Done,
     Error,

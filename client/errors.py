@@ -22,7 +22,7 @@ raises ``ConnectError``).
 
 from __future__ import annotations
 
-from protocol import Error, ErrorCode
+from wschat.protocol import Error, ErrorCode
 
 
 class ClientError(Exception):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Container, Mapping
 from typing import Any
 
-from protocol import GenerationParams, Limits, ProtocolError, parse_params
-from protocol.fields import MAX_ID_CHARS
+from wschat.protocol import GenerationParams, Limits, ProtocolError, parse_params
+from wschat.protocol.fields import MAX_ID_CHARS
 
 from .errors import BadFrameError, InvalidParamsError, TooLargeError
 

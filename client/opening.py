@@ -16,8 +16,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 from websockets.typing import Subprotocol
-
-from protocol import (
+from wschat.protocol import (
     BEARER_PREFIX,
     SUBPROTOCOL,
     Error,

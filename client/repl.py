@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from protocol import FinishReason, GoAway
+from wschat.protocol import FinishReason, GoAway
 
 from .api import Chat
 from .errors import ChatError, ClientError, ConnectionClosedError

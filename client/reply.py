@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, Self
 
-from protocol import Done, Error, FinishReason, Queued, ServerFrame, Start, Token
+from wschat.protocol import Done, Error, FinishReason, Queued, ServerFrame, Start, Token
 
 from .errors import ClientError, InternalError, error_from_frame
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from protocol import Done, FinishReason
+from wschat.protocol import Done, FinishReason
 
 from .errors import ChatError, ConnectError, ConnectionClosedError
 

@@ -16,8 +16,7 @@ from urllib.parse import urlsplit
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket
-
-from protocol import CloseCode
+from wschat.protocol import CloseCode
 
 from .settings import Settings
 

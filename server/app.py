@@ -18,8 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
-
-from protocol import SUBPROTOCOL, CloseCode
+from wschat.protocol import SUBPROTOCOL, CloseCode
 
 from .access import admit
 from .connection import Connection

@@ -16,8 +16,7 @@ import logging
 import time
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
-
-from protocol import (
+from wschat.protocol import (
     VERSION,
     BadFrame,
     Capabilities,

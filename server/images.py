@@ -19,8 +19,7 @@ import struct
 from dataclasses import dataclass
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
-
-from protocol import ErrorCode, ProtocolError
+from wschat.protocol import ErrorCode, ProtocolError
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 # What Pillow's decoders raise on hostile or damaged input (its fuzzers expect the same set).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from protocol import Stats
+from wschat.protocol import Stats
 
 from .hub import Hub
 from .session import Session

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from protocol import Done
+from wschat.protocol import Done
 
 from .run import GenerationRun
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol import (
+from wschat.protocol import (
     Done,
     Error,
     ErrorCode,

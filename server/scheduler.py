@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from protocol import ErrorCode, ProtocolError
+from wschat.protocol import ErrorCode, ProtocolError
 
 
 class Ticket:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from protocol import (
+from wschat.protocol import (
     Cancel,
     ClientFrame,
     Configure,

@@ -14,8 +14,7 @@ import time
 from types import FrameType
 
 import uvicorn
-
-from protocol import CloseCode, GoAway
+from wschat.protocol import CloseCode, GoAway
 
 from .hub import Hub
 

@@ -13,7 +13,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from protocol import Done, FinishReason
+from wschat.protocol import Done, FinishReason
 
 from .run import GenerationRun
 

@@ -13,14 +13,13 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import wschat.protocol
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
-
-import protocol
-from protocol import SUBPROTOCOL, CloseCode, encode
+from wschat.protocol import SUBPROTOCOL, CloseCode, encode
 
 from .access import admit, http_refusal
 from .hub import Hub
@@ -28,7 +27,7 @@ from .live import snapshot
 from .metrics import CONTENT_TYPE, Metrics
 
 STATIC_DIR = Path(__file__).with_name("static")
-MSGPACK_MODULE = Path(protocol.__file__).with_name("msgpack.mjs")
+MSGPACK_MODULE = Path(wschat.protocol.__file__).with_name("msgpack.mjs")
 STATS_INTERVAL_S = 1.0
 
 # The pages load only their own files and talk only to their own origin.

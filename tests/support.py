@@ -16,11 +16,10 @@ import msgpack
 import uvicorn
 import websockets
 from websockets.asyncio.client import ClientConnection
-
-from server.app import build_app
-from server.engine import Engine, Finished, Generation, TokenPiece
-from server.serve import install_log_filters, uvicorn_config
-from server.settings import Settings
+from wschat.server.app import build_app
+from wschat.server.engine import Engine, Finished, Generation, TokenPiece
+from wschat.server.serve import install_log_filters, uvicorn_config
+from wschat.server.settings import Settings
 
 TIMEOUT = 30.0
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from protocol import FinishReason
+from wschat.protocol import FinishReason
 
 
 class CancelFlag:

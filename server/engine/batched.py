@@ -38,8 +38,7 @@ from collections import deque
 from dataclasses import replace
 
 import torch
-
-from protocol import FinishReason
+from wschat.protocol import FinishReason
 
 from ..loader import LoadedModel
 from .base import Generation, GenerationRequest, LoopBridge

@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, StoppingCriteriaList
-
-from protocol import ErrorCode, FinishReason, ProtocolError
+from wschat.protocol import ErrorCode, FinishReason, ProtocolError
 
 from ..loader import LoadedModel
 from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, SamplingParams

@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
-from protocol import FinishReason
+from wschat.protocol import FinishReason
 
 from .base import Finished, Generation, GenerationRequest, LoopBridge
 from .kvstore import CachedPrefix, KVStore

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from protocol import FinishReason
+from wschat.protocol import FinishReason
 
 from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, TokenPiece
 

@@ -17,9 +17,8 @@ from urllib.parse import urlsplit
 
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
-
-from server.engine import GenerationRequest
-from server.engine.scripted import Script
+from wschat.server.engine import GenerationRequest
+from wschat.server.engine.scripted import Script
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

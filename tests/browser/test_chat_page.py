@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from playwright.async_api import expect
+from wschat.server.engine import SamplingParams
+from wschat.server.engine.scripted import Script, ScriptedEngine
 
-from server.engine import SamplingParams
-from server.engine.scripted import Script, ScriptedEngine
 from tests.support import running_server
 
 from .chat import ChatPage

@@ -6,8 +6,8 @@ from urllib.parse import urlsplit
 
 import pytest
 from playwright.async_api import expect
+from wschat.server.engine.scripted import ScriptedEngine
 
-from server.engine.scripted import ScriptedEngine
 from tests.support import running_server
 
 from .chat import ChatPage

@@ -28,8 +28,8 @@ WATCH_GROWTH = """() => {
 
 
 def embedded_engine() -> object:
-    from server.engine.hf import HFEngine
-    from server.loader import load_model
+    from wschat.server.engine.hf import HFEngine
+    from wschat.server.loader import load_model
 
     return HFEngine(load_model("embedded"))
 

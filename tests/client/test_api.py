@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from client import (
+from wschat.client import (
     BusyError,
     ContextOverflowError,
     InternalError,
@@ -16,8 +15,9 @@ from client import (
     TooLargeError,
     connect,
 )
-from protocol import Done, FinishReason
-from server.engine.scripted import ScriptedEngine
+from wschat.protocol import Done, FinishReason
+from wschat.server.engine.scripted import ScriptedEngine
+
 from tests.client.engines import WAIT, failing_engine, is_sublist, slow_engine
 from tests.support import running_server, wait_until
 

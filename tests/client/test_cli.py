@@ -1,4 +1,4 @@
-"""The ``wschat`` command as a subprocess (``python -m client``) against a real uvicorn."""
+"""The ``wschat`` command as a subprocess (``python -m wschat.client``) against a real uvicorn."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from wschat.client.status import STOPPING_NOTICE
+from wschat.server.engine import GenerationRequest
+from wschat.server.engine.scripted import Script, ScriptedEngine
 
-from client.status import STOPPING_NOTICE
-from server.engine import GenerationRequest
-from server.engine.scripted import Script, ScriptedEngine
 from tests.client.engines import WAIT, failing_engine, is_sublist, slow_engine
 from tests.support import running_server
 
@@ -32,7 +32,7 @@ async def start_cli(*args: str, env: dict[str, str] | None = None) -> asyncio.su
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "client",
+        "wschat.client",
         *args,
         cwd=ROOT,
         env=env or cli_env(),

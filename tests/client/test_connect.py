@@ -12,10 +12,10 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
+from wschat.client import Chat, ConnectError, ConnectionClosedError, connect
+from wschat.protocol import Capabilities, Limits, Ready, encode
+from wschat.server.engine.scripted import ScriptedEngine
 
-from client import Chat, ConnectError, ConnectionClosedError, connect
-from protocol import Capabilities, Limits, Ready, encode
-from server.engine.scripted import ScriptedEngine
 from tests.client.engines import WAIT, slow_engine
 from tests.support import running_server
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import pytest
-
-from client import BusyError, ConnectionClosedError, NotRunningError, Reply, UnauthorizedError
-from client.connection import FrameRouter
-from protocol import (
+from wschat.client import (
+    BusyError,
+    ConnectionClosedError,
+    NotRunningError,
+    Reply,
+    UnauthorizedError,
+)
+from wschat.client.connection import FrameRouter
+from wschat.protocol import (
     Configured,
     Done,
     Error,

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from PIL import Image as PILImage
+from wschat.client import FinishReason, TooLargeError, UnsupportedError, connect
+from wschat.client.images import image_bytes, sniff_mime
+from wschat.server.engine.scripted import ScriptedEngine
 
-from client import FinishReason, TooLargeError, UnsupportedError, connect
-from client.images import image_bytes, sniff_mime
-from server.engine.scripted import ScriptedEngine
 from tests.client.engines import WAIT
 from tests.support import running_server
 

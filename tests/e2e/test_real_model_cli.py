@@ -30,7 +30,7 @@ def command(script: str, module: str) -> list[str]:
 
 async def ask(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
-        *command("wschat", "client"),
+        *command("wschat", "wschat.client"),
         "ask",
         *args,
         stdout=asyncio.subprocess.PIPE,
@@ -55,7 +55,7 @@ async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_pat
     env |= {"HF_HUB_OFFLINE": "1", "WSCHAT_URL": f"ws://127.0.0.1:{port}/v1/chat"}
     with log.open("wb") as sink:
         server = subprocess.Popen(
-            [*command("wschat-server", "server"), "--port", str(port)],
+            [*command("wschat-server", "wschat.server"), "--port", str(port)],
             stderr=sink,
             stdout=sink,
             env=env,

@@ -13,9 +13,9 @@ import pytest
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.asyncio.client import ClientConnection
+from wschat.protocol import Stats, decode_server_frame
+from wschat.server.engine.scripted import Script, ScriptedEngine
 
-from protocol import Stats, decode_server_frame
-from server.engine.scripted import Script, ScriptedEngine
 from tests.prometheus import samples
 from tests.support import TIMEOUT, raw_peer, running_server
 

@@ -13,17 +13,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-
-from server.engine.base import (
+from wschat.server.engine.base import (
     CancelFlag,
     GenerationRequest,
     SamplingParams,
     TokenPiece,
 )
-from server.engine.batched import BatchedEngine
-from server.engine.hf import HFEngine
-from server.engine.rows import BatchRow
-from server.loader import LoadedModel
+from wschat.server.engine.batched import BatchedEngine
+from wschat.server.engine.hf import HFEngine
+from wschat.server.engine.rows import BatchRow
+from wschat.server.loader import LoadedModel
+
 from tests.images import samples
 from tests.support import TIMEOUT, RawPeer, collect, raw_peer, running_server, wait_until
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import torch
+from wschat.server.engine.base import CancelFlag, Generation, GenerationRequest
+from wschat.server.engine.hf import HFEngine
+from wschat.server.engine.streamer import TokenStreamer
 
-from server.engine.base import CancelFlag, Generation, GenerationRequest
-from server.engine.hf import HFEngine
-from server.engine.streamer import TokenStreamer
 from tests.support import RawPeer, raw_peer, running_server
 
 START_OF_TURN = 105

@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from wschat.server.engine.base import Finished, Generation, GenerationRequest, SamplingParams
+from wschat.server.engine.batched import BatchedEngine
+from wschat.server.engine.hf import HFEngine
+from wschat.server.loader import LoadedModel
 
-from server.engine.base import Finished, Generation, GenerationRequest, SamplingParams
-from server.engine.batched import BatchedEngine
-from server.engine.hf import HFEngine
-from server.loader import LoadedModel
 from tests.support import RawPeer, collect, raw_peer, running_server
 
 Engine = HFEngine | BatchedEngine

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-
-from server.engine.base import TokenPiece
-from server.engine.streamer import TokenStreamer
-from server.loader import LoadedModel
+from wschat.server.engine.base import TokenPiece
+from wschat.server.engine.streamer import TokenStreamer
+from wschat.server.loader import LoadedModel
 
 # Characters the Gemma vocabulary spells as UTF-8 byte-fallback tokens (<0xF0>, <0x93>, ...),
 # between characters it has whole tokens for.

@@ -7,10 +7,10 @@ from __future__ import annotations
 import logging
 import sys
 
-from server.engine import GenerationRequest
-from server.engine.scripted import Script, ScriptedEngine
-from server.serve import serve
-from server.settings import Settings
+from wschat.server.engine import GenerationRequest
+from wschat.server.engine.scripted import Script, ScriptedEngine
+from wschat.server.serve import serve
+from wschat.server.settings import Settings
 
 LONG_MARK = [300 + ord(c) for c in "long"]
 

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 import websockets
+from wschat.server.engine.scripted import ScriptedEngine
 
-from server.engine.scripted import ScriptedEngine
 from tests.support import TIMEOUT, RawPeer, running_server
 
 TOKEN = "s3cret-token-value"

@@ -7,11 +7,11 @@ import asyncio
 from typing import Any
 
 import pytest
+import wschat.server.images
+from wschat.server.conversation import Conversation
+from wschat.server.engine import GenerationRequest
+from wschat.server.engine.scripted import Script, ScriptedEngine
 
-import server.images
-from server.conversation import Conversation
-from server.engine import GenerationRequest
-from server.engine.scripted import Script, ScriptedEngine
 from tests.support import TIMEOUT, generation_threads, raw_peer, running_server, wait_until
 
 SECRET = "/srv/internal/path secret-detail"
@@ -102,7 +102,7 @@ async def test_an_exception_while_decoding_an_image_is_an_internal_error(
     def explode(data: bytes, limits: object) -> object:
         raise MemoryError(SECRET)
 
-    monkeypatch.setattr(server.images, "check_image", explode)
+    monkeypatch.setattr(wschat.server.images, "check_image", explode)
     engine = ScriptedEngine(script, images=True)
     async with running_server(engine) as url, raw_peer(url) as (peer, _):
         await peer.send({"type": "image", "id": "i", "data": b"\x89PNG\r\n\x1a\n...."})

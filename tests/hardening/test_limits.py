@@ -8,10 +8,10 @@ from typing import Any
 import msgpack
 import pytest
 import websockets
+from wschat.server.engine.hf import HFEngine
+from wschat.server.engine.scripted import Script, ScriptedEngine
+from wschat.server.loader import LoadedModel
 
-from server.engine.hf import HFEngine
-from server.engine.scripted import Script, ScriptedEngine
-from server.loader import LoadedModel
 from tests.support import TIMEOUT, raw_peer, running_server
 
 SMALL = {

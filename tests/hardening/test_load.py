@@ -14,9 +14,9 @@ from collections import Counter
 from contextlib import AsyncExitStack
 
 import psutil
+from wschat.server.engine import GenerationRequest
+from wschat.server.engine.scripted import Script, ScriptedEngine
 
-from server.engine import GenerationRequest
-from server.engine.scripted import Script, ScriptedEngine
 from tests.support import RawPeer, generation_threads, raw_peer, running_server, wait_until
 
 CONNECTIONS = 200

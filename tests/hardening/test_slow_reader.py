@@ -6,7 +6,8 @@ from __future__ import annotations
 import socket
 import tracemalloc
 
-from server.engine.scripted import Script, ScriptedEngine
+from wschat.server.engine.scripted import Script, ScriptedEngine
+
 from tests.support import raw_peer, running_server, wait_until
 
 TOKENS = 100_000

@@ -7,9 +7,9 @@ import random
 from typing import Any
 
 import pytest
+from wschat.server.engine.hf import HFEngine
+from wschat.server.loader import LoadedModel
 
-from server.engine.hf import HFEngine
-from server.loader import LoadedModel
 from tests.images import samples
 from tests.support import RawPeer, raw_peer, running_server
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
+from wschat.protocol import ErrorCode, ProtocolError
+from wschat.server.images import CheckedImage, ImageLimits, check_image
 
-from protocol import ErrorCode, ProtocolError
-from server.images import CheckedImage, ImageLimits, check_image
 from tests.images import samples
 
 LIMITS = ImageLimits(max_bytes=1_000_000, max_pixels=4_000_000)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.engine.hf import HFEngine
-from server.loader import LoadedModel
+from wschat.server.engine.hf import HFEngine
+from wschat.server.loader import LoadedModel
+
 from tests.images import samples
 from tests.support import RawPeer, raw_peer, running_server
 

@@ -6,7 +6,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from protocol import ErrorCode, Ping, Prompt, encode
+from wschat.protocol import ErrorCode, Ping, Prompt, encode
 
 from .vector_cases import Case, pack
 

@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-
-from protocol import (
+from wschat.protocol import (
     DEFAULT_LIMITS,
     SERVER_FRAME_LIMITS,
     ProtocolError,
     decode_client_frame,
     decode_server_frame,
 )
-from protocol.codec import MAX_DEPTH
+from wschat.protocol.codec import MAX_DEPTH
 
 from . import invalid_cases, server_cases, vector_cases
 from .msgpack_formats import formats

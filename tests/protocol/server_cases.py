@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from protocol import (
+from wschat.protocol import (
     Capabilities,
     Configured,
     Done,

@@ -10,8 +10,7 @@ from typing import Any
 
 import msgpack
 import pytest
-
-from protocol import (
+from wschat.protocol import (
     BadFrame,
     DecodeLimits,
     ErrorCode,

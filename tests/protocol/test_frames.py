@@ -8,8 +8,7 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from protocol import (
+from wschat.protocol import (
     ABSENT,
     Cancel,
     Capabilities,
@@ -42,7 +41,7 @@ from protocol import (
     decode_server_frame,
     encode,
 )
-from protocol.constants import CLIENT_FRAME_TYPES
+from wschat.protocol.constants import CLIENT_FRAME_TYPES
 
 FULL_PARAMS = GenerationParams(
     max_new_tokens=5,

@@ -8,8 +8,7 @@ from typing import Any
 import msgpack
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-from protocol import (
+from wschat.protocol import (
     DecodeLimits,
     Frame,
     ProtocolError,

@@ -6,8 +6,7 @@ from typing import Any
 
 import msgpack
 import pytest
-
-from protocol import (
+from wschat.protocol import (
     GenerationParams,
     InvalidParams,
     Prompt,

@@ -8,8 +8,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-
-from protocol import (
+from wschat.protocol import (
     CloseCode,
     ErrorCode,
     FinishReason,
@@ -19,8 +18,8 @@ from protocol import (
     Ready,
     Stats,
 )
-from protocol.constants import CLIENT_FRAME_TYPES
-from protocol.frames import CLIENT_FRAMES, SERVER_FRAMES
+from wschat.protocol.constants import CLIENT_FRAME_TYPES
+from wschat.protocol.frames import CLIENT_FRAMES, SERVER_FRAMES
 
 SPEC = Path(__file__).resolve().parents[2] / "protocol" / "PROTOCOL.md"
 

@@ -9,8 +9,7 @@ from typing import Any
 
 import msgpack
 import pytest
-
-from protocol import ErrorCode, FinishReason, FrameType, ProtocolError
+from wschat.protocol import ErrorCode, FinishReason, FrameType, ProtocolError
 
 from .make_vectors import (
     DECODERS,

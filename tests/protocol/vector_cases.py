@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-
-from protocol import (
+from wschat.protocol import (
     Cancel,
     Configure,
     GenerationParams,

@@ -6,8 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
-
-from protocol import (
+from wschat.protocol import (
     Cancel,
     Configure,
     Configured,
@@ -26,10 +25,10 @@ from protocol import (
     Start,
     Token,
 )
-from server.engine.scripted import Script, ScriptedEngine
-from server.scheduler import GenerationSlots
-from server.session import Session, SessionState
-from server.settings import Settings
+from wschat.server.engine.scripted import Script, ScriptedEngine
+from wschat.server.scheduler import GenerationSlots
+from wschat.server.session import Session, SessionState
+from wschat.server.settings import Settings
 
 TIMEOUT = 10
 

@@ -27,8 +27,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-
-from protocol import (
+from wschat.protocol import (
     Cancel,
     ClientFrame,
     Configure,
@@ -51,11 +50,12 @@ from protocol import (
     Start,
     Token,
 )
-from server.engine.base import GenerationRequest
-from server.engine.scripted import Script, ScriptedEngine
-from server.scheduler import GenerationSlots, Ticket
-from server.session import Session
-from server.settings import Settings
+from wschat.server.engine.base import GenerationRequest
+from wschat.server.engine.scripted import Script, ScriptedEngine
+from wschat.server.scheduler import GenerationSlots, Ticket
+from wschat.server.session import Session
+from wschat.server.settings import Settings
+
 from tests.protocol.vector_cases import PNG_1X1
 
 TIMEOUT = 10.0

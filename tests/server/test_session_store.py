@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import cast
 
 import pytest
-
-import server.hub
-from server.hub import SessionStore
-from server.session import Session
+import wschat.server.hub
+from wschat.server.hub import SessionStore
+from wschat.server.session import Session
 
 
 class FakeSession:
@@ -38,7 +37,7 @@ def test_a_session_past_its_window_cannot_be_claimed_and_expires(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr(server.hub.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(wschat.server.hub.time, "monotonic", lambda: now[0])
     store = SessionStore(resume_window_s=10.0)
     token = detached(store, "s")
     now[0] += 10.0

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any, cast
 
 import pytest
-
-from protocol import Done, FinishReason, Timing, Usage
-from server.run import GenerationRun
-from server.stats import ServerStats
+from wschat.protocol import Done, FinishReason, Timing, Usage
+from wschat.server.run import GenerationRun
+from wschat.server.stats import ServerStats
 
 RUN = cast(GenerationRun, object())  # ServerStats only hands the run on to its listeners
 
