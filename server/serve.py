@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from typing import Any
 
 import uvicorn
 
@@ -53,7 +54,8 @@ def _build_engine(settings: Settings) -> Engine:
     loaded = load_model(
         settings.model, cache_dir=settings.cache_dir, device=settings.device, dtype=settings.dtype
     )
-    common: dict[str, int] = {
+    common: dict[str, Any] = {
+        "prompt_format": settings.prompt_format,
         "context_tokens": settings.context_tokens,
         "max_images": settings.max_images,
         "kv_budget_tokens": settings.kv_budget_tokens,
@@ -74,12 +76,13 @@ def _build_engine(settings: Settings) -> Engine:
         engine = HFEngine(loaded, **common)
     info = engine.info
     log.info(
-        "engine %s: %s on %s (%s), %d generations at once",
+        "engine %s: %s on %s (%s), %d generations at once, prompt format %s",
         info.name,
         info.model,
         info.device,
         info.dtype,
         settings.max_concurrent,
+        info.prompt_format,
     )
     return engine
 
