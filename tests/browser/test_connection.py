@@ -8,11 +8,11 @@ import pytest
 from playwright.async_api import expect
 from wschat.server.engine.scripted import ScriptedEngine
 
+from tests.proxy import cuttable_proxy
 from tests.support import running_server
 
 from .chat import ChatPage
 from .conftest import NewPage, http_base, in_turn, words
-from .proxy import cuttable_proxy
 
 pytestmark = pytest.mark.browser
 

@@ -76,6 +76,13 @@ async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_pat
         assert returncode == 0, log.read_text()
         text = log.read_text()
         assert "loaded" in text.lower()
+        # listening is not ready: the log says so until the model is in
+        listening = text.index("Uvicorn running on")
+        assert (
+            listening
+            < text.index("not ready yet: loading the model")
+            < text.index("ready: accepting chats")
+        )
     finally:
         if server.poll() is None:
             server.kill()
