@@ -24,7 +24,13 @@ from .api import Chat
 from .errors import ChatError, ClientError, ConnectionClosedError
 from .opening import connect
 from .reply import Reply
-from .status import STOPPING_NOTICE, ExitStatus, error_line, exit_status
+from .status import (
+    STOPPING_NOTICE,
+    ExitStatus,
+    error_line,
+    exit_status,
+    waiting_notice,
+)
 
 HELP = """\
 commands:
@@ -215,6 +221,7 @@ async def chat_session(
     timeout: float | None = 60.0,
     system: str | None = None,
     params: dict[str, Any] | None = None,
+    load_wait: float = 0.0,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
@@ -222,8 +229,16 @@ async def chat_session(
         print(f"[the server is shutting down in {frame.in_ms} ms]", file=err, flush=True)
 
     loop = asyncio.get_running_loop()
+    opening = connect(
+        url,
+        token=token,
+        timeout=timeout,
+        on_goaway=on_goaway,
+        load_wait=load_wait,
+        on_loading=waiting_notice(load_wait, err),
+    )
     try:
-        async with connect(url, token=token, timeout=timeout, on_goaway=on_goaway) as chat:
+        async with opening as chat:
             print(
                 f"connected to {chat.model} at {url}; /help lists the commands",
                 file=err,

@@ -1,12 +1,15 @@
-"""Exit statuses of the ``wschat`` command and the one format its errors are printed in."""
+"""Exit statuses of the ``wschat`` command, the one format its errors are printed in, and its
+notices about how a reply ended."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import IntEnum
+from typing import TextIO
 
 from wschat.protocol import Done, FinishReason
 
-from .errors import ChatError, ConnectError, ConnectionClosedError
+from .errors import ChatError, ConnectError, ConnectionClosedError, ModelLoadingError
 
 
 class ExitStatus(IntEnum):
@@ -25,7 +28,10 @@ EXIT_STATUS_HELP = "\n".join(
         (ExitStatus.OK, "the reply was printed"),
         (ExitStatus.UNEXPECTED, "unexpected failure"),
         (ExitStatus.USAGE, "usage error (bad arguments, unreadable image)"),
-        (ExitStatus.CONNECTION, "connection failed, was refused, was lost or timed out"),
+        (
+            ExitStatus.CONNECTION,
+            "connection failed, refused, lost or timed out; or the model loading past --wait",
+        ),
         (ExitStatus.REFUSED, "the server refused the request (an error frame: busy, ...)"),
         (ExitStatus.GENERATION_FAILED, "the reply ended with reason error"),
         (ExitStatus.INTERRUPTED, "Ctrl-C stopped the reply (ask)"),
@@ -37,6 +43,8 @@ def error_line(error: BaseException) -> str:
     """``error: <code>: <message>``, the one format every failure is reported in."""
     if isinstance(error, ChatError):
         return f"error: {error.code.value}: {error.message}"
+    if isinstance(error, ModelLoadingError):
+        return f"error: connect: {error.message} (wait for it with --wait SECONDS)"
     if isinstance(error, ConnectError):
         return f"error: connect: {error.message}"
     if isinstance(error, ConnectionClosedError):
@@ -56,3 +64,9 @@ def exit_status(error: BaseException, done: Done | None = None) -> ExitStatus:
 
 
 STOPPING_NOTICE = "[stopping: Ctrl-C again to leave without waiting]"
+WAITING_NOTICE = "waiting for the model to load (up to {seconds:g} s)..."
+
+
+def waiting_notice(seconds: float, err: TextIO) -> Callable[[], None]:
+    """``connect``'s ``on_loading``: one line on stderr as the wait for a loading model begins."""
+    return lambda: print(WAITING_NOTICE.format(seconds=seconds), file=err, flush=True)
