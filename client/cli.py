@@ -28,6 +28,7 @@ from .status import (
     ExitStatus,
     error_line,
     exit_status,
+    length_notice,
     waiting_notice,
 )
 
@@ -110,6 +111,9 @@ async def ask(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = 
             if reply.done.reason is FinishReason.CANCELLED:
                 print("[stopped]", file=err)
                 return ExitStatus.INTERRUPTED
+            if reply.done.reason is FinishReason.LENGTH:
+                print(length_notice(reply.done, chat.limits), file=err)
+                return ExitStatus.CUT
             return ExitStatus.OK
     except (ClientError, TimeoutError, OSError) as error:
         if reply is not None and reply.tokens:
@@ -149,7 +153,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help="bearer token for a server started with tokens (env WSCHAT_TOKEN)",
     )
     parser.add_argument("--system", help="system prompt for the conversation")
-    parser.add_argument("--max-new-tokens", type=int, help="cap on generated tokens per reply")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="cap on generated tokens per reply (default: the server's); a reply cut there "
+        "is followed by a notice on stderr",
+    )
     parser.add_argument("--temperature", type=float, help="0 (greedy, the default) to 2")
     parser.add_argument(
         "--timeout",

@@ -2,7 +2,8 @@
 
 Each reply streams to stdout piece by piece. Ctrl-C while a reply streams sends ``cancel`` and
 prints ``[stopped]`` once its ``done`` arrives; a second Ctrl-C before then, Ctrl-C at the prompt
-and end of input leave with status 0. Notices and errors go to stderr.
+and end of input leave with status 0. A reply cut at the length limit is followed by a notice
+and the chat goes on. Notices and errors go to stderr.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .status import (
     ExitStatus,
     error_line,
     exit_status,
+    length_notice,
     waiting_notice,
 )
 
@@ -175,8 +177,10 @@ class Repl:
         assert reply.done is not None
         if reply.done.reason is FinishReason.CANCELLED:
             self._write(("\n" if wrote else "") + "[stopped]\n")
-        else:
-            self._write("\n")
+            return True
+        self._write("\n")
+        if reply.done.reason is FinishReason.LENGTH:
+            self._notice(length_notice(reply.done, self.chat.limits))
         return True
 
     async def _reset(self, rest: str) -> None:

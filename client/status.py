@@ -7,7 +7,7 @@ from collections.abc import Callable
 from enum import IntEnum
 from typing import TextIO
 
-from wschat.protocol import Done, FinishReason
+from wschat.protocol import Done, FinishReason, Limits
 
 from .errors import ChatError, ConnectError, ConnectionClosedError, ModelLoadingError
 
@@ -19,13 +19,14 @@ class ExitStatus(IntEnum):
     CONNECTION = 3  # could not connect, refused handshake, connection lost, timed out
     REFUSED = 4  # the server (or the same check made locally) refused the request
     GENERATION_FAILED = 5  # the reply ended with reason "error"
+    CUT = 6  # the reply of ``ask`` ended with reason "length": printed, but not whole
     INTERRUPTED = 130  # Ctrl-C stopped the reply of ``ask``
 
 
 EXIT_STATUS_HELP = "\n".join(
     f"  {status.value:<4} {text}"
     for status, text in (
-        (ExitStatus.OK, "the reply was printed"),
+        (ExitStatus.OK, "the reply was printed and ended on its own"),
         (ExitStatus.UNEXPECTED, "unexpected failure"),
         (ExitStatus.USAGE, "usage error (bad arguments, unreadable image)"),
         (
@@ -34,6 +35,7 @@ EXIT_STATUS_HELP = "\n".join(
         ),
         (ExitStatus.REFUSED, "the server refused the request (an error frame: busy, ...)"),
         (ExitStatus.GENERATION_FAILED, "the reply ended with reason error"),
+        (ExitStatus.CUT, "the reply was printed but cut at the length limit (ask)"),
         (ExitStatus.INTERRUPTED, "Ctrl-C stopped the reply (ask)"),
     )
 )
@@ -70,3 +72,11 @@ WAITING_NOTICE = "waiting for the model to load (up to {seconds:g} s)..."
 def waiting_notice(seconds: float, err: TextIO) -> Callable[[], None]:
     """``connect``'s ``on_loading``: one line on stderr as the wait for a loading model begins."""
     return lambda: print(WAITING_NOTICE.format(seconds=seconds), file=err, flush=True)
+
+
+def length_notice(done: Done, limits: Limits) -> str:
+    """What cut a reply that ended with reason ``length``, and what would let it go on."""
+    usage, context = done.usage, limits.context_tokens
+    if usage.prompt_tokens + usage.completion_tokens >= context:
+        return f"[reply cut: the conversation filled the model's {context}-token context]"
+    return f"[reply cut at the {usage.completion_tokens}-token limit: raise --max-new-tokens]"

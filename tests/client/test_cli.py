@@ -132,7 +132,7 @@ async def test_ask_passes_max_new_tokens_and_system_to_the_server() -> None:
         status, out, err = await run_cli(
             "ask", "--url", url, "--max-new-tokens", "3", "--system", "Be terse.", "hi"
         )
-    assert (status, out) == (0, " w0 w1 w2\n"), err
+    assert (status, out) == (6, " w0 w1 w2\n"), err  # 6: cut at the limit it was given
     request: GenerationRequest = engine.requests[-1]
     assert request.params.max_new_tokens == 3
     assert is_sublist(engine.tokenize_text("Be terse."), request.prompt_ids)
@@ -141,8 +141,8 @@ async def test_ask_passes_max_new_tokens_and_system_to_the_server() -> None:
 async def test_ask_takes_the_url_from_wschat_url() -> None:
     async with running_server(ScriptedEngine()) as url:
         env = cli_env(WSCHAT_URL=url)
-        status, out, _ = await run_cli("ask", "--max-new-tokens", "2", "hi", env=env)
-    assert (status, out) == (0, " w0 w1\n")
+        status, out, _ = await run_cli("ask", "hi", env=env)
+    assert (status, out) == (0, W8 + "\n")
 
 
 async def test_ask_with_stats_prints_time_to_first_token_and_rate_to_stderr() -> None:
@@ -224,6 +224,13 @@ async def test_second_ctrl_c_leaves_when_the_reply_does_not_stop(command: str, s
             assert process.process.stdout is not None
             assert " b" not in process.output + (await process.process.stdout.read()).decode()
         engine.unstall()
+
+
+async def test_ask_cut_at_the_token_limit_prints_the_reply_then_a_notice_and_exits_6() -> None:
+    async with running_server(ScriptedEngine()) as url:
+        status, out, err = await run_cli("ask", "--url", url, "--max-new-tokens", "3", "hi")
+    notice = "[reply cut at the 3-token limit: raise --max-new-tokens]\n"
+    assert (status, out, err) == (6, " w0 w1 w2\n", notice)
 
 
 # -- a server still loading its model, a full server ------------------------------------------
@@ -326,6 +333,24 @@ async def test_chat_given_the_url_twice_is_a_usage_error() -> None:
     status, out, err = await run_cli("chat", "ws://a.test/v1/chat", "--url", "ws://b.test/v1/chat")
     assert (status, out) == (2, "")
     assert err.endswith("error: give the server URL once, as --url URL\n")
+
+
+async def test_chat_notes_a_reply_cut_at_the_limit_and_goes_on() -> None:
+    notice = "[reply cut at the 2-token limit: raise --max-new-tokens]\n"
+    async with (
+        running_server(ScriptedEngine()) as url,
+        cli("chat", "--url", url, "--max-new-tokens", "2") as chat,
+    ):
+        assert (await chat.stderr_line()).startswith("connected to scripted")
+        for text in ("hello", "again"):
+            await chat.send(text)
+            assert await chat.read_until("\n") == " w0 w1\n"
+            assert await chat.stderr_line() == notice
+        await chat.send("/quit")
+        assert await chat.exit_status() == 0
+
+
+# -- wschat chat ---------------------------------------------------------------------------
 
 
 async def test_chat_streams_replies_resets_and_ctrl_c_stops_a_reply_then_quits() -> None:

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.real_model
 
 START_TIMEOUT = 600.0  # the first start converts the GGUF (about a minute on 2 cores)
 ASK_TIMEOUT = 120.0
+CUT_NOTICE = "[reply cut at the 24-token limit: raise --max-new-tokens]\n"
 
 
 def command(script: str, module: str) -> list[str]:
@@ -63,7 +64,8 @@ async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_pat
     try:
         await wait_ready(server, port, log, START_TIMEOUT)
         status, out, err = await ask("--max-new-tokens", "24", "The capital of France is", env=env)
-        assert status == 0, err
+        assert status in (0, 6), err  # 6: printed, but cut at the limit, and the notice says so
+        assert err == ("" if status == 0 else CUT_NOTICE)
         assert out.strip(), "the reply was empty"
         image = tmp_path / "red.png"
         image.write_bytes(png())
