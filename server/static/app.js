@@ -126,9 +126,10 @@ function onClose(event, opened) {
     return;
   }
   if (event.code === 1013) return tryAgainLater(event.reason);
+  const closed = event.reason ? `The server closed the connection: ${event.reason}.` : "The server closed the connection.";
   const why = {
     1001: "The server is shutting down or restarting.",
-  }[event.code] || (hadSession ? "The connection to the server was lost." : "The server closed the connection.");
+  }[event.code] || (hadSession ? "The connection to the server was lost." : closed);
   retryLater(why);
 }
 

@@ -89,6 +89,21 @@ async def test_a_loading_model_is_shown_as_such_and_the_page_connects_once_it_is
         await expect(chat.text(reply)).to_have_text(" w0 w1")
 
 
+async def test_a_model_that_failed_to_load_is_shown_with_the_servers_reason(
+    new_page: NewPage,
+) -> None:
+    def fail_to_load() -> ScriptedEngine:
+        raise RuntimeError("no weights here")
+
+    async with running_server(fail_to_load) as url:
+        chat = ChatPage(await new_page(), http_base(url))
+        await chat.page.goto(chat.base + "/")
+        await expect(chat.notices).to_contain_text(
+            "The server closed the connection: the model failed to load (see the server's log)."
+        )
+        await expect(chat.conn).to_have_attribute("data-state", "disconnected")
+
+
 async def test_a_full_server_shows_its_close_reason_and_the_page_retries(
     new_page: NewPage,
 ) -> None:

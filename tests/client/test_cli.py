@@ -278,6 +278,17 @@ async def test_ask_on_a_full_server_exits_3_at_once_without_waiting() -> None:
     assert (status, out, err) == (3, "", f"error: connect: {full}\n")
 
 
+async def test_ask_on_a_model_that_failed_to_load_exits_3_without_waiting_it_out() -> None:
+    def fail_to_load() -> ScriptedEngine:
+        raise RuntimeError("no weights here")
+
+    async with running_server(fail_to_load) as url:
+        status, out, err = await run_cli("ask", "--url", url, "--wait", "30", "hello")
+    failed = "the server closed the connection (code 1011): the model failed to load"
+    assert (status, out) == (3, "")
+    assert err.endswith(f"error: connect: {failed} (see the server's log)\n"), err
+
+
 async def test_chat_waits_for_a_loading_model_then_chats() -> None:
     async with (
         loading_server(ScriptedEngine()) as (url, load),
@@ -321,7 +332,7 @@ def test_help_of_ask_and_chat_names_url_wait_and_every_exit_status(
         build_parser().parse_args([command, "--help"])
     text = capsys.readouterr().out
     assert exited.value.code == 0
-    for option in ("--url URL", "WSCHAT_URL", "--wait SECONDS", "WSCHAT_WAIT, default 180"):
+    for option in ("--url URL", "WSCHAT_URL", "--wait SECONDS", "WSCHAT_WAIT, default 600"):
         assert option in " ".join(text.split()), option
     assert [line.split()[0] for line in text.split("exit statuses:\n")[1].splitlines()] == [
         str(status.value) for status in ExitStatus

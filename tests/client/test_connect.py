@@ -16,6 +16,7 @@ from websockets.http11 import Request, Response
 from wschat.client import Chat, ConnectError, ConnectionClosedError, ModelLoadingError, connect
 from wschat.client.opening import loading_retry_delays
 from wschat.protocol import MODEL_LOADING_REASON, Capabilities, Limits, Ready, encode
+from wschat.server.app import MODEL_FAILED_REASON
 from wschat.server.engine.scripted import ScriptedEngine
 
 from tests.client.engines import WAIT, slow_engine
@@ -114,6 +115,17 @@ async def test_connect_does_not_wait_for_a_full_server() -> None:
         1013,
         "the server is full (1 connections)",
     )
+
+
+async def test_connect_stops_waiting_once_the_model_failed_to_load() -> None:
+    def fail_to_load() -> ScriptedEngine:
+        raise RuntimeError("no weights here")
+
+    async with running_server(fail_to_load) as url:
+        with pytest.raises(ConnectError) as refused:
+            await connect(url, timeout=WAIT, load_wait=WAIT)  # a refusal as loading, at most
+    assert type(refused.value) is ConnectError
+    assert (refused.value.close_code, refused.value.close_reason) == (1011, MODEL_FAILED_REASON)
 
 
 def test_loading_retry_delays_double_from_a_quarter_second_up_to_two() -> None:
