@@ -33,9 +33,9 @@ from .status import (
 )
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/chat"
-# A first start converts the embedded model: about a minute on 2 idle cores, 290 s measured on 2
-# busy ones. Only a loading server is waited for (a failed load closes 1011), so a long bound
-# costs nothing when something is wrong.
+# A first start converts the embedded model: about a minute on 2 idle cores, 290 s and 393 s
+# measured on 2 busy ones. Only a loading server is waited for (a failed load closes 1011), so a
+# long bound costs nothing when something is wrong.
 DEFAULT_WAIT_S = 600.0
 
 

@@ -102,7 +102,7 @@ def embedded_model_dir(cache_dir: Path | None = None) -> Path:
 
 def _convert_embedded(target: Path) -> None:
     log.info("first start: converting the embedded Gemma 3 270M GGUF (about a minute)...")
-    with Ticker(log, "assembling the GGUF") as ticker:  # no step may be silent for over 10 s
+    with Ticker(log, "assembling the GGUF") as ticker:  # no step is silent for 10 s
         _convert_steps(target, ticker)
 
 

@@ -8,7 +8,9 @@ import threading
 import time
 from types import TracebackType
 
-TICK_INTERVAL_S = 10.0
+# Below the promised 10 s: on a busy machine a tick came up to 2 s late (11.7 s between two ticks
+# with a 10 s interval, 10.0 s with 8 s on a fixed schedule).
+TICK_INTERVAL_S = 6.0
 
 
 class Ticker:
@@ -27,8 +29,11 @@ class Ticker:
         self.thread = threading.Thread(target=self._tick, name="wschat-ticker", daemon=True)
 
     def _tick(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.log.info("  ... %s (%.0f s)", self.step, time.perf_counter() - self.started)
+        due = self.started + self.interval_s  # on a fixed schedule: a late tick does not drift
+        while not self._stop.wait(max(0.0, due - time.perf_counter())):
+            now = time.perf_counter()
+            self.log.info("  ... %s (%.0f s)", self.step, now - self.started)
+            due = max(due + self.interval_s, now + self.interval_s / 2)
 
     def __enter__(self) -> Ticker:
         self.started = time.perf_counter()
