@@ -18,9 +18,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
-from wschat.protocol import SUBPROTOCOL, CloseCode
 
-from .access import admit
+from .admission import serve_admitted
 from .connection import Connection
 from .engine import Engine
 from .hub import Hub
@@ -55,25 +54,7 @@ async def readyz(request: Request) -> Response:
 
 async def chat(websocket: WebSocket) -> None:
     hub: Hub = websocket.app.state.hub
-    if not await admit(websocket, hub.settings):
-        return
-    offered = websocket.scope.get("subprotocols", [])
-    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-    if hub.engine is None:
-        await websocket.close(CloseCode.TRY_AGAIN_LATER, "the model is still loading")
-        return
-    if hub.shutting_down:
-        await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
-        return
-    client = websocket.client.host if websocket.client else "unknown"
-    full = hub.caps.acquire(client)
-    if full is not None:
-        await websocket.close(CloseCode.TRY_AGAIN_LATER, full)
-        return
-    try:
-        await _serve_session(websocket, hub)
-    finally:
-        hub.caps.release(client)
+    await serve_admitted(websocket, hub, lambda: _serve_session(websocket, hub), needs_engine=True)
 
 
 async def _serve_session(websocket: WebSocket, hub: Hub) -> None:

@@ -51,7 +51,10 @@ async def drain(hub: Hub, grace_s: float) -> None:
             log.info("shutting down: cancelling %d generations past the grace period", len(late))
     # each connection on its own again: one whose done frame cannot be sent holds up only its
     # own close (until the deadline in GracefulServer)
-    await asyncio.gather(*(_end(c) for c in connections))
+    await asyncio.gather(
+        *(_end(c) for c in connections),
+        hub.stats_feed.close_all(CloseCode.GOING_AWAY, "server shutting down"),
+    )
     for notice in notices:
         notice.cancel()
 
