@@ -20,9 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
-from wschat.protocol import MODEL_LOADING_REASON, SUBPROTOCOL, CloseCode
 
-from .access import admit
+from .admission import serve_admitted
 from .connection import Connection
 from .engine import Engine
 from .hub import Hub
@@ -32,7 +31,6 @@ from .web import web_routes
 log = logging.getLogger("wschat.app")
 
 EngineFactory = Callable[[], Engine]
-MODEL_FAILED_REASON = "the model failed to load (see the server's log)"
 
 
 async def healthz(request: Request) -> Response:
@@ -58,28 +56,7 @@ async def readyz(request: Request) -> Response:
 
 async def chat(websocket: WebSocket) -> None:
     hub: Hub = websocket.app.state.hub
-    if not await admit(websocket, hub.settings):
-        return
-    offered = websocket.scope.get("subprotocols", [])
-    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-    if hub.engine is None and websocket.app.state.load_error is not None:
-        await websocket.close(CloseCode.INTERNAL_ERROR, MODEL_FAILED_REASON)  # waiting is no use
-        return
-    if hub.engine is None:
-        await websocket.close(CloseCode.TRY_AGAIN_LATER, MODEL_LOADING_REASON)
-        return
-    if hub.shutting_down:
-        await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
-        return
-    client = websocket.client.host if websocket.client else "unknown"
-    full = hub.caps.acquire(client)
-    if full is not None:
-        await websocket.close(CloseCode.TRY_AGAIN_LATER, full)
-        return
-    try:
-        await _serve_session(websocket, hub)
-    finally:
-        hub.caps.release(client)
+    await serve_admitted(websocket, hub, lambda: _serve_session(websocket, hub), needs_engine=True)
 
 
 async def _serve_session(websocket: WebSocket, hub: Hub) -> None:

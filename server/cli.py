@@ -83,6 +83,17 @@ _OPTIONS: list[tuple[str, type, str]] = [
     ("idle_timeout_s", float, "close a connection with no frames and no generation this long"),
     ("ping_interval_s", float, "WebSocket keepalive ping interval (0: off)"),
     ("stall_timeout_s", float, "cancel a generation that makes no progress this long"),
+    (
+        "send_timeout_s",
+        float,
+        "drop a connection whose send buffer stays full this long (its generation is cancelled)",
+    ),
+    ("handshake_timeout_s", float, "drop a connection whose HTTP request is not whole by then"),
+    (
+        "max_pending_handshakes",
+        int,
+        "connections still sending their HTTP request, at once (more are dropped at once)",
+    ),
     ("shutdown_grace_s", float, "on SIGTERM, how long running replies may take to finish"),
     ("resume_window_s", float, "how long a dropped session can be resumed"),
     ("log_level", str, "debug, info, warning or error"),

@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import MutableMapping
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from wschat.protocol import (
@@ -72,22 +74,31 @@ class Connection:
         session.send = self.send
         await self.send(self._ready(session, resume_token))
         try:
-            while not self.closed:
-                message = await self._receive_or_idle()
-                if message is None or message["type"] == "websocket.disconnect":
-                    break
-                self.last_frame_at = time.monotonic()
-                if not self.rate.allow(self.last_frame_at):
-                    await self._flooded()
-                    break
-                await self._dispatch(message.get("bytes"), message.get("text"))
+            while not self.closed and await self._handle_next():
+                pass
         except WebSocketDisconnect:
             pass
         finally:
             self.closed = True
             await session.stop_generation()
 
-    async def _receive_or_idle(self) -> dict | None:
+    async def _handle_next(self) -> bool:
+        """Receive and handle one message; False once the connection is over. The message's
+        bytes are let go once decoded, before anything is awaited: held across a send or the
+        next receive, they would pin up to twice max_frame_bytes per connection."""
+        message = await self._receive_or_idle()
+        if message is None or message["type"] == "websocket.disconnect":
+            return False
+        self.last_frame_at = time.monotonic()
+        if not self.rate.allow(self.last_frame_at):
+            await self._flooded()
+            return False
+        decoded = self._decode(message.get("bytes"))
+        del message
+        await self._dispatch(decoded)
+        return True
+
+    async def _receive_or_idle(self) -> MutableMapping[str, Any] | None:
         """The next message; None once the connection was idle for ``idle_timeout_s`` (then it
         is closed). A running or queued generation is not idle, nor is the time it ran."""
         limit = self.hub.settings.idle_timeout_s
@@ -119,12 +130,23 @@ class Connection:
             with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
                 await self.ws.close(code, reason)
 
-    async def _dispatch(self, data: bytes | None, text: str | None) -> None:
-        frame: ClientFrame | None = None
+    def _decode(self, data: bytes | None) -> ClientFrame | Exception:
+        """The frame, or what was wrong with the bytes (``_dispatch`` reports it)."""
         try:
             if data is None:
                 raise BadFrame("text messages are not frames: send msgpack as binary")
-            frame = decode_client_frame(data, self.limits)
+            return decode_client_frame(data, self.limits)
+        except ProtocolError as error:
+            return error.with_traceback(None)  # its frames would hold on to the bytes
+        except Exception as error:
+            return error  # a bug: where it happened goes to the log
+
+    async def _dispatch(self, decoded: ClientFrame | Exception) -> None:
+        frame: ClientFrame | None = None
+        try:
+            if isinstance(decoded, Exception):
+                raise decoded
+            frame = decoded
             await self.session.handle(frame)
         except ProtocolError as e:
             # PROTOCOL.md "Errors": the id of the frame that caused it (e.g. a prompt's overloaded)

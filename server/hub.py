@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from .caps import ConnectionCaps
 from .engine import Engine
+from .live import StatsFeed
 from .scheduler import GenerationSlots
 from .session import Session
 from .settings import Settings
@@ -83,6 +84,7 @@ class Hub:
     sessions: SessionStore = field(init=False)
     stats: ServerStats = field(init=False)
     caps: ConnectionCaps = field(init=False)
+    stats_feed: StatsFeed = field(init=False)
     connections: set[Connection] = field(default_factory=set)
     shutting_down: bool = False
 
@@ -93,6 +95,7 @@ class Hub:
         self.caps = ConnectionCaps(
             self.settings.max_connections, self.settings.max_connections_per_client
         )
+        self.stats_feed = StatsFeed(self)
 
     def set_engine(self, engine: Engine) -> None:
         self.engine = engine

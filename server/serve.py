@@ -13,7 +13,8 @@ import uvicorn
 from .app import EngineFactory, build_app
 from .engine import Engine
 from .settings import Settings
-from .shutdown import GracefulServer
+from .shutdown import CLOSE_S, GracefulServer
+from .transport import http_protocol, raise_descriptor_limit, websocket_protocol
 
 log = logging.getLogger("wschat.serve")
 
@@ -125,11 +126,18 @@ def uvicorn_config(settings: Settings, app: object) -> uvicorn.Config:
         app,
         host=settings.host,
         port=settings.port,
-        ws="websockets-sansio",
+        http=http_protocol(settings),
+        ws=websocket_protocol(settings),
         # Frames over max_frame_bytes get a too_large error; far over it, uvicorn closes 1009.
         ws_max_size=2 * settings.max_frame_bytes,
+        # No permessage-deflate: with it, one 256 kB read can inflate into dozens of messages
+        # near ws_max_size at once; our frames are small and msgpack (README "Security and
+        # limits" has the measurement).
+        ws_per_message_deflate=False,
         ws_ping_interval=settings.ping_interval_s or None,
         ws_ping_timeout=settings.ping_interval_s or None,
+        # what is still open once the drain is over (or its deadline passed) is not waited for
+        timeout_graceful_shutdown=CLOSE_S,
         log_level=settings.log_level,
         access_log=False,
         lifespan="on",
@@ -158,5 +166,6 @@ def serve(settings: Settings, engine: Engine | EngineFactory | None = None) -> i
     config = uvicorn_config(settings, app)
     server = ChatServer(config, app.state.hub, settings.shutdown_grace_s)
     install_log_filters()  # after Config, which (re)configures uvicorn's loggers
+    raise_descriptor_limit(settings)
     server.run()
     return 0

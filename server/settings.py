@@ -41,6 +41,12 @@ class Settings:
     idle_timeout_s: float = 600.0
     ping_interval_s: float = 20.0
     stall_timeout_s: float = 120.0
+    # a connection whose send buffer stays full this long (the peer stopped reading) is dropped
+    send_timeout_s: float = 30.0
+    # an HTTP request (a handshake included) must arrive whole within this, and at most
+    # max_pending_handshakes may be arriving at once (max_connections_per_client per address)
+    handshake_timeout_s: float = 10.0
+    max_pending_handshakes: int = 256
     shutdown_grace_s: float = 10.0
     resume_window_s: float = 120.0
     tokens: tuple[str, ...] = ()

@@ -2,7 +2,8 @@
 generations already running, ``done`` reason ``cancelled`` for the rest, then close 1001.
 
 ``GracefulServer`` runs ``drain`` on the first SIGTERM/SIGINT and lets uvicorn exit when it is
-over; a second signal exits at once.
+over; a second signal exits at once. No peer can hold the exit up: the drain has a hard deadline
+of the grace period plus ``CLOSE_S``, after which the connections still open are dropped.
 """
 
 from __future__ import annotations
@@ -10,17 +11,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvicorn
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from wschat.protocol import CloseCode, GoAway
 
 from .hub import Hub
+from .transport import handle_loop_exception
+
+if TYPE_CHECKING:
+    from .connection import Connection
 
 log = logging.getLogger("wschat.shutdown")
 
 SHUTTING_DOWN = "the server is shutting down"
+# after the grace period: time for the last done frames and close handshakes
+CLOSE_S = 5
 
 
 async def drain(hub: Hub, grace_s: float) -> None:
@@ -28,7 +38,8 @@ async def drain(hub: Hub, grace_s: float) -> None:
     hub.slots.closed_reason = SHUTTING_DOWN
     connections = list(hub.connections)
     log.info("shutting down: %d connections, %.1f s grace", len(connections), grace_s)
-    await asyncio.gather(*(c.send(GoAway(int(grace_s * 1000))) for c in connections))
+    # each goaway on its own: a peer that does not read delays no one else's grace period
+    notices = [asyncio.create_task(c.send(GoAway(int(grace_s * 1000)))) for c in connections]
     sessions = [c.session for c in connections if getattr(c, "session", None)]
     for session in sessions:
         if session.run is not None and session.run.started_at is None:
@@ -38,10 +49,21 @@ async def drain(hub: Hub, grace_s: float) -> None:
         _, late = await asyncio.wait(running, timeout=grace_s)
         if late:
             log.info("shutting down: cancelling %d generations past the grace period", len(late))
-    await asyncio.gather(*(s.stop_generation() for s in sessions))
+    # each connection on its own again: one whose done frame cannot be sent holds up only its
+    # own close (until the deadline in GracefulServer)
     await asyncio.gather(
-        *(c.close(CloseCode.GOING_AWAY, "server shutting down") for c in connections)
+        *(_end(c) for c in connections),
+        hub.stats_feed.close_all(CloseCode.GOING_AWAY, "server shutting down"),
     )
+    for notice in notices:
+        notice.cancel()
+
+
+async def _end(connection: Connection) -> None:
+    session = getattr(connection, "session", None)
+    if session is not None:
+        await session.stop_generation()
+    await connection.close(CloseCode.GOING_AWAY, "server shutting down")
 
 
 def session_task(session: object) -> asyncio.Task[None] | None:
@@ -58,8 +80,9 @@ class GracefulServer(uvicorn.Server):
         self._drain: asyncio.Task[None] | None = None
         self.shutdown_started_at: float | None = None
 
-    async def serve(self, sockets: list | None = None) -> None:
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop.set_exception_handler(handle_loop_exception)
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
@@ -77,8 +100,21 @@ class GracefulServer(uvicorn.Server):
 
     async def _drain_then_exit(self) -> None:
         try:
-            await drain(self.hub, self.grace_s)
+            async with asyncio.timeout(self.grace_s + CLOSE_S):
+                await drain(self.hub, self.grace_s)
+        except TimeoutError:
+            self._drop_websockets()
         except Exception:
             log.exception("draining connections failed")
         finally:
             self.should_exit = True
+
+    def _drop_websockets(self) -> None:
+        stuck = [
+            c
+            for c in self.server_state.connections
+            if isinstance(c, WebSocketsSansIOProtocol) and not c.disconnected
+        ]
+        log.warning("shutting down: dropping %d connections that did not close in time", len(stuck))
+        for connection in stuck:
+            connection.transport.abort()

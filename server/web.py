@@ -8,8 +8,6 @@ same token and Origin rules as the chat socket (PROTOCOL.md "Authentication").
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -18,17 +16,15 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
-from starlette.websockets import WebSocket, WebSocketDisconnect
-from wschat.protocol import SUBPROTOCOL, CloseCode, encode
+from starlette.websockets import WebSocket
 
-from .access import admit, http_refusal
+from .access import http_refusal
+from .admission import serve_admitted
 from .hub import Hub
-from .live import snapshot
 from .metrics import CONTENT_TYPE, Metrics
 
 STATIC_DIR = Path(__file__).with_name("static")
 MSGPACK_MODULE = Path(wschat.protocol.__file__).with_name("msgpack.mjs")
-STATS_INTERVAL_S = 1.0
 
 # The pages load only their own files and talk only to their own origin.
 PAGE_HEADERS = {
@@ -58,11 +54,10 @@ def web_routes(hub: Hub) -> list[BaseRoute]:
         return JSONResponse({"ok": True, "tokens": bool(hub.settings.tokens)})
 
     async def stats_socket(websocket: WebSocket) -> None:
-        if not await admit(websocket, hub.settings):
-            return
-        offered = websocket.scope.get("subprotocols", [])
-        await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-        await _stream_stats(websocket, hub)
+        # a stats socket is a connection like a chat: the same caps count it
+        await serve_admitted(
+            websocket, hub, lambda: hub.stats_feed.serve(websocket), needs_engine=False
+        )
 
     return [
         Route("/", _page("index.html")),
@@ -86,34 +81,3 @@ def _page(name: str) -> Callable[[Request], Awaitable[Response]]:
 
 async def _msgpack_module(request: Request) -> Response:
     return FileResponse(MSGPACK_MODULE, media_type="text/javascript; charset=utf-8")
-
-
-async def _stream_stats(websocket: WebSocket, hub: Hub) -> None:
-    """One ``stats`` frame at once, then one a second until the peer leaves or we shut down."""
-    gone = asyncio.Event()  # set by the reader when the peer disconnects
-
-    async def read_until_gone() -> None:
-        try:
-            while (await websocket.receive())["type"] != "websocket.disconnect":
-                pass  # the stats socket reads nothing; it only notices the peer leaving
-        except (WebSocketDisconnect, RuntimeError):
-            pass
-        finally:
-            gone.set()
-
-    reader = asyncio.create_task(read_until_gone())
-    try:
-        while not gone.is_set():
-            if hub.shutting_down:
-                await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
-                break
-            await websocket.send_bytes(encode(snapshot(hub)))
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(STATS_INTERVAL_S):
-                    await gone.wait()
-    except (WebSocketDisconnect, RuntimeError, OSError):
-        pass
-    finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader

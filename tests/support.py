@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import subprocess
+import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +18,20 @@ import msgpack
 import uvicorn
 import websockets
 from websockets.asyncio.client import ClientConnection
+from websockets.client import ClientProtocol
+from websockets.extensions.permessage_deflate import ClientPerMessageDeflateFactory
+from websockets.frames import Frame, Opcode
+from websockets.http11 import Response
+from websockets.typing import Subprotocol
+from websockets.uri import parse_uri
+from wschat.protocol import Stats, decode_server_frame
 from wschat.server.app import EngineFactory, build_app
 from wschat.server.engine import Engine, Finished, Generation, TokenPiece
 from wschat.server.serve import install_log_filters, uvicorn_config
 from wschat.server.settings import Settings
 
 TIMEOUT = 30.0
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.asynccontextmanager
@@ -124,6 +134,109 @@ async def raw_peer(url: str, **kwargs: Any) -> AsyncIterator[tuple[RawPeer, dict
             await ws.close()
 
 
+class ZombiePeer:
+    """A WebSocket client over a plain socket that can stop reading for good: nothing reads
+    behind its back (a websockets client keeps draining the socket into its own queue), so what
+    the server sends piles up in the socket buffers, then in the server."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ws: ClientProtocol
+    ) -> None:
+        self.reader, self.writer, self.ws = reader, writer, ws
+        self._events: list[Frame | Response] = []
+
+    async def send(self, frame: dict[str, Any]) -> None:
+        self.ws.send_binary(msgpack.packb(frame, use_bin_type=True))
+        await self._flush()
+
+    async def ping(self, payload: bytes) -> None:
+        self.ws.send_ping(payload)
+        await self._flush()
+
+    async def _flush(self) -> None:
+        self.writer.write(b"".join(self.ws.data_to_send()))
+        async with asyncio.timeout(TIMEOUT):
+            await self.writer.drain()
+
+    async def event(self) -> Frame | Response:
+        async with asyncio.timeout(TIMEOUT):
+            while not self._events:
+                data = await self.reader.read(65536)
+                if not data:
+                    raise ConnectionError("the server closed the connection")
+                self.ws.receive_data(data)
+                self._events += self.ws.events_received()
+        return self._events.pop(0)
+
+    async def recv_until(self, kind: str) -> dict[str, Any]:
+        """Data frames up to the first of type ``kind``; returns that one."""
+        while True:
+            event = await self.event()
+            if isinstance(event, Frame) and event.opcode is Opcode.BINARY:
+                frame: dict[str, Any] = msgpack.unpackb(event.data, raw=False)
+                if frame["type"] == kind:
+                    return frame
+
+    async def wait_all_read(self) -> None:
+        """Until the server has read everything this peer sent."""
+        mine = self.writer.get_extra_info("sockname")
+        server = self.writer.get_extra_info("peername")
+        await wait_until(lambda: tcp_queues(mine, server)[0] + tcp_queues(server, mine)[1] == 0)
+
+    async def wait_closed_by_server(self, timeout: float = TIMEOUT) -> int | None:
+        """Read what is left until the server drops the connection (fails after ``timeout``);
+        the code of its close frame, None when it reset the connection without one."""
+        try:
+            async with asyncio.timeout(timeout):
+                while data := await self.reader.read(1 << 20):
+                    self.ws.receive_data(data)
+        except ConnectionResetError:
+            pass
+        return self.ws.close_rcvd.code if self.ws.close_rcvd else None
+
+
+@contextlib.asynccontextmanager
+async def zombie_peer(url: str, *, deflate: bool = False) -> AsyncIterator[ZombiePeer]:
+    """A ``ZombiePeer`` past ``ready``, with a small receive buffer; ``deflate`` offers
+    permessage-deflate as browsers do. Always closes its socket."""
+    ws = ClientProtocol(
+        parse_uri(url),
+        subprotocols=[Subprotocol("wschat.v1")],
+        extensions=[ClientPerMessageDeflateFactory()] if deflate else None,
+    )
+    async with asyncio.timeout(TIMEOUT):
+        reader, writer = await asyncio.open_connection(sock=small_buffer_socket(url))
+    try:
+        peer = ZombiePeer(reader, writer, ws)
+        ws.send_request(ws.connect())
+        await peer._flush()
+        response = await peer.event()
+        assert isinstance(response, Response) and response.status_code == 101, response
+        await peer.recv_until("ready")
+        yield peer
+    finally:
+        writer.transport.abort()
+
+
+@contextlib.asynccontextmanager
+async def stats_socket(url: str, **kwargs: Any) -> AsyncIterator[ClientConnection]:
+    """A ``/v1/stats`` socket of the server whose chat ``url`` is given."""
+    async with asyncio.timeout(TIMEOUT):
+        ws = await websockets.connect(url.replace("/v1/chat", "/v1/stats"), **kwargs)
+    try:
+        yield ws
+    finally:
+        async with asyncio.timeout(TIMEOUT):
+            await ws.close()
+
+
+async def next_stats(ws: ClientConnection) -> Stats:
+    async with asyncio.timeout(TIMEOUT):
+        frame = decode_server_frame(await ws.recv())  # type: ignore[arg-type]
+    assert isinstance(frame, Stats)
+    return frame
+
+
 def generation_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("wschat-generate")]
 
@@ -147,6 +260,32 @@ async def collect(generation: Generation) -> tuple[str, Finished]:
     raise AssertionError("a generation ended without Finished")
 
 
+def small_buffer_socket(url: str) -> socket.socket:
+    """A client socket with a small receive buffer, so a stall backs up to the server soon."""
+    host, port = url.removeprefix("ws://").split("/")[0].split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    return sock
+
+
+def tcp_queues(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, int]:
+    """(bytes queued to send, bytes received and not yet read) of the IPv4 TCP socket
+    ``local`` -> ``remote`` on this host, from /proc/net/tcp; (0, 0) once it is gone."""
+
+    def key(address: tuple[str, int]) -> str:
+        host = socket.inet_aton(address[0])[::-1].hex().upper()
+        return f"{host}:{address[1]:04X}"
+
+    wanted = (key(local), key(remote))
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if (fields[1], fields[2]) == wanted:
+            tx, rx = fields[4].split(":")
+            return int(tx, 16), int(rx, 16)
+    return 0, 0
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -166,3 +305,33 @@ async def wait_ready(
             except httpx.TransportError:
                 pass
             await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def server_process(
+    log: Path,
+    *options: str,
+    preexec_fn: Callable[[], None] | None = None,
+    env: dict[str, str] | None = None,
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
+    """The real ``serve`` on the scripted engine in a process of its own
+    (``tests/hardening/scripted_server.py``), with ``wschat-server`` options and ``env`` added
+    to the environment; yields the process and ``ws://.../v1/chat`` once it is ready, and kills
+    it by its pid if it is still running."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.hardening.scripted_server", str(port), *options],
+            cwd=ROOT,
+            env=env,
+            stderr=sink,
+            preexec_fn=preexec_fn,
+        )
+    try:
+        await wait_ready(proc, port, log)
+        yield proc, f"ws://127.0.0.1:{port}/v1/chat"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(TIMEOUT)

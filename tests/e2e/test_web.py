@@ -4,20 +4,16 @@ the ``/v1/stats`` socket, read by plain HTTP and WebSocket clients."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
-from websockets.asyncio.client import ClientConnection
-from wschat.protocol import Stats, decode_server_frame
 from wschat.server.engine.scripted import Script, ScriptedEngine
 
 from tests.prometheus import samples
-from tests.support import TIMEOUT, raw_peer, running_server
+from tests.support import TIMEOUT, next_stats, raw_peer, running_server, stats_socket
 
 METRIC_TYPES = {
     "wschat_time_to_first_token_seconds": "histogram",
@@ -37,24 +33,6 @@ METRIC_TYPES = {
 
 def base(url: str) -> str:
     return url.replace("ws://", "http://").removesuffix("/v1/chat")
-
-
-@contextlib.asynccontextmanager
-async def stats_socket(url: str) -> AsyncIterator[ClientConnection]:
-    async with asyncio.timeout(TIMEOUT):
-        ws = await websockets.connect(url.replace("/v1/chat", "/v1/stats"))
-    try:
-        yield ws
-    finally:
-        async with asyncio.timeout(TIMEOUT):
-            await ws.close()
-
-
-async def next_stats(ws: ClientConnection) -> Stats:
-    async with asyncio.timeout(TIMEOUT):
-        frame = decode_server_frame(await ws.recv())  # type: ignore[arg-type]
-    assert isinstance(frame, Stats)
-    return frame
 
 
 async def test_stats_socket_sends_a_snapshot_at_once_with_the_live_session_table() -> None:

@@ -1,33 +1,41 @@
-"""``python -m tests.hardening.scripted_server PORT``: the real ``serve`` (signals, drain) on the
-scripted engine, for the shutdown test. A prompt with ``long`` in it runs for a minute; any other
-runs for about a second."""
+"""``python -m tests.hardening.scripted_server PORT [--option value ...]``: the real ``serve``
+(signals, drain) on the scripted engine, for tests that need the server in a process of its own
+(signals, RSS, descriptor limits). Options are ``wschat-server``'s. A prompt with ``long`` in it
+runs for a minute; one with ``flood`` streams 20 MB of text in 2 s; any other runs
+for about a second."""
 
 from __future__ import annotations
 
 import logging
 import sys
 
+from wschat.server.cli import settings_from_args
 from wschat.server.engine import GenerationRequest
 from wschat.server.engine.scripted import Script, ScriptedEngine
 from wschat.server.serve import serve
-from wschat.server.settings import Settings
 
+DEFAULTS = ["--max-concurrent", "4", "--shutdown-grace-s", "2", "--ping-interval-s", "0"]
 LONG_MARK = [300 + ord(c) for c in "long"]
+FLOOD_MARK = [300 + ord(c) for c in "flood"]
+
+
+def _has(ids: list[int], mark: list[int]) -> bool:
+    return any(ids[i : i + len(mark)] == mark for i in range(len(ids)))
 
 
 def script(request: GenerationRequest) -> Script:
     ids = request.prompt_ids
-    is_long = any(ids[i : i + 4] == LONG_MARK for i in range(len(ids)))
-    if is_long:
+    if _has(ids, FLOOD_MARK):
+        return Script(["x" * 20_000] * 1000, delay_s=0.002, end_with_eos=False)
+    if _has(ids, LONG_MARK):
         return Script([f" l{i}" for i in range(1200)], delay_s=0.05)
     return Script([f" s{i}" for i in range(10)], delay_s=0.1)
 
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    settings = Settings(
-        port=int(sys.argv[1]), max_concurrent=4, shutdown_grace_s=2.0, ping_interval_s=0.0
-    )
+    port, *options = sys.argv[1:]
+    settings = settings_from_args(["--port", port, *DEFAULTS, *options])
     return serve(settings, ScriptedEngine(script))
 
 

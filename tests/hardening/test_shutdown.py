@@ -5,42 +5,13 @@ exit 0."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import websockets
 
-from tests.support import TIMEOUT, RawPeer, free_port, raw_peer, wait_ready
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@asynccontextmanager
-async def scripted_server_process(
-    log: Path,
-) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.hardening.scripted_server", str(port)],
-            cwd=ROOT,
-            env=env,
-            stderr=sink,
-        )
-    try:
-        await wait_ready(proc, port, log)
-        yield proc, f"ws://127.0.0.1:{port}/v1/chat"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(TIMEOUT)
+from tests.support import TIMEOUT, RawPeer, raw_peer, server_process
 
 
 async def frames_until_closed(peer: RawPeer) -> tuple[list[dict], int | None]:
@@ -57,7 +28,7 @@ async def test_a_signal_drains_live_generations_then_exits_0(
     sig: signal.Signals, tmp_path: Path
 ) -> None:
     async with (
-        scripted_server_process(tmp_path / "server.log") as (proc, url),
+        server_process(tmp_path / "server.log") as (proc, url),
         raw_peer(url) as (short, _),
         raw_peer(url) as (long, _),
         raw_peer(url) as (idle, _),

@@ -3,12 +3,11 @@ waits into fewer ``token`` frames, and drops none of it."""
 
 from __future__ import annotations
 
-import socket
 import tracemalloc
 
 from wschat.server.engine.scripted import Script, ScriptedEngine
 
-from tests.support import raw_peer, running_server, wait_until
+from tests.support import raw_peer, running_server, small_buffer_socket, wait_until
 
 TOKENS = 100_000
 SERVER_SIDE = [
@@ -16,15 +15,6 @@ SERVER_SIDE = [
     tracemalloc.Filter(False, __file__),
     tracemalloc.Filter(False, tracemalloc.__file__),
 ]
-
-
-def small_buffer_socket(url: str) -> socket.socket:
-    """A client socket with a small receive buffer, so a stall backs up to the server soon."""
-    host, port = url.removeprefix("ws://").split("/")[0].split(":")
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((host, int(port)))
-    return sock
 
 
 async def test_a_stalled_reader_gets_all_text_in_merged_frames_with_bounded_memory() -> None:
