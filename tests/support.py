@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -136,3 +138,48 @@ async def wait_ready(
             except httpx.TransportError:
                 pass
             await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def server_process(
+    command: list[str], port: int, log: Path, env: dict[str, str], start_timeout: float
+) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """A server process (``command``, its output in ``log``) once it answers ``/readyz`` on
+    ``port``; killed by its pid if it still runs at the end."""
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=sink, env=env)
+    try:
+        await wait_ready(process, port, log, start_timeout)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(TIMEOUT)
+
+
+def console_script(script: str, module: str, path: str | None = None) -> list[str]:
+    """The console script ``script`` found on ``path`` (default: $PATH), as the README runs it;
+    ``python -m module`` where it is not installed."""
+    found = shutil.which(script, path=path)
+    return [found] if found else [sys.executable, "-m", module]
+
+
+async def run_ask(*args: str, env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+    """``wschat ask ARGS`` (the script on ``env``'s PATH) as a subprocess: status, out, err."""
+    process = await asyncio.create_subprocess_exec(
+        *console_script("wschat", "wschat.client", env.get("PATH")),
+        "ask",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            out, err = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.images.samples import png
-from tests.support import free_port, wait_ready
+from tests.support import console_script, free_port, run_ask, server_process
 
 pytestmark = pytest.mark.real_model
 
@@ -22,30 +19,8 @@ START_TIMEOUT = 600.0  # the first start converts the GGUF (about a minute on 2 
 ASK_TIMEOUT = 120.0
 
 
-def command(script: str, module: str) -> list[str]:
-    """The installed console script, as the README runs it (``python -m`` if not on PATH)."""
-    found = shutil.which(script)
-    return [found] if found else [sys.executable, "-m", module]
-
-
 async def ask(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        *command("wschat", "wschat.client"),
-        "ask",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    try:
-        async with asyncio.timeout(ASK_TIMEOUT):
-            out, err = await process.communicate()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    return await run_ask(*args, env=env, timeout=ASK_TIMEOUT)
 
 
 async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_path: Path) -> None:
@@ -53,15 +28,8 @@ async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_pat
     log = tmp_path / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WSCHAT_")}
     env |= {"HF_HUB_OFFLINE": "1", "WSCHAT_URL": f"ws://127.0.0.1:{port}/v1/chat"}
-    with log.open("wb") as sink:
-        server = subprocess.Popen(
-            [*command("wschat-server", "wschat.server"), "--port", str(port)],
-            stderr=sink,
-            stdout=sink,
-            env=env,
-        )
-    try:
-        await wait_ready(server, port, log, START_TIMEOUT)
+    command = [*console_script("wschat-server", "wschat.server"), "--port", str(port)]
+    async with server_process(command, port, log, env, START_TIMEOUT) as server:
         status, out, err = await ask("--max-new-tokens", "24", "The capital of France is", env=env)
         assert status == 0, err
         assert out.strip(), "the reply was empty"
@@ -76,7 +44,3 @@ async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_pat
         assert returncode == 0, log.read_text()
         text = log.read_text()
         assert "loaded" in text.lower()
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(30)
