@@ -9,6 +9,10 @@ from .ceiling import static_batch
 from .incb import continuous_batching
 from .stats import StreamTimes
 
+# Gemma's turn markup, in wschat and in the ceilings alike: the base model does not end its
+# replies in it, so every stream runs to the same length and tokens/s compare like for like.
+PROMPT_FORMAT = "gemma-turns"
+
 
 @dataclass(slots=True)
 class InProcess:
@@ -21,7 +25,7 @@ class InProcess:
         from wschat.server.loader import load_model
 
         loaded = load_model("embedded")
-        return cls(loaded, HFEngine(loaded))
+        return cls(loaded, HFEngine(loaded, prompt_format=PROMPT_FORMAT))
 
     @staticmethod
     def model_dir() -> str:
@@ -33,10 +37,11 @@ class InProcess:
         """The first turn of a session whose user says ``text``, id for id as the server has it."""
         from wschat.server.conversation import Conversation
 
-        return Conversation(self.engine).prompt_ids(self.engine.tokenize_text(text))
+        conversation = Conversation(self.engine.prompt_format)
+        return conversation.prompt_ids(conversation.tokenize_user(text))
 
     def _args(self, texts: list[str]) -> tuple[Any, list[list[int]], list[int], int]:
-        eos = list(self.engine.info.end_of_turn_ids)
+        eos = sorted(self.engine.prompt_format.end_ids)
         pad = int(self.loaded.tokenizer.pad_token_id or 0)
         return self.loaded.model, [self.prompt_ids(t) for t in texts], eos, pad
 

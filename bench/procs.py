@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from .inprocess import PROMPT_FORMAT
+
 START_TIMEOUT = 240.0
 
 
@@ -79,6 +81,7 @@ def wschat(engine: str, logs: Path, sessions: int = 1100) -> Iterator[Running]:
         sys.executable, "-m", "wschat.server",
         "--model", "embedded",
         "--engine", engine,
+        "--prompt-format", PROMPT_FORMAT,
         "--port", str(port),
         "--ping-interval-s", "0",
         "--max-connections", str(sessions),

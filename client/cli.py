@@ -1,4 +1,8 @@
-"""The ``wschat`` command: ``wschat chat [URL]`` (interactive) and ``wschat ask "question"``."""
+"""The ``wschat`` command: ``wschat chat`` (interactive) and ``wschat ask "question"``.
+
+Both take ``--url`` (``wschat chat URL``, the older spelling, still works) and wait for a server
+whose model is still loading, for up to ``--wait`` seconds.
+"""
 
 from __future__ import annotations
 
@@ -18,9 +22,21 @@ from .local import local_params
 from .opening import connect
 from .repl import chat_session
 from .reply import Reply
-from .status import EXIT_STATUS_HELP, STOPPING_NOTICE, ExitStatus, error_line, exit_status
+from .status import (
+    EXIT_STATUS_HELP,
+    STOPPING_NOTICE,
+    ExitStatus,
+    error_line,
+    exit_status,
+    length_notice,
+    waiting_notice,
+)
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/chat"
+# A first start converts the embedded model: about a minute on 2 idle cores, 290 s and 393 s
+# measured on 2 busy ones. Only a loading server is waited for (a failed load closes 1011), so a
+# long bound costs nothing when something is wrong.
+DEFAULT_WAIT_S = 600.0
 
 
 def sampling_params(args: argparse.Namespace) -> dict[str, Any]:
@@ -68,7 +84,12 @@ async def ask(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = 
         params = sampling_params(args)
         local_params(params)  # a bad value fails here, before any connection
         async with connect(
-            args.url, token=args.token, timeout=args.timeout, reply_timeout=args.timeout
+            args.url,
+            token=args.token,
+            timeout=args.timeout,
+            reply_timeout=args.timeout,
+            load_wait=args.wait,
+            on_loading=waiting_notice(args.wait, err),
         ) as chat:
             if args.system is not None:
                 await chat.configure(system=args.system)
@@ -92,6 +113,9 @@ async def ask(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = 
             if reply.done.reason is FinishReason.CANCELLED:
                 print("[stopped]", file=err)
                 return ExitStatus.INTERRUPTED
+            if reply.done.reason is FinishReason.LENGTH:
+                print(length_notice(reply.done, chat.limits), file=err)
+                return ExitStatus.CUT
             return ExitStatus.OK
     except (ClientError, TimeoutError, OSError) as error:
         if reply is not None and reply.tokens:
@@ -105,14 +129,38 @@ def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(f"WSCHAT_{name}") or default
 
 
+def seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise ValueError(text)
+    return value
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--url",
+        help=f"server URL (env WSCHAT_URL, default {DEFAULT_URL})",
+    )
+    parser.add_argument(
+        "--wait",
+        type=seconds,
+        default=_env("WAIT", f"{DEFAULT_WAIT_S:g}"),
+        metavar="SECONDS",
+        help="while the server's model is still loading, keep trying for this long "
+        f"(env WSCHAT_WAIT, default {DEFAULT_WAIT_S:g}; 0: do not wait)",
+    )
     parser.add_argument(
         "--token",
         default=_env("TOKEN"),
         help="bearer token for a server started with tokens (env WSCHAT_TOKEN)",
     )
     parser.add_argument("--system", help="system prompt for the conversation")
-    parser.add_argument("--max-new-tokens", type=int, help="cap on generated tokens per reply")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="cap on generated tokens per reply (default: the server's); a reply cut there "
+        "is followed by a notice on stderr",
+    )
     parser.add_argument("--temperature", type=float, help="0 (greedy, the default) to 2")
     parser.add_argument(
         "--timeout",
@@ -137,12 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="exit statuses:\n" + EXIT_STATUS_HELP,
     )
-    chat.add_argument(
-        "url",
-        nargs="?",
-        default=_env("URL", DEFAULT_URL),
-        help=f"server URL (env WSCHAT_URL, default {DEFAULT_URL})",
-    )
+    # ``wschat chat URL``: the spelling before --url, kept working for scripts that use it.
+    chat.add_argument("positional_url", nargs="?", metavar="URL", help=argparse.SUPPRESS)
     _add_common(chat)
     one_shot = commands.add_parser(
         "ask",
@@ -152,11 +196,6 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="exit statuses:\n" + EXIT_STATUS_HELP,
     )
     one_shot.add_argument("question", help="the prompt text")
-    one_shot.add_argument(
-        "--url",
-        default=_env("URL", DEFAULT_URL),
-        help=f"server URL (env WSCHAT_URL, default {DEFAULT_URL})",
-    )
     one_shot.add_argument(
         "--image",
         action="append",
@@ -171,8 +210,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    given = getattr(args, "positional_url", None)
+    if given is not None and args.url is not None:
+        parser.error("give the server URL once, as --url URL")
+    args.url = args.url or given or _env("URL", DEFAULT_URL)
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         if args.command == "ask":
             return asyncio.run(ask(args))
@@ -183,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 timeout=args.timeout,
                 system=args.system,
                 params=sampling_params(args),
+                load_wait=args.wait,
             )
         )
     except KeyboardInterrupt:  # before the reply's own handler was in place

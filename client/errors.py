@@ -15,6 +15,7 @@
     │   └── InternalError            internal
     ├── ConnectionClosedError        the WebSocket closed (close code and reason)
     └── ConnectError                 the connection could not be opened (refused, HTTP 401/403...)
+        └── ModelLoadingError        closed 1013 because the server's model is still loading
 
 Waits that run out raise the built-in ``TimeoutError`` (an opening that runs out of time
 raises ``ConnectError``).
@@ -144,14 +145,27 @@ class ConnectError(ClientError):
     """The connection could not be opened.
 
     ``status`` is the HTTP status of a refused handshake (401 without valid credentials, 403 for
-    a refused origin); ``close_code`` is set when the server accepted and then closed before
-    ``ready`` (1013: full or still loading its model, try again later).
+    a refused origin); ``close_code`` and ``close_reason`` are set when the server accepted and
+    then closed before ``ready`` (1013: full, try again later; a loading model raises
+    ``ModelLoadingError``).
     """
 
     def __init__(
-        self, message: str, *, status: int | None = None, close_code: int | None = None
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        close_code: int | None = None,
+        close_reason: str = "",
     ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.close_code = close_code
+        self.close_reason = close_reason
+
+
+class ModelLoadingError(ConnectError):
+    """The server closed with 1013 and ``MODEL_LOADING_REASON``: it is up but still loading its
+    model (PROTOCOL.md "Close codes"). Worth waiting for, unlike a full server; ``connect``'s
+    ``load_wait`` does the waiting."""

@@ -2,12 +2,14 @@
 
 Every way an opening can fail becomes ``ConnectError`` (PROTOCOL.md "Authentication": a missing
 or wrong token is HTTP 401, a refused origin 403; "Close codes": 1013 while the server is full).
+A server that is up but still loading its model closes with 1013 and ``MODEL_LOADING_REASON``:
+that is ``ModelLoadingError``, and ``connect(load_wait=...)`` keeps trying until the model is in.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -18,7 +20,9 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.typing import Subprotocol
 from wschat.protocol import (
     BEARER_PREFIX,
+    MODEL_LOADING_REASON,
     SUBPROTOCOL,
+    CloseCode,
     Error,
     GoAway,
     ProtocolError,
@@ -27,7 +31,7 @@ from wschat.protocol import (
 )
 
 from .api import DEFAULT_TIMEOUT, Chat
-from .errors import ConnectError
+from .errors import ConnectError, ModelLoadingError
 
 # Server frames are small but for ``done`` (the whole reply); this bounds one incoming message.
 DEFAULT_MAX_SIZE = 16 * 1024 * 1024
@@ -92,11 +96,7 @@ async def _first_frame(ws: ClientConnection, url: str, timeout: float | None) ->
     except TimeoutError as e:
         raise ConnectError(f"no ready frame from {url}") from e
     except ConnectionClosed as e:
-        code = ws.close_code
-        reason = f": {ws.close_reason}" if ws.close_reason else ""
-        raise ConnectError(
-            f"the server closed the connection (code {code}){reason}", close_code=code
-        ) from e
+        raise _closed_before_ready(ws.close_code, ws.close_reason or "") from e
     if isinstance(message, str):
         raise ConnectError("the server sent text, not a wschat frame")
     try:
@@ -110,13 +110,42 @@ async def _first_frame(ws: ClientConnection, url: str, timeout: float | None) ->
     return frame
 
 
+def _closed_before_ready(code: int | None, reason: str) -> ConnectError:
+    message = f"the server closed the connection (code {code})" + (f": {reason}" if reason else "")
+    loading = code == CloseCode.TRY_AGAIN_LATER and reason == MODEL_LOADING_REASON
+    error = ModelLoadingError if loading else ConnectError
+    return error(message, close_code=code, close_reason=reason)
+
+
+def _waited_out(last: ModelLoadingError, seconds: float) -> ModelLoadingError:
+    return ModelLoadingError(
+        f"the model was still loading after waiting {seconds:g} s",
+        close_code=last.close_code,
+        close_reason=last.close_reason,
+    )
+
+
+def loading_retry_delays(first_s: float = 0.25, max_s: float = 2.0) -> Iterator[float]:
+    """Pauses between tries while the model loads: 0.25 s, 0.5 s, 1 s, then every 2 s, so a
+    session opens within about 2 s of the model being in, for the price of a handshake."""
+    delay = first_s
+    while True:
+        yield delay
+        delay = min(2 * delay, max_s)
+
+
 class connect:  # used like a function, as websockets' own ``connect``
     """Open a session: ``async with connect(url) as chat`` or ``chat = await connect(url)``.
 
     ``token`` authenticates (sent as the ``bearer.TOKEN`` subprotocol); ``resume`` is a
     ``resume_token`` of an earlier connection whose conversation to continue. ``timeout`` bounds
-    the opening and each request; ``reply_timeout`` each wait for a reply's next piece. A refused
-    or failed opening raises ``ConnectError`` (``status`` holds the HTTP status).
+    each try at opening and each request; ``reply_timeout`` each wait for a reply's next piece.
+    A refused or failed opening raises ``ConnectError`` (``status`` holds the HTTP status).
+
+    While the server's model loads, ``connect`` tries again (``loading_retry_delays``) for up to
+    ``load_wait`` seconds, calling ``on_loading()`` once when it starts waiting; past that, or at
+    once with the default ``load_wait=0``, it raises ``ModelLoadingError``. A full server is not
+    waited for: it raises ``ConnectError`` at once.
     """
 
     def __init__(
@@ -128,6 +157,8 @@ class connect:  # used like a function, as websockets' own ``connect``
         reply_timeout: float | None = None,
         resume: str | None = None,
         on_goaway: Callable[[GoAway], None] | None = None,
+        load_wait: float = 0.0,
+        on_loading: Callable[[], None] | None = None,
         **websocket_options: Any,
     ) -> None:
         self.url = url
@@ -136,13 +167,34 @@ class connect:  # used like a function, as websockets' own ``connect``
         self.reply_timeout = reply_timeout
         self.resume = resume
         self.on_goaway = on_goaway
+        self.load_wait = load_wait
+        self.on_loading = on_loading
         self.websocket_options = websocket_options
         self._chat: Chat | None = None
 
+    async def _open_once_loaded(self) -> tuple[ClientConnection, Ready]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.load_wait
+        delays = loading_retry_delays()
+        waited = False
+        while True:
+            try:
+                return await open_connection(
+                    self.url, self.token, self.resume, self.timeout, self.websocket_options
+                )
+            except ModelLoadingError as loading:
+                left = deadline - loop.time()
+                if left <= 0 and not waited:
+                    raise
+                if left <= 0:
+                    raise _waited_out(loading, self.load_wait) from loading
+                if not waited and self.on_loading is not None:
+                    self.on_loading()
+                waited = True
+                await asyncio.sleep(min(next(delays), left))
+
     async def _open(self) -> Chat:
-        ws, ready = await open_connection(
-            self.url, self.token, self.resume, self.timeout, self.websocket_options
-        )
+        ws, ready = await self._open_once_loaded()
         return Chat(
             ws,
             ready,

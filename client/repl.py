@@ -2,7 +2,8 @@
 
 Each reply streams to stdout piece by piece. Ctrl-C while a reply streams sends ``cancel`` and
 prints ``[stopped]`` once its ``done`` arrives; a second Ctrl-C before then, Ctrl-C at the prompt
-and end of input leave with status 0. Notices and errors go to stderr.
+and end of input leave with status 0. A reply cut at the length limit is followed by a notice
+and the chat goes on. Notices and errors go to stderr.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from .api import Chat
 from .errors import ChatError, ClientError, ConnectionClosedError
 from .opening import connect
 from .reply import Reply
-from .status import STOPPING_NOTICE, ExitStatus, error_line, exit_status
+from .status import (
+    STOPPING_NOTICE,
+    ExitStatus,
+    error_line,
+    exit_status,
+    length_notice,
+    waiting_notice,
+)
 
 HELP = """\
 commands:
@@ -169,8 +177,10 @@ class Repl:
         assert reply.done is not None
         if reply.done.reason is FinishReason.CANCELLED:
             self._write(("\n" if wrote else "") + "[stopped]\n")
-        else:
-            self._write("\n")
+            return True
+        self._write("\n")
+        if reply.done.reason is FinishReason.LENGTH:
+            self._notice(length_notice(reply.done, self.chat.limits))
         return True
 
     async def _reset(self, rest: str) -> None:
@@ -215,6 +225,7 @@ async def chat_session(
     timeout: float | None = 60.0,
     system: str | None = None,
     params: dict[str, Any] | None = None,
+    load_wait: float = 0.0,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
@@ -222,8 +233,16 @@ async def chat_session(
         print(f"[the server is shutting down in {frame.in_ms} ms]", file=err, flush=True)
 
     loop = asyncio.get_running_loop()
+    opening = connect(
+        url,
+        token=token,
+        timeout=timeout,
+        on_goaway=on_goaway,
+        load_wait=load_wait,
+        on_loading=waiting_notice(load_wait, err),
+    )
     try:
-        async with connect(url, token=token, timeout=timeout, on_goaway=on_goaway) as chat:
+        async with opening as chat:
             print(
                 f"connected to {chat.model} at {url}; /help lists the commands",
                 file=err,

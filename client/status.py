@@ -1,12 +1,15 @@
-"""Exit statuses of the ``wschat`` command and the one format its errors are printed in."""
+"""Exit statuses of the ``wschat`` command, the one format its errors are printed in, and its
+notices about how a reply ended."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import IntEnum
+from typing import TextIO
 
-from wschat.protocol import Done, FinishReason
+from wschat.protocol import Done, FinishReason, Limits
 
-from .errors import ChatError, ConnectError, ConnectionClosedError
+from .errors import ChatError, ConnectError, ConnectionClosedError, ModelLoadingError
 
 
 class ExitStatus(IntEnum):
@@ -16,18 +19,23 @@ class ExitStatus(IntEnum):
     CONNECTION = 3  # could not connect, refused handshake, connection lost, timed out
     REFUSED = 4  # the server (or the same check made locally) refused the request
     GENERATION_FAILED = 5  # the reply ended with reason "error"
+    CUT = 6  # the reply of ``ask`` ended with reason "length": printed, but not whole
     INTERRUPTED = 130  # Ctrl-C stopped the reply of ``ask``
 
 
 EXIT_STATUS_HELP = "\n".join(
     f"  {status.value:<4} {text}"
     for status, text in (
-        (ExitStatus.OK, "the reply was printed"),
+        (ExitStatus.OK, "the reply was printed and ended on its own"),
         (ExitStatus.UNEXPECTED, "unexpected failure"),
         (ExitStatus.USAGE, "usage error (bad arguments, unreadable image)"),
-        (ExitStatus.CONNECTION, "connection failed, was refused, was lost or timed out"),
+        (
+            ExitStatus.CONNECTION,
+            "connection failed, refused, lost or timed out; or the model loading past --wait",
+        ),
         (ExitStatus.REFUSED, "the server refused the request (an error frame: busy, ...)"),
         (ExitStatus.GENERATION_FAILED, "the reply ended with reason error"),
+        (ExitStatus.CUT, "the reply was printed but cut at the length limit (ask)"),
         (ExitStatus.INTERRUPTED, "Ctrl-C stopped the reply (ask)"),
     )
 )
@@ -37,6 +45,8 @@ def error_line(error: BaseException) -> str:
     """``error: <code>: <message>``, the one format every failure is reported in."""
     if isinstance(error, ChatError):
         return f"error: {error.code.value}: {error.message}"
+    if isinstance(error, ModelLoadingError):
+        return f"error: connect: {error.message} (wait for it with --wait SECONDS)"
     if isinstance(error, ConnectError):
         return f"error: connect: {error.message}"
     if isinstance(error, ConnectionClosedError):
@@ -56,3 +66,17 @@ def exit_status(error: BaseException, done: Done | None = None) -> ExitStatus:
 
 
 STOPPING_NOTICE = "[stopping: Ctrl-C again to leave without waiting]"
+WAITING_NOTICE = "waiting for the model to load (up to {seconds:g} s)..."
+
+
+def waiting_notice(seconds: float, err: TextIO) -> Callable[[], None]:
+    """``connect``'s ``on_loading``: one line on stderr as the wait for a loading model begins."""
+    return lambda: print(WAITING_NOTICE.format(seconds=seconds), file=err, flush=True)
+
+
+def length_notice(done: Done, limits: Limits) -> str:
+    """What cut a reply that ended with reason ``length``, and what would let it go on."""
+    usage, context = done.usage, limits.context_tokens
+    if usage.prompt_tokens + usage.completion_tokens >= context:
+        return f"[reply cut: the conversation filled the model's {context}-token context]"
+    return f"[reply cut at the {usage.completion_tokens}-token limit: raise --max-new-tokens]"

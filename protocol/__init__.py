@@ -15,6 +15,7 @@ from .codec import (
 )
 from .constants import (
     BEARER_PREFIX,
+    MODEL_LOADING_REASON,
     SUBPROTOCOL,
     VERSION,
     CloseCode,
@@ -57,6 +58,7 @@ __all__ = [
     "ABSENT",
     "BEARER_PREFIX",
     "DEFAULT_LIMITS",
+    "MODEL_LOADING_REASON",
     "SERVER_FRAME_LIMITS",
     "SUBPROTOCOL",
     "VERSION",

@@ -11,6 +11,9 @@ from enum import IntEnum, StrEnum
 VERSION = 1
 SUBPROTOCOL = "wschat.v1"
 BEARER_PREFIX = "bearer."
+# PROTOCOL.md "Close codes": the one close reason with a meaning. A 1013 with exactly this reason
+# says the model is loading (wait and retry); a 1013 with any other reason says the server is full.
+MODEL_LOADING_REASON = "the model is still loading"
 
 
 class FrameType(StrEnum):
@@ -107,5 +110,5 @@ CLOSE_CODE_EXPLANATIONS: dict[CloseCode, str] = {
     CloseCode.POLICY_VIOLATION: "policy: auth, origin, abuse",
     CloseCode.MESSAGE_TOO_BIG: "frame too big",
     CloseCode.INTERNAL_ERROR: "internal error",
-    CloseCode.TRY_AGAIN_LATER: "try again later (server full)",
+    CloseCode.TRY_AGAIN_LATER: "try again later (server full, or the model still loading)",
 }

@@ -251,6 +251,7 @@ class Ready(Frame):
     capabilities: Capabilities = spec(required(_nested(Capabilities)))
     limits: Limits = spec(required(_nested(Limits)))
     engine: str | None = spec(optional(_str), default=None)
+    prompt_format: str | None = spec(optional(_str), default=None)
 
 
 @dataclass(frozen=True, slots=True)

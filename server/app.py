@@ -2,8 +2,9 @@
 
 The model loads in a worker thread after the server starts listening, so ``/healthz`` answers at
 once and ``/readyz`` turns 200 when the engine is ready; a chat connection before then is
-accepted and closed with 1013 (try again later), as is one over the connection caps. Tokens and
-Origin are checked before anything else (``access``).
+accepted and closed with 1013 and the reason ``MODEL_LOADING_REASON`` (a client may wait), as is
+one over the connection caps (with another reason); if loading failed, 1011. Tokens and Origin
+are checked before anything else (``access``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
@@ -18,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
-from wschat.protocol import SUBPROTOCOL, CloseCode
+from wschat.protocol import MODEL_LOADING_REASON, SUBPROTOCOL, CloseCode
 
 from .access import admit
 from .connection import Connection
@@ -30,6 +32,7 @@ from .web import web_routes
 log = logging.getLogger("wschat.app")
 
 EngineFactory = Callable[[], Engine]
+MODEL_FAILED_REASON = "the model failed to load (see the server's log)"
 
 
 async def healthz(request: Request) -> Response:
@@ -59,8 +62,11 @@ async def chat(websocket: WebSocket) -> None:
         return
     offered = websocket.scope.get("subprotocols", [])
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    if hub.engine is None and websocket.app.state.load_error is not None:
+        await websocket.close(CloseCode.INTERNAL_ERROR, MODEL_FAILED_REASON)  # waiting is no use
+        return
     if hub.engine is None:
-        await websocket.close(CloseCode.TRY_AGAIN_LATER, "the model is still loading")
+        await websocket.close(CloseCode.TRY_AGAIN_LATER, MODEL_LOADING_REASON)
         return
     if hub.shutting_down:
         await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
@@ -126,9 +132,11 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
 
 
 async def _load(app: Starlette, hub: Hub, factory: EngineFactory) -> None:
+    started = time.perf_counter()
     try:
         hub.set_engine(await asyncio.to_thread(factory))
-        log.info("ready: accepting chats")
+        seconds = time.perf_counter() - started
+        log.info("ready: accepting chats (the model took %.1f s to load)", seconds)
     except Exception as error:
         app.state.load_error = error
         log.exception("loading the model failed")

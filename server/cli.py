@@ -82,6 +82,14 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "'generate': one model.generate per reply in its own thread",
     ),
     (
+        "prompt_format",
+        str,
+        "how a conversation is rendered for the model: 'auto' (the tokenizer's chat template "
+        "if it has one; Gemma turns for an instruction-tuned Gemma; else 'transcript', a "
+        "plain User:/Assistant: transcript for pretrained base models such as the embedded "
+        "one), 'chat-template', 'gemma-turns' or 'transcript'",
+    ),
+    (
         "max_concurrent",
         int,
         "generations running at once across all sessions (the batched engine's batch width)",

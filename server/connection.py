@@ -159,4 +159,5 @@ class Connection:
                 idle_timeout_s=s.idle_timeout_s,
             ),
             engine=info.name,
+            prompt_format=info.prompt_format or None,
         )

@@ -1,74 +1,50 @@
-"""A session's conversation and its rendering into Gemma 3's turn format, as token ids.
-
-Rendering works on ids, never on a string of markup: user text is tokenized as text (control
-tokens typed by a user stay text), and model turns keep the exact ids the model produced, so each
-prompt extends the previous one token for token and its KV state can be reused.
-
-    <bos><start_of_turn>user\\n{system}\\n\\n{text}<end_of_turn>\\n<start_of_turn>model\\n{reply}...
-"""
+"""A session's conversation: its system prompt and finished exchanges, rendered into token ids by
+the engine's prompt format (``engine/formats.py``: how each format lays out turns)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from .engine import Engine
-
-
-@dataclass(slots=True)
-class Turn:
-    role: Literal["user", "model"]
-    ids: list[int]
-    images: list[Any] = field(default_factory=list)
-
-
-class TurnMarkup:
-    """The fixed token ids around turns, looked up once per engine."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.bos = engine.token_id("<bos>")
-        self.start = engine.token_id("<start_of_turn>")
-        self.end = engine.token_id("<end_of_turn>")
-        self.newline = engine.tokenize_text("\n")
-        self.user = engine.tokenize_text("user\n")
-        self.model = engine.tokenize_text("model\n")
-        self.system_gap = engine.tokenize_text("\n\n")
-        self.end_ids = set(engine.info.end_of_turn_ids)
+from .engine.formats import Exchange, PromptFormat, UserTurn
 
 
 class Conversation:
-    def __init__(self, engine: Engine, markup: TurnMarkup | None = None) -> None:
-        self._engine = engine
-        self._markup = markup or TurnMarkup(engine)
+    def __init__(self, prompt_format: PromptFormat) -> None:
+        self.format = prompt_format
         self.system: str | None = None
-        self._system_ids: list[int] = []
-        self.turns: list[Turn] = []
+        self.exchanges: list[Exchange] = []
 
     def set_system(self, text: str | None) -> None:
         """A new system prompt starts the conversation afresh (PROTOCOL.md "configure")."""
         self.system = text or None
-        self._system_ids = self._engine.tokenize_text(text) if text else []
-        self.turns.clear()
+        self.exchanges.clear()
 
     def clear(self) -> None:
-        self.turns.clear()
+        self.exchanges.clear()
 
     @property
     def images(self) -> list[Any]:
-        return [image for turn in self.turns for image in turn.images]
+        return [image for exchange in self.exchanges for image in exchange.images]
+
+    @property
+    def generated_tokens(self) -> int:
+        """The replies' tokens, the ones that ended them left out (the dashboard's count)."""
+        ends = self.format.end_ids
+        total = 0
+        for exchange in self.exchanges:
+            reply = exchange.reply_ids
+            total += len(reply) - (1 if reply and reply[-1] in ends else 0)
+        return total
+
+    def tokenize_user(self, text: str) -> list[int]:
+        return self.format.tokenize_user(text)
 
     def prompt_ids(
         self, user_ids: Sequence[int], image_ids: Sequence[Sequence[int]] = ()
     ) -> list[int]:
         """The whole conversation plus a new user turn, ending where the model's reply begins."""
-        m = self._markup
-        ids = [m.bos]
-        for turn in self.turns:
-            ids += self._render(turn)
-        ids += self._user_turn(list(user_ids), image_ids, first=not self.turns)
-        ids += [m.start, *m.model]
-        return ids
+        return self.format.render(self.system, self.exchanges, UserTurn(list(user_ids), image_ids))
 
     def add_exchange(
         self,
@@ -77,31 +53,6 @@ class Conversation:
         images: list[Any],
         reply_ids: Sequence[int],
     ) -> None:
-        """Record a finished (or cancelled) exchange exactly as it was prompted."""
-        first = not self.turns
-        content = self._user_content(user_ids, image_ids, first)
-        self.turns.append(Turn("user", content, images))
-        reply = list(reply_ids)
-        while reply and reply[-1] in self._markup.end_ids:
-            reply.pop()
-        self.turns.append(Turn("model", reply))
-
-    def _user_content(
-        self, user_ids: list[int], image_ids: Sequence[Sequence[int]], first: bool
-    ) -> list[int]:
-        content: list[int] = []
-        if first and self._system_ids:
-            content += self._system_ids + self._markup.system_gap
-        for placeholder in image_ids:
-            content += list(placeholder)
-        return content + user_ids
-
-    def _user_turn(
-        self, user_ids: list[int], image_ids: Sequence[Sequence[int]], first: bool
-    ) -> list[int]:
-        return self._render(Turn("user", self._user_content(user_ids, image_ids, first)))
-
-    def _render(self, turn: Turn) -> list[int]:
-        m = self._markup
-        role = m.user if turn.role == "user" else m.model
-        return [m.start, *role, *turn.ids, m.end, *m.newline]
+        """Record a finished (or cancelled) exchange exactly as it was prompted and generated."""
+        runs = [list(run) for run in image_ids]
+        self.exchanges.append(Exchange(list(user_ids), runs, images, list(reply_ids)))

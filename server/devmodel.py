@@ -90,6 +90,7 @@ def _save(model: Any, files: Any, path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     files.save_pretrained(path)
+    (path / _MARKER).write_text(json.dumps({"seed": 0, "version": BUILD_VERSION}) + "\n")
     return path
 
 
@@ -171,6 +172,11 @@ _BUILDERS = {TINY_TEXT: build_tiny_text_model, TINY_VISION: build_tiny_vision_mo
 
 def is_devmodel_name(spec: str) -> bool:
     return spec in _BUILDERS
+
+
+def is_devmodel_dir(path: Path) -> bool:
+    """A folder these builders made (they stand in for instruction-tuned Gemma 3 checkpoints)."""
+    return (path / _MARKER).is_file()
 
 
 def cached_devmodel(name: str, cache_dir: Path) -> Path:

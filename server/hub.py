@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .caps import ConnectionCaps
-from .conversation import TurnMarkup
 from .engine import Engine
 from .scheduler import GenerationSlots
 from .session import Session
@@ -85,7 +84,6 @@ class Hub:
     stats: ServerStats = field(init=False)
     caps: ConnectionCaps = field(init=False)
     connections: set[Connection] = field(default_factory=set)
-    markup: TurnMarkup | None = None
     shutting_down: bool = False
 
     def __post_init__(self) -> None:
@@ -98,11 +96,10 @@ class Hub:
 
     def set_engine(self, engine: Engine) -> None:
         self.engine = engine
-        self.markup = TurnMarkup(engine)
 
     def new_session(self) -> Session:
         assert self.engine is not None
-        session = Session(secrets.token_hex(8), self.engine, self.slots, self.settings, self.markup)
+        session = Session(secrets.token_hex(8), self.engine, self.slots, self.settings)
         session.listeners.append(self.stats.on_run_event)
         return session
 

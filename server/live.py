@@ -25,8 +25,8 @@ def anonymous_id(session_key: str) -> str:
 
 def session_row(session: Session) -> dict[str, Any]:
     """One row of the dashboard's table: tokens generated in the conversation so far."""
-    turns = session.conversation.turns
-    generated = sum(len(t.ids) for t in turns if t.role == "model")
+    conversation = session.conversation
+    generated = conversation.generated_tokens
     run = session.run
     if run is not None:
         generated += run.completion_tokens
@@ -34,7 +34,7 @@ def session_row(session: Session) -> dict[str, Any]:
         "id": anonymous_id(session.key),
         "state": session.state.value,
         "tokens": generated,
-        "turns": sum(1 for t in turns if t.role == "user"),
+        "turns": len(conversation.exchanges),
     }
 
 

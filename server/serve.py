@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import re
+import socket
 import threading
+from typing import Any
 
 import uvicorn
 
@@ -53,7 +55,8 @@ def _build_engine(settings: Settings) -> Engine:
     loaded = load_model(
         settings.model, cache_dir=settings.cache_dir, device=settings.device, dtype=settings.dtype
     )
-    common: dict[str, int] = {
+    common: dict[str, Any] = {
+        "prompt_format": settings.prompt_format,
         "context_tokens": settings.context_tokens,
         "max_images": settings.max_images,
         "kv_budget_tokens": settings.kv_budget_tokens,
@@ -74,12 +77,13 @@ def _build_engine(settings: Settings) -> Engine:
         engine = HFEngine(loaded, **common)
     info = engine.info
     log.info(
-        "engine %s: %s on %s (%s), %d generations at once",
+        "engine %s: %s on %s (%s), %d generations at once, prompt format %s",
         info.name,
         info.model,
         info.device,
         info.dtype,
         settings.max_concurrent,
+        info.prompt_format,
     )
     return engine
 
@@ -132,11 +136,27 @@ def uvicorn_config(settings: Settings, app: object) -> uvicorn.Config:
     )
 
 
+NOT_READY = "not ready yet: loading the model (chats are closed with 1013 until it is loaded)"
+
+
+class ChatServer(GracefulServer):
+    """uvicorn's server, saying when it listens before it can chat.
+
+    uvicorn logs "running on http://..." as soon as it listens, which on a first start is a
+    minute before the model is loaded; this line, and ``app._load``'s "ready" line, tell the truth.
+    """
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.hub.engine is None:
+            log.info(NOT_READY)
+
+
 def serve(settings: Settings, engine: Engine | EngineFactory | None = None) -> int:
     """Serve until SIGTERM/SIGINT, drain (``shutdown.drain``), exit 0."""
     app = build_app(settings, engine or (lambda: make_engine(settings)))
     config = uvicorn_config(settings, app)
-    server = GracefulServer(config, app.state.hub, settings.shutdown_grace_s)
+    server = ChatServer(config, app.state.hub, settings.shutdown_grace_s)
     install_log_filters()  # after Config, which (re)configures uvicorn's loggers
     server.run()
     return 0

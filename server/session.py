@@ -37,7 +37,7 @@ from wschat.protocol import (
     ResetOk,
 )
 
-from .conversation import Conversation, TurnMarkup
+from .conversation import Conversation
 from .engine import Engine, GenerationRequest, SamplingParams
 from .run import GenerationRun
 from .scheduler import GenerationSlots
@@ -79,13 +79,12 @@ class Session:
         engine: Engine,
         slots: GenerationSlots,
         settings: Settings,
-        markup: TurnMarkup | None = None,
     ) -> None:
         self.key = key
         self.engine = engine
         self.slots = slots
         self.settings = settings
-        self.conversation = Conversation(engine, markup)
+        self.conversation = Conversation(engine.prompt_format)
         self.defaults = GenerationParams()
         self.state = SessionState.IDLE
         self.run: GenerationRun | None = None
@@ -178,7 +177,7 @@ class Session:
             )
         merged = self._merged_params(frame)
         images = await self._prompt_images(frame)
-        user_ids = self.engine.tokenize_text(frame.text)
+        user_ids = self.conversation.tokenize_user(frame.text)
         if len(user_ids) > self.settings.max_prompt_tokens:
             raise ProtocolError(
                 f"prompt is over {self.settings.max_prompt_tokens} tokens",

@@ -17,6 +17,8 @@ class Settings:
     # "batched": every session's generation decodes in one forward per step (bench/ measures it
     # ahead of "generate", one model.generate thread per reply, from 4 concurrent streams on)
     engine: str = "batched"
+    # how a conversation becomes prompt ids (server/engine/formats.py); "auto" picks per model
+    prompt_format: str = "auto"
     # generations decoding at once across sessions (the batched engine's batch width); more wait
     # in a queue of max_queue
     max_concurrent: int = 8

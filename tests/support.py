@@ -18,7 +18,7 @@ import msgpack
 import uvicorn
 import websockets
 from websockets.asyncio.client import ClientConnection
-from wschat.server.app import build_app
+from wschat.server.app import EngineFactory, build_app
 from wschat.server.engine import Engine, Finished, Generation, TokenPiece
 from wschat.server.serve import install_log_filters, uvicorn_config
 from wschat.server.settings import Settings
@@ -28,10 +28,14 @@ TIMEOUT = 30.0
 
 @contextlib.asynccontextmanager
 async def running_server(
-    engine: Engine, settings: Settings | None = None, *, port: int = 0, **overrides: Any
+    engine: Engine | EngineFactory,
+    settings: Settings | None = None,
+    *,
+    port: int = 0,
+    **overrides: Any,
 ) -> AsyncIterator[str]:
     """Serve ``engine`` on 127.0.0.1:<free port> (or ``port``, to restart a server where it was);
-    yields ``ws://.../v1/chat``; always stops."""
+    yields ``ws://.../v1/chat``; always stops. A factory is run in a thread, as the CLI does."""
     settings = settings or Settings(**{"ping_interval_s": 0.0, "log_level": "warning", **overrides})
     app = build_app(settings, engine)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -54,6 +58,32 @@ async def running_server(
         async with asyncio.timeout(TIMEOUT):
             await task
         sock.close()
+
+
+class HeldLoad:
+    """An engine factory that, like a model loading, does not return until ``release()``."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._released = threading.Event()  # set by the test (or on leaving ``loading_server``)
+
+    def __call__(self) -> Engine:
+        self._released.wait(TIMEOUT)  # bounded: a failed test cannot leave the thread behind
+        return self.engine
+
+    def release(self) -> None:
+        self._released.set()
+
+
+@contextlib.asynccontextmanager
+async def loading_server(engine: Engine, **overrides: Any) -> AsyncIterator[tuple[str, HeldLoad]]:
+    """A real server whose model loads until the test calls ``release()`` on the ``HeldLoad``."""
+    load = HeldLoad(engine)
+    try:
+        async with running_server(load, **overrides) as url:
+            yield url, load
+    finally:
+        load.release()
 
 
 class RawPeer:

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 from wschat.protocol import FinishReason
 
+from .formats import PromptFormat
+
 
 class CancelFlag:
     """Set by cancel, reset, disconnect and shutdown; read once per decode step by the worker."""
@@ -78,8 +80,8 @@ class EngineInfo:
     context_tokens: int
     images: bool
     max_images: int
-    # Token ids that end a reply; the conversation closes a turn with the first one.
-    end_of_turn_ids: tuple[int, ...] = ()
+    # The prompt format's name (engine/formats.py): how conversations are rendered.
+    prompt_format: str = ""
 
 
 Item = TokenPiece | Finished
@@ -165,6 +167,8 @@ class LoopBridge:
 
 class Engine(Protocol):
     info: EngineInfo
+    # How a conversation becomes prompt ids, and which tokens end a reply.
+    prompt_format: PromptFormat
 
     def start(self, request: GenerationRequest) -> Generation:
         """Begin generating; must be called on the event loop."""

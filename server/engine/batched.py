@@ -47,7 +47,6 @@ from .kvstore import KVStore
 from .rows import BatchRow
 from .sampling import RowSampler, pick_tokens
 from .slotkv import LayerLayout, SlotKV
-from .streamer import TokenStreamer
 
 log = logging.getLogger("wschat.engine.batched")
 
@@ -64,14 +63,17 @@ class BatchedEngine:
         max_images: int = 4,
         kv_budget_tokens: int = 262_144,
         prefill_tokens: int = 512,
+        prompt_format: str = "auto",
     ) -> None:
         self.single = HFEngine(
             loaded,
             context_tokens=context_tokens,
             max_images=max_images,
             kv_budget_tokens=kv_budget_tokens,
+            prompt_format=prompt_format,
         )
         self.info = replace(self.single.info, name=self.name)
+        self.prompt_format = self.single.prompt_format
         self.model = loaded.model
         inner = self.model.model
         self._text = getattr(inner, "language_model", inner)  # the decoder stack, text only
@@ -79,7 +81,6 @@ class BatchedEngine:
         text_config = getattr(self.model.config, "text_config", self.model.config)
         self._softcap = getattr(text_config, "final_logit_softcapping", None)
         self._pad_id = int(loaded.tokenizer.pad_token_id or 0)
-        self._backend = loaded.tokenizer.backend_tokenizer
         self.width = width
         self.prefill_tokens = prefill_tokens
         self.kv = KVStore(kv_budget_tokens)
@@ -125,11 +126,11 @@ class BatchedEngine:
             request,
             generation,
             bridge,
-            TokenStreamer(self._backend, bridge.put, request.params.stop),
+            self.single.streamer(bridge, request),
             RowSampler(request.params, request.prompt_ids, self.model.device),
             prefix,
             max(1, min(request.params.max_new_tokens, room)),
-            frozenset(self.info.end_of_turn_ids),
+            self.prompt_format.end_ids,
         )
         with self._lock:
             self._inbox.append(row)

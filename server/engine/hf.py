@@ -28,6 +28,7 @@ from wschat.protocol import ErrorCode, FinishReason, ProtocolError
 
 from ..loader import LoadedModel
 from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, SamplingParams
+from .formats import build_format
 from .kvstore import CachedPrefix, KVStore
 from .streamer import TokenStreamer, cancel_or_stop
 
@@ -46,13 +47,17 @@ class HFEngine:
         context_tokens: int = 8192,
         max_images: int = 4,
         kv_budget_tokens: int = 262_144,
+        prompt_format: str = "auto",
     ) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self._backend = self.tokenizer.backend_tokenizer
         limit = _model_context(self.model.config)
-        eos = _eos_ids(self.model.generation_config, self.tokenizer)
+        eos = frozenset(_eos_ids(self.model.generation_config, self.tokenizer))
+        self.prompt_format = build_format(
+            prompt_format, self.tokenizer, eos, instruction_tuned=loaded.instruction_tuned
+        )
         self.info = EngineInfo(
             name=self.name,
             model=loaded.name,
@@ -61,7 +66,7 @@ class HFEngine:
             context_tokens=min(context_tokens, limit),
             images=loaded.has_vision,
             max_images=max_images if loaded.has_vision else 0,
-            end_of_turn_ids=eos,
+            prompt_format=self.prompt_format.name,
         )
         self.kv = KVStore(kv_budget_tokens)
         self._threads: set[threading.Thread] = set()
@@ -78,6 +83,17 @@ class HFEngine:
 
     def forget(self, session_key: str) -> None:
         self.kv.forget(session_key)
+
+    def streamer(self, bridge: LoopBridge, request: GenerationRequest) -> TokenStreamer:
+        """Text for one reply: the format's end tokens and its leading space never shown."""
+        fmt = self.prompt_format
+        return TokenStreamer(
+            self._backend,
+            bridge.put,
+            request.params.stop,
+            end_ids=fmt.end_ids,
+            strip_leading_space=fmt.strips_leading_space,
+        )
 
     def image_placeholder_ids(self) -> list[int]:
         """The prompt ids one image occupies (session.py puts one run per image in the turn)."""
@@ -120,7 +136,7 @@ class HFEngine:
         prefix: CachedPrefix | None,
     ) -> None:
         finished = Finished(FinishReason.ERROR, error=RuntimeError("generation ended early"))
-        streamer = TokenStreamer(self._backend, bridge.put, request.params.stop)
+        streamer = self.streamer(bridge, request)
         try:
             cache = prefix.cache if prefix else DynamicCache(config=self.model.config)
             cached = len(prefix.ids) if prefix else 0
@@ -165,7 +181,7 @@ class HFEngine:
                 attention_mask=torch.ones_like(input_ids),
                 cache=cache,
                 max_new_tokens=max(1, min(params.max_new_tokens, room)),
-                eos_token_id=list(self.info.end_of_turn_ids),
+                eos_token_id=sorted(self.prompt_format.end_ids),
                 pad_token_id=self.tokenizer.pad_token_id,
                 streamer=streamer,
                 stopping_criteria=StoppingCriteriaList(
@@ -186,7 +202,7 @@ class HFEngine:
             return FinishReason.CANCELLED
         if streamer.stop_string_hit:
             return FinishReason.STOP
-        if streamer.generated and streamer.generated[-1] in self.info.end_of_turn_ids:
+        if streamer.generated and streamer.generated[-1] in self.prompt_format.end_ids:
             return FinishReason.STOP
         return FinishReason.LENGTH
 

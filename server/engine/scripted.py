@@ -8,16 +8,19 @@ Tokens are whole "words": ``tokenize_text`` gives one id per character so prompt
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from wschat.protocol import FinishReason
 
 from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, TokenPiece
+from .formats import GemmaTurns
 
 _MARKUP = {"<bos>": 2, "<eos>": 1, "<start_of_turn>": 105, "<end_of_turn>": 106}
+_MARKUP_RE = re.compile("(" + "|".join(re.escape(token) for token in _MARKUP) + ")")
 
 
 @dataclass
@@ -54,8 +57,9 @@ class ScriptedEngine:
             context_tokens,
             images,
             max_images if images else 0,
-            end_of_turn_ids=(1, 106),
+            prompt_format=GemmaTurns.name,
         )
+        self.prompt_format = GemmaTurns(self, frozenset({1, 106}))
         self.requests: list[GenerationRequest] = []
         self.forgotten: list[str] = []
         self.threads: set[threading.Thread] = set()
@@ -67,6 +71,15 @@ class ScriptedEngine:
 
     def token_id(self, token: str) -> int:
         return _MARKUP[token]
+
+    def tokenize_markup(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for n, piece in enumerate(_MARKUP_RE.split(text)):
+            ids += [_MARKUP[piece]] if n % 2 else self.tokenize_text(piece)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(chr(i - 300) if i >= 300 else "" for i in ids)
 
     def image_placeholder_ids(self) -> list[int]:
         return [255999, *([262144] * 4), 256000]

@@ -4,6 +4,8 @@
 token with tokenizers' ``DecodeStream`` (no re-decoding of the whole reply, and never half a UTF-8
 character), emits text at once instead of waiting for a space, and holds back only the tail that
 could still grow into a stop string (PROTOCOL.md: a stop string is not included in the text).
+Tokens that end the reply in the prompt format (``end_ids``: ``<end_of_turn>``, or the line break
+that closes a transcript reply) are kept in ``generated`` but never become text.
 """
 
 from __future__ import annotations
@@ -59,8 +61,14 @@ class TokenStreamer:
         backend_tokenizer: Any,
         emit: Callable[[TokenPiece], None],
         stops: Sequence[str] = (),
+        *,
+        end_ids: frozenset[int] = frozenset(),
+        strip_leading_space: bool = False,
     ) -> None:
         self._tokenizer = backend_tokenizer
+        self._end_ids = end_ids
+        # "Assistant: Paris": the reply's first token carries the space after the label.
+        self._strip_space = strip_leading_space
         self._emit = emit
         self._decoder = DecodeStream(skip_special_tokens=True)
         self._stops = StopStringMatcher(stops)
@@ -84,7 +92,12 @@ class TokenStreamer:
         if self._stops.hit:
             return  # generation stops at this step; nothing after the stop string is text
         self._ids.append(token_id)
+        if token_id in self._end_ids:
+            return  # the turn's end: its id travels with the reply's last text, never as text
         piece = self._decoder.step(self._tokenizer, token_id)
+        if piece and self._strip_space:
+            self._strip_space = False
+            piece = piece.removeprefix(" ")
         text = self._stops.feed(piece) if piece else ""
         if text:
             self._send(text)

@@ -1,7 +1,9 @@
 // The wschat chat page: one WebSocket session (PROTOCOL.md), rendered as it streams.
 
 import { Attachments, imageFiles } from "./attachments.js";
-import { Backoff, diagnose, getToken, openSocket, readFrame, sendFrame, setConnection, setToken } from "./net.js";
+import {
+  Backoff, MODEL_LOADING_REASON, diagnose, getToken, openSocket, readFrame, sendFrame, setConnection, setToken,
+} from "./net.js";
 import { Transcript } from "./transcript.js";
 
 const $ = (id) => document.getElementById(id);
@@ -123,11 +125,18 @@ function onClose(event, opened) {
     state.waitForUser = true;
     return;
   }
+  if (event.code === 1013) return tryAgainLater(event.reason);
+  const closed = event.reason ? `The server closed the connection: ${event.reason}.` : "The server closed the connection.";
   const why = {
     1001: "The server is shutting down or restarting.",
-    1013: "The server is full right now.",
-  }[event.code] || (hadSession ? "The connection to the server was lost." : "The server closed the connection.");
+  }[event.code] || (hadSession ? "The connection to the server was lost." : closed);
   retryLater(why);
+}
+
+// PROTOCOL.md "Close codes": 1013 is a loading model (its reason says so) or a full server.
+function tryAgainLater(reason) {
+  if (reason === MODEL_LOADING_REASON) return retryLater("The model is still loading.", "loading");
+  retryLater(reason ? `The server turned this connection away: ${reason}.` : "The server is full right now.");
 }
 
 async function handshakeFailed() {
@@ -136,18 +145,20 @@ async function handshakeFailed() {
   if (state.ws !== null) return; // something else reconnected meanwhile
   if (verdict === "needs-token") return askForToken("This server needs an access token.");
   if (verdict === "refused-token") return askForToken("The server refused this access token.");
+  if (verdict === "loading") return retryLater("The model is still loading.", "loading");
   const why = {
-    loading: "The model is still loading.",
     unreachable: "The server cannot be reached.",
     ok: "The server refused the connection (it may be full, or this page's origin is not allowed).",
   }[verdict];
   retryLater(why);
 }
 
-function retryLater(why) {
+// Try again after the backoff's next delay; "loading" says the server is up but cannot chat yet.
+function retryLater(why, status = "disconnected") {
   const delay = state.backoff.next();
   const seconds = Math.max(1, Math.round(delay / 1000));
-  setConnection(ui.conn, "disconnected", `Disconnected — retrying in ${seconds} s`);
+  const label = status === "loading" ? "Model loading" : "Disconnected";
+  setConnection(ui.conn, status, `${label} — retrying in ${seconds} s`);
   notice(`${why} Reconnecting in ${seconds} s…`, "warn");
   state.retryTimer = setTimeout(connect, delay);
 }

@@ -5,6 +5,9 @@ import { decode, encode } from "./msgpack.mjs";
 
 const TOKEN_KEY = "wschat.token";
 const SUBPROTOCOL = "wschat.v1";
+// PROTOCOL.md "Close codes": a 1013 with exactly this reason means the model is still loading
+// (worth waiting for); any other 1013 reason means the server is full.
+export const MODEL_LOADING_REASON = "the model is still loading";
 // RFC 7230 token characters: anything else cannot travel in Sec-WebSocket-Protocol.
 const SUBPROTOCOL_SAFE = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 

@@ -46,7 +46,7 @@ async def test_reply_grows_in_several_steps_and_shows_its_timing(
         await chat.page.evaluate(WATCH_GROWTH)
         reply = await chat.send("A short story about a lighthouse keeper, please.")
         await expect(chat.text(reply)).to_contain_text("lamp")
-        await chat.page.screenshot(path=screenshots / "chat.png")
+        await chat.page.screenshot(path=screenshots / "chat-scripted.png")
         assert await chat.finished(reply) == "stop"
         full = "".join(f" {w}" for w in STORY.split())
         await expect(chat.text(reply)).to_have_text(full)

@@ -1,4 +1,5 @@
-"""Connection state on the chat page: tokens, a server that goes away and comes back, capacity."""
+"""Connection state on the chat page: tokens, a server that goes away and comes back, a model
+still loading, capacity."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import pytest
 from playwright.async_api import expect
 from wschat.server.engine.scripted import ScriptedEngine
 
-from tests.support import running_server
+from tests.proxy import cuttable_proxy
+from tests.support import loading_server, running_server
 
 from .chat import ChatPage
 from .conftest import NewPage, http_base, in_turn, words
-from .proxy import cuttable_proxy
 
 pytestmark = pytest.mark.browser
 
@@ -68,6 +69,54 @@ async def test_killing_the_server_shows_disconnected_and_restarting_it_reconnect
         after = await chat.send("after")
         assert await chat.finished(after) == "stop"
         await expect(chat.text(after)).to_have_text(" x0 x1")
+
+
+async def test_a_loading_model_is_shown_as_such_and_the_page_connects_once_it_is_loaded(
+    new_page: NewPage,
+) -> None:
+    async with loading_server(ScriptedEngine(in_turn(words(2)))) as (url, load):
+        chat = ChatPage(await new_page(), http_base(url))
+        await chat.page.goto(chat.base + "/")
+        await expect(chat.conn).to_have_attribute("data-state", "loading")
+        await expect(chat.conn).to_contain_text("Model loading — retrying in")
+        # the third refusal in a row: the page keeps trying, on its backoff (0.5 s, 1 s, 2 s)
+        await expect(chat.notices).to_have_text("The model is still loading. Reconnecting in 2 s…")
+        load.release()
+        await chat.connected()
+        await expect(chat.notices).to_be_empty()
+        reply = await chat.send("hello")
+        assert await chat.finished(reply) == "stop"
+        await expect(chat.text(reply)).to_have_text(" w0 w1")
+
+
+async def test_a_model_that_failed_to_load_is_shown_with_the_servers_reason(
+    new_page: NewPage,
+) -> None:
+    def fail_to_load() -> ScriptedEngine:
+        raise RuntimeError("no weights here")
+
+    async with running_server(fail_to_load) as url:
+        chat = ChatPage(await new_page(), http_base(url))
+        await chat.page.goto(chat.base + "/")
+        await expect(chat.notices).to_contain_text(
+            "The server closed the connection: the model failed to load (see the server's log)."
+        )
+        await expect(chat.conn).to_have_attribute("data-state", "disconnected")
+
+
+async def test_a_full_server_shows_its_close_reason_and_the_page_retries(
+    new_page: NewPage,
+) -> None:
+    async with running_server(ScriptedEngine(), max_connections=1) as url:
+        first = await ChatPage(await new_page(), http_base(url)).open()
+        second = ChatPage(await new_page(), http_base(url))
+        await second.page.goto(second.base + "/")
+        await expect(second.conn).to_have_attribute("data-state", "disconnected")
+        await expect(second.notices).to_contain_text(
+            "The server turned this connection away: the server is full (1 connections)."
+        )
+        await first.page.close()  # its place frees up: the retrying page gets it
+        await second.connected()
 
 
 async def test_a_dropped_connection_resumes_the_same_conversation(new_page: NewPage) -> None:

@@ -16,8 +16,6 @@ from .conftest import NewPage, http_base
 
 pytestmark = [pytest.mark.browser, pytest.mark.real_model]
 
-SOME_WORDS = re.compile(r"(\S+\s+){6}")
-FINISHED = re.compile(r"^(stop|length)$")
 WATCH_GROWTH = """() => {
   window.lengths = [];
   new MutationObserver(() => {
@@ -42,20 +40,15 @@ async def test_embedded_gemma_streams_a_reply_into_the_page(
     async with running_server(engine) as url:  # type: ignore[arg-type]
         chat = await ChatPage(await new_page(), http_base(url)).open()
         await expect(chat.page.locator("#model")).to_contain_text("gemma")
-        await chat.page.get_by_label("Max new tokens").fill("40")
         await chat.page.evaluate(WATCH_GROWTH)
-        reply = await chat.send("Write two sentences about the sea.")
-        await expect(reply.locator(".meta")).to_have_text("Generating…", timeout=120_000)
-        # a few words in (the reply may also have finished by then: the screenshot is a picture)
-        await expect(chat.text(reply)).to_have_text(SOME_WORDS, timeout=120_000)
-        await chat.page.screenshot(path=screenshots / "chat-gemma.png")
-        await expect(reply).to_have_attribute("data-reason", FINISHED, timeout=120_000)
-        reason = await reply.get_attribute("data-reason")
-        assert reason in ("stop", "length")
-        text = await chat.text(reply).text_content()
-        assert text and text.strip()
+        reply = await chat.send("What is the capital of France?")
+        # the base model answers in one line and ends it itself, before any length limit
+        await expect(reply).to_have_attribute("data-reason", "stop", timeout=120_000)
+        await expect(chat.text(reply)).to_contain_text("Paris")
         lengths = await chat.page.evaluate("() => window.lengths")
-        assert len(set(lengths)) >= 3, lengths
+        assert len(set(lengths)) >= 3, lengths  # it grew token by token
         await expect(reply.locator(".meta")).to_contain_text("tokens/s")
-        second = await chat.send("Now one more, shorter.")
-        await expect(second).to_have_attribute("data-reason", FINISHED, timeout=120_000)
+        second = await chat.send("What do bees make?")  # a follow-up in the same conversation
+        await expect(second).to_have_attribute("data-reason", "stop", timeout=120_000)
+        await expect(chat.text(second)).to_have_text(re.compile(r"\w+"))
+        await chat.page.screenshot(path=screenshots / "chat-gemma.png")

@@ -10,17 +10,25 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
-from wschat.client.status import STOPPING_NOTICE
+from wschat.client import connect
+from wschat.client.cli import build_parser
+from wschat.client.status import STOPPING_NOTICE, ExitStatus
 from wschat.server.engine import GenerationRequest
 from wschat.server.engine.scripted import Script, ScriptedEngine
 
 from tests.client.engines import WAIT, failing_engine, is_sublist, slow_engine
-from tests.support import running_server
+from tests.proxy import cuttable_proxy
+from tests.support import loading_server, running_server, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = Script([" hi", " there"])
+W8 = "".join(f" w{i}" for i in range(8))  # the default scripted reply, ended on its own
+WAITING = "waiting for the model to load (up to {} s)...\n"
+STILL_LOADING = "the server closed the connection (code 1013): the model is still loading"
+WAIT_HINT = " (wait for it with --wait SECONDS)"
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -124,7 +132,7 @@ async def test_ask_passes_max_new_tokens_and_system_to_the_server() -> None:
         status, out, err = await run_cli(
             "ask", "--url", url, "--max-new-tokens", "3", "--system", "Be terse.", "hi"
         )
-    assert (status, out) == (0, " w0 w1 w2\n"), err
+    assert (status, out) == (6, " w0 w1 w2\n"), err  # 6: cut at the limit it was given
     request: GenerationRequest = engine.requests[-1]
     assert request.params.max_new_tokens == 3
     assert is_sublist(engine.tokenize_text("Be terse."), request.prompt_ids)
@@ -133,8 +141,8 @@ async def test_ask_passes_max_new_tokens_and_system_to_the_server() -> None:
 async def test_ask_takes_the_url_from_wschat_url() -> None:
     async with running_server(ScriptedEngine()) as url:
         env = cli_env(WSCHAT_URL=url)
-        status, out, _ = await run_cli("ask", "--max-new-tokens", "2", "hi", env=env)
-    assert (status, out) == (0, " w0 w1\n")
+        status, out, _ = await run_cli("ask", "hi", env=env)
+    assert (status, out) == (0, W8 + "\n")
 
 
 async def test_ask_with_stats_prints_time_to_first_token_and_rate_to_stderr() -> None:
@@ -183,6 +191,8 @@ async def test_ask_with_an_unreadable_image_or_bad_arguments_exits_2(tmp_path: P
     assert err == f"error: usage: cannot read image {missing}: No such file or directory\n"
     status, _, err = await run_cli("ask", "--max-new-tokens", "many", "x")
     assert status == 2 and "invalid int value: 'many'" in err
+    status, _, err = await run_cli("ask", "--wait", "-1", "x")
+    assert status == 2 and "invalid seconds value: '-1'" in err
 
 
 async def test_ask_interrupted_mid_reply_stops_it_and_exits_130() -> None:
@@ -200,7 +210,7 @@ async def test_ask_interrupted_mid_reply_stops_it_and_exits_130() -> None:
 async def test_second_ctrl_c_leaves_when_the_reply_does_not_stop(command: str, status: int) -> None:
     engine = scripts_in_turn(Script([" a", " b"], stall_after=1))  # stops reading its cancel flag
     async with running_server(engine) as url:
-        args = ("ask", "--url", url, "go") if command == "ask" else ("chat", url)
+        args = ("ask", "--url", url, "go") if command == "ask" else ("chat", "--url", url)
         async with cli(*args) as process:
             if command == "chat":
                 await process.send("go")
@@ -216,12 +226,147 @@ async def test_second_ctrl_c_leaves_when_the_reply_does_not_stop(command: str, s
         engine.unstall()
 
 
+async def test_ask_cut_at_the_token_limit_prints_the_reply_then_a_notice_and_exits_6() -> None:
+    async with running_server(ScriptedEngine()) as url:
+        status, out, err = await run_cli("ask", "--url", url, "--max-new-tokens", "3", "hi")
+    notice = "[reply cut at the 3-token limit: raise --max-new-tokens]\n"
+    assert (status, out, err) == (6, " w0 w1 w2\n", notice)
+
+
+# -- a server still loading its model, a full server ------------------------------------------
+
+
+async def test_ask_waits_for_a_loading_model_saying_so_once_then_prints_the_reply() -> None:
+    async with loading_server(ScriptedEngine()) as (url, load):
+        port = urlsplit(url).port
+        assert port is not None
+        async with cuttable_proxy(port) as proxy:
+            proxied = f"ws://127.0.0.1:{proxy.port}/v1/chat"
+            async with cli("ask", "--url", proxied, "--wait", "30", "hello") as ask:
+                assert await ask.stderr_line() == WAITING.format(30)
+                await wait_until(lambda: proxy.accepted >= 3)  # refused twice or more
+                load.release()
+                assert await ask.read_until("\n") == W8 + "\n"
+                assert await ask.exit_status() == 0
+                assert await ask.stderr() == ""  # the waiting line came once
+
+
+@pytest.mark.parametrize("how", ["--wait 0", "WSCHAT_WAIT=0"])
+async def test_ask_told_not_to_wait_for_a_loading_model_exits_3_at_once(how: str) -> None:
+    async with loading_server(ScriptedEngine()) as (url, _):
+        if how == "--wait 0":
+            result = await run_cli("ask", "--url", url, "--wait", "0", "hello")
+        else:
+            result = await run_cli("ask", "--url", url, "hello", env=cli_env(WSCHAT_WAIT="0"))
+    assert result == (3, "", f"error: connect: {STILL_LOADING}{WAIT_HINT}\n")
+
+
+async def test_ask_gives_up_on_a_model_still_loading_after_wait_and_exits_3() -> None:
+    async with loading_server(ScriptedEngine()) as (url, _):
+        status, out, err = await run_cli("ask", "--url", url, "--wait", "1", "hello")
+    gave_up = f"error: connect: the model was still loading after waiting 1 s{WAIT_HINT}\n"
+    assert (status, out, err) == (3, "", WAITING.format(1) + gave_up)
+
+
+async def test_ask_on_a_full_server_exits_3_at_once_without_waiting() -> None:
+    async with (
+        running_server(ScriptedEngine(), max_connections=1) as url,
+        connect(url, timeout=WAIT),  # takes the one place
+    ):
+        status, out, err = await run_cli("ask", "--url", url, "--wait", "30", "hello")
+    full = "the server closed the connection (code 1013): the server is full (1 connections)"
+    assert (status, out, err) == (3, "", f"error: connect: {full}\n")
+
+
+async def test_ask_on_a_model_that_failed_to_load_exits_3_without_waiting_it_out() -> None:
+    def fail_to_load() -> ScriptedEngine:
+        raise RuntimeError("no weights here")
+
+    async with running_server(fail_to_load) as url:
+        status, out, err = await run_cli("ask", "--url", url, "--wait", "30", "hello")
+    failed = "the server closed the connection (code 1011): the model failed to load"
+    assert (status, out) == (3, "")
+    assert err.endswith(f"error: connect: {failed} (see the server's log)\n"), err
+
+
+async def test_chat_waits_for_a_loading_model_then_chats() -> None:
+    async with (
+        loading_server(ScriptedEngine()) as (url, load),
+        cli("chat", "--url", url, "--wait", "30") as chat,
+    ):
+        assert await chat.stderr_line() == WAITING.format(30)
+        load.release()
+        assert (
+            await chat.stderr_line()
+            == f"connected to scripted at {url}; /help lists the commands\n"
+        )
+        await chat.send("hello")
+        assert await chat.read_until("\n") == W8 + "\n"
+        await chat.send("/quit")
+        assert await chat.exit_status() == 0
+
+
+# -- wschat chat ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spelling", ["--url URL", "URL", "WSCHAT_URL"])
+async def test_chat_takes_the_url_as_an_option_as_an_argument_or_from_wschat_url(
+    spelling: str,
+) -> None:
+    async with running_server(ScriptedEngine()) as url:
+        args = {"--url URL": ["--url", url], "URL": [url], "WSCHAT_URL": []}[spelling]
+        env = cli_env(WSCHAT_URL=url if spelling == "WSCHAT_URL" else "ws://127.0.0.1:1/v1/chat")
+        async with cli("chat", *args, env=env) as chat:
+            connected = await chat.stderr_line()
+            assert chat.process.stdin is not None
+            chat.process.stdin.close()
+            assert await chat.exit_status() == 0
+    assert connected == f"connected to scripted at {url}; /help lists the commands\n"
+
+
+@pytest.mark.parametrize("command", ["ask", "chat"])
+def test_help_of_ask_and_chat_names_url_wait_and_every_exit_status(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([command, "--help"])
+    text = capsys.readouterr().out
+    assert exited.value.code == 0
+    for option in ("--url URL", "WSCHAT_URL", "--wait SECONDS", "WSCHAT_WAIT, default 600"):
+        assert option in " ".join(text.split()), option
+    assert [line.split()[0] for line in text.split("exit statuses:\n")[1].splitlines()] == [
+        str(status.value) for status in ExitStatus
+    ]
+    assert "[URL]" not in text  # ``wschat chat URL`` still works but is not advertised
+
+
+async def test_chat_given_the_url_twice_is_a_usage_error() -> None:
+    status, out, err = await run_cli("chat", "ws://a.test/v1/chat", "--url", "ws://b.test/v1/chat")
+    assert (status, out) == (2, "")
+    assert err.endswith("error: give the server URL once, as --url URL\n")
+
+
+async def test_chat_notes_a_reply_cut_at_the_limit_and_goes_on() -> None:
+    notice = "[reply cut at the 2-token limit: raise --max-new-tokens]\n"
+    async with (
+        running_server(ScriptedEngine()) as url,
+        cli("chat", "--url", url, "--max-new-tokens", "2") as chat,
+    ):
+        assert (await chat.stderr_line()).startswith("connected to scripted")
+        for text in ("hello", "again"):
+            await chat.send(text)
+            assert await chat.read_until("\n") == " w0 w1\n"
+            assert await chat.stderr_line() == notice
+        await chat.send("/quit")
+        assert await chat.exit_status() == 0
+
+
 # -- wschat chat ---------------------------------------------------------------------------
 
 
 async def test_chat_streams_replies_resets_and_ctrl_c_stops_a_reply_then_quits() -> None:
     engine = scripts_in_turn(FAST, slow(), FAST)
-    async with running_server(engine) as url, cli("chat", url) as chat:
+    async with running_server(engine) as url, cli("chat", "--url", url) as chat:
         await chat.send("hello")
         assert await chat.read_until("\n") == " hi there\n"
         await chat.send("/reset")
@@ -241,7 +386,7 @@ async def test_chat_streams_replies_resets_and_ctrl_c_stops_a_reply_then_quits()
 
 async def test_chat_commands_and_end_of_input() -> None:
     engine = ScriptedEngine()
-    async with running_server(engine) as url, cli("chat", url) as chat:
+    async with running_server(engine) as url, cli("chat", "--url", url) as chat:
         await chat.send("/help")
         assert "/image PATH" in await chat.read_until("/quit")
         await chat.send("/system Be terse.")
@@ -262,7 +407,7 @@ async def test_chat_commands_and_end_of_input() -> None:
 async def test_chat_image_command_on_a_text_only_model_reports_unsupported(tmp_path: Path) -> None:
     image = tmp_path / "pixel.png"
     image.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 16)
-    async with running_server(ScriptedEngine()) as url, cli("chat", url) as chat:
+    async with running_server(ScriptedEngine()) as url, cli("chat", "--url", url) as chat:
         await chat.send(f"/image {image}")
         await chat.send("/quit")
         assert await chat.exit_status() == 0
@@ -271,5 +416,5 @@ async def test_chat_image_command_on_a_text_only_model_reports_unsupported(tmp_p
 
 
 async def test_chat_with_nothing_listening_exits_3() -> None:
-    status, _, err = await run_cli("chat", "ws://127.0.0.1:1/v1/chat")
+    status, _, err = await run_cli("chat", "--url", "ws://127.0.0.1:1/v1/chat")
     assert status == 3 and err.startswith("error: connect: cannot connect")

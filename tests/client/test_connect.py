@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import socket
-import threading
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
-from wschat.client import Chat, ConnectError, ConnectionClosedError, connect
-from wschat.protocol import Capabilities, Limits, Ready, encode
+from wschat.client import Chat, ConnectError, ConnectionClosedError, ModelLoadingError, connect
+from wschat.client.opening import loading_retry_delays
+from wschat.protocol import MODEL_LOADING_REASON, Capabilities, Limits, Ready, encode
+from wschat.server.app import MODEL_FAILED_REASON
 from wschat.server.engine.scripted import ScriptedEngine
 
 from tests.client.engines import WAIT, slow_engine
-from tests.support import running_server
+from tests.proxy import cuttable_proxy
+from tests.support import loading_server, running_server, wait_until
 
 
 async def test_connection_lost_mid_reply_raises_connection_closed() -> None:
@@ -49,21 +53,83 @@ async def test_closing_the_chat_ends_its_running_reply() -> None:
         assert closed.value.code == 1000
 
 
-async def test_server_still_loading_closes_with_try_again_later() -> None:
-    release = threading.Event()
+async def test_server_still_loading_raises_model_loading_error_at_once_by_default() -> None:
+    async with loading_server(ScriptedEngine()) as (url, _):
+        with pytest.raises(ModelLoadingError) as refused:
+            await connect(url, timeout=WAIT)
+    error = refused.value
+    assert (error.status, error.close_code, error.close_reason) == (
+        None,
+        1013,
+        MODEL_LOADING_REASON,
+    )
+    assert (
+        error.message == "the server closed the connection (code 1013): the model is still loading"
+    )
 
-    def load_forever() -> ScriptedEngine:
-        release.wait(WAIT)
-        return ScriptedEngine()
 
-    try:
-        async with running_server(load_forever) as url:  # type: ignore[arg-type]
-            with pytest.raises(ConnectError) as refused:
-                await connect(url, timeout=WAIT)
-            assert (refused.value.status, refused.value.close_code) == (None, 1013)
-            assert "the model is still loading" in refused.value.message
-    finally:
-        release.set()
+async def test_connect_waits_for_a_loading_model_then_opens() -> None:
+    told: list[None] = []
+    async with loading_server(ScriptedEngine()) as (url, load):
+        port = urlsplit(url).port
+        assert port is not None
+        async with cuttable_proxy(port) as proxy:
+            opening = asyncio.ensure_future(
+                connect(
+                    f"ws://127.0.0.1:{proxy.port}/v1/chat",
+                    timeout=WAIT,
+                    load_wait=WAIT,
+                    on_loading=lambda: told.append(None),
+                )
+            )
+            await wait_until(lambda: proxy.accepted >= 3)  # refused twice or more, still trying
+            assert not opening.done()
+            load.release()
+            async with asyncio.timeout(WAIT):
+                chat = await opening
+            async with chat:
+                done = await chat.prompt("hi").wait(WAIT)
+    assert done.text == "".join(f" w{i}" for i in range(8))
+    assert told == [None]  # once, however many tries
+
+
+async def test_connect_gives_up_on_a_model_still_loading_after_load_wait() -> None:
+    told: list[None] = []
+    async with loading_server(ScriptedEngine()) as (url, _):
+        with pytest.raises(ModelLoadingError) as refused:
+            await connect(url, timeout=WAIT, load_wait=0.3, on_loading=lambda: told.append(None))
+    assert refused.value.message == "the model was still loading after waiting 0.3 s"
+    assert (refused.value.close_code, told) == (1013, [None])
+
+
+async def test_connect_does_not_wait_for_a_full_server() -> None:
+    told: list[None] = []
+    async with (
+        running_server(ScriptedEngine(), max_connections=1) as url,
+        connect(url, timeout=WAIT),
+    ):
+        with pytest.raises(ConnectError) as refused:
+            await connect(url, timeout=WAIT, load_wait=WAIT, on_loading=lambda: told.append(None))
+    assert type(refused.value) is ConnectError and told == []
+    assert (refused.value.close_code, refused.value.close_reason) == (
+        1013,
+        "the server is full (1 connections)",
+    )
+
+
+async def test_connect_stops_waiting_once_the_model_failed_to_load() -> None:
+    def fail_to_load() -> ScriptedEngine:
+        raise RuntimeError("no weights here")
+
+    async with running_server(fail_to_load) as url:
+        with pytest.raises(ConnectError) as refused:
+            await connect(url, timeout=WAIT, load_wait=WAIT)  # a refusal as loading, at most
+    assert type(refused.value) is ConnectError
+    assert (refused.value.close_code, refused.value.close_reason) == (1011, MODEL_FAILED_REASON)
+
+
+def test_loading_retry_delays_double_from_a_quarter_second_up_to_two() -> None:
+    assert list(itertools.islice(loading_retry_delays(), 6)) == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
 
 
 async def test_nothing_listening_raises_connect_error_without_status() -> None:

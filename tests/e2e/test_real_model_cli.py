@@ -17,6 +17,7 @@ pytestmark = pytest.mark.real_model
 
 START_TIMEOUT = 600.0  # the first start converts the GGUF (about a minute on 2 cores)
 ASK_TIMEOUT = 120.0
+CUT_NOTICE = "[reply cut at the 3-token limit: raise --max-new-tokens]\n"
 
 
 async def ask(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
@@ -30,8 +31,11 @@ async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_pat
     env |= {"HF_HUB_OFFLINE": "1", "WSCHAT_URL": f"ws://127.0.0.1:{port}/v1/chat"}
     command = [*console_script("wschat-server", "wschat.server"), "--port", str(port)]
     async with server_process(command, port, log, env, START_TIMEOUT) as server:
-        status, out, err = await ask("--max-new-tokens", "24", "The capital of France is", env=env)
-        assert status == 0, err
+        status, out, err = await ask("What is the capital of France?", env=env)
+        assert (status, err) == (0, "")  # 0: the reply ended on its own, before the length limit
+        assert "Paris" in out, out
+        status, out, err = await ask("--max-new-tokens", "3", "Tell me about Paris.", env=env)
+        assert (status, err) == (6, CUT_NOTICE)  # 6: printed, but cut at the limit, and said so
         assert out.strip(), "the reply was empty"
         image = tmp_path / "red.png"
         image.write_bytes(png())
@@ -44,3 +48,11 @@ async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_pat
         assert returncode == 0, log.read_text()
         text = log.read_text()
         assert "loaded" in text.lower()
+        assert "prompt format transcript" in text
+        # listening is not ready: the log says so until the model is in
+        listening = text.index("Uvicorn running on")
+        assert (
+            listening
+            < text.index("not ready yet: loading the model")
+            < text.index("ready: accepting chats")
+        )

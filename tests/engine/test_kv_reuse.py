@@ -5,15 +5,19 @@ the least recently used idle sessions."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from wschat.server.conversation import Conversation
 from wschat.server.engine.base import Finished, Generation, GenerationRequest, SamplingParams
 from wschat.server.engine.batched import BatchedEngine
 from wschat.server.engine.hf import HFEngine
 from wschat.server.loader import LoadedModel
 
+from tests.engine.test_formats import GEMMA_TEMPLATE
 from tests.support import RawPeer, collect, raw_peer, running_server
 
 Engine = HFEngine | BatchedEngine
@@ -68,6 +72,39 @@ async def test_greedy_turns_with_reuse_equal_turns_prefilled_in_full(engine: Eng
         assert (reused.cached_tokens > 0) == (turn > 0)
         assert full.cached_tokens == 0
         history += [*reused.completion_ids, 106]
+
+
+def with_template(loaded: LoadedModel, template: str) -> LoadedModel:
+    tokenizer = copy.deepcopy(loaded.tokenizer)
+    tokenizer.chat_template = template
+    return dataclasses.replace(loaded, tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("prompt_format", ["gemma-turns", "transcript", "chat-template"])
+@pytest.mark.parametrize("kind", ["generate", "batched"])
+async def test_greedy_turns_with_reuse_equal_full_prefills_in_every_prompt_format(
+    tiny_text_loaded: LoadedModel, kind: str, prompt_format: str
+) -> None:
+    loaded = with_template(tiny_text_loaded, GEMMA_TEMPLATE)
+    engine: Engine = (
+        HFEngine(loaded, prompt_format=prompt_format)
+        if kind == "generate"
+        else BatchedEngine(loaded, prefill_tokens=32, prompt_format=prompt_format)
+    )
+    try:
+        assert engine.info.prompt_format == prompt_format
+        conversation = Conversation(engine.prompt_format)
+        conversation.set_system("Answer briefly.")
+        for turn, text in enumerate(["Hello there", "Tell me more", "And after that?"]):
+            user = conversation.tokenize_user(text)
+            prompt = conversation.prompt_ids(user)
+            reused = await run(engine, prompt, "s")
+            full = await run(engine, prompt, None)
+            assert reused.completion_ids == full.completion_ids
+            assert (reused.cached_tokens > 0) == (turn > 0)
+            conversation.add_exchange(user, [], [], reused.completion_ids)
+    finally:
+        await engine.aclose()
 
 
 def sessions_cached(engine: Engine) -> set[str]:

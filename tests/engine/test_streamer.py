@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from wschat.server.engine.base import TokenPiece
 from wschat.server.engine.streamer import TokenStreamer
@@ -14,9 +16,11 @@ TEXT = f"Hi 𓀀 and ꙮ, {FRAKTUR_U} été 日本語 🙂"
 BYTE_FALLBACK = ("𓀀", "ꙮ", FRAKTUR_U)
 
 
-def stream(loaded: LoadedModel, ids: list[int], stops: tuple[str, ...] = ()) -> list[TokenPiece]:
+def stream(
+    loaded: LoadedModel, ids: list[int], stops: tuple[str, ...] = (), **options: Any
+) -> list[TokenPiece]:
     pieces: list[TokenPiece] = []
-    streamer = TokenStreamer(loaded.tokenizer.backend_tokenizer, pieces.append, stops)
+    streamer = TokenStreamer(loaded.tokenizer.backend_tokenizer, pieces.append, stops, **options)
     streamer.put(torch.tensor([[2, 105]]))  # the prompt: not streamed
     for token_id in ids:
         streamer.put(torch.tensor([token_id]))
@@ -51,3 +55,21 @@ def test_stop_string_across_tokens_is_cut_from_the_text(tiny_text_loaded: Loaded
     ids = tiny_text_loaded.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
     pieces = stream(tiny_text_loaded, ids, stops=(f"ꙮ, {FRAKTUR_U}",))
     assert "".join(p.text for p in pieces) == "Hi 𓀀 and "
+
+
+def test_the_token_that_ends_the_turn_keeps_its_id_but_is_never_text(
+    tiny_text_loaded: LoadedModel,
+) -> None:
+    tokenizer = tiny_text_loaded.tokenizer
+    newline = tokenizer.convert_tokens_to_ids("\n")
+    ids = [*tokenizer(" Paris.", add_special_tokens=False)["input_ids"], newline]
+    pieces = stream(tiny_text_loaded, ids, end_ids=frozenset({newline}))
+    assert "".join(p.text for p in pieces) == " Paris."
+    assert [i for p in pieces for i in p.ids] == ids
+
+
+def test_the_space_after_a_transcript_label_is_not_shown(tiny_text_loaded: LoadedModel) -> None:
+    ids = tiny_text_loaded.tokenizer(" Paris is  big", add_special_tokens=False)["input_ids"]
+    pieces = stream(tiny_text_loaded, ids, strip_leading_space=True)
+    assert "".join(p.text for p in pieces) == "Paris is  big"
+    assert [i for p in pieces for i in p.ids] == ids

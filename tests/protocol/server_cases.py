@@ -39,7 +39,7 @@ def server_frames() -> Iterator[Case]:
     limits = Limits(12582912, 10485760, 8192, 1024, 25000000, 4, 262144, 8192, 50, 600.0)
     yield server(
         "ready_full",
-        "ready with every limit our server reports and the engine name",
+        "ready with every limit our server reports, the engine and the prompt format",
         Ready(
             1,
             "3f2a9c01d4e5b6a7",
@@ -47,7 +47,8 @@ def server_frames() -> Iterator[Case]:
             "gemma-3-270m",
             Capabilities(True, 4),
             limits,
-            "generate",
+            "batched",
+            "transcript",
         ),
     )
     yield server(

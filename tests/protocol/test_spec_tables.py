@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from wschat.protocol import (
+    MODEL_LOADING_REASON,
     CloseCode,
     ErrorCode,
     FinishReason,
@@ -71,6 +72,11 @@ def test_close_codes_table_lists_every_close_code() -> None:
     rows = table_after("### Close codes")
     assert [int(r[0]) for r in rows] == [c.value for c in CloseCode]
     assert [r[1] for r in rows] == [c.name.lower().replace("_", " ") for c in CloseCode]
+
+
+def test_close_codes_table_gives_the_loading_reason_clients_act_on() -> None:
+    (row,) = [r for r in table_after("### Close codes") if r[0] == str(CloseCode.TRY_AGAIN_LATER)]
+    assert f"reason exactly `{MODEL_LOADING_REASON}`" in row[2]
 
 
 def test_params_table_lists_every_generation_param() -> None:

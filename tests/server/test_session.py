@@ -133,7 +133,7 @@ async def test_reset_mid_generation_sends_done_then_reset_ok_and_clears_history(
     await session.handle(Reset())
     kinds = [type(f) for f in rec.frames]
     assert kinds.index(Done) < kinds.index(ResetOk)
-    assert session.conversation.turns == []
+    assert session.conversation.exchanges == []
     assert engine.forgotten == ["s1"]
 
 

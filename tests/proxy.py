@@ -1,5 +1,6 @@
 """``CuttableProxy``: a loopback TCP relay in front of a server whose live connections a test can
-cut, like a dropped network, while the server and the relay's listener stay up."""
+cut, like a dropped network, while the server and the relay's listener stay up. It counts the
+connections it relays, so a test can tell how often a client came back."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ class CuttableProxy:
     def __init__(self, upstream_port: int) -> None:
         self.upstream_port = upstream_port
         self.port = 0
+        self.accepted = 0  # connections relayed so far
         self._writers: set[asyncio.StreamWriter] = set()
         self._pumps: set[asyncio.Task[None]] = set()
 
@@ -28,6 +30,7 @@ class CuttableProxy:
             writer.close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
         async with asyncio.timeout(TIMEOUT):
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         self._writers |= {writer, up_writer}

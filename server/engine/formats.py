@@ -1,0 +1,316 @@
+"""Prompt formats: how a conversation becomes the token ids a model was trained to continue.
+
+A format renders on ids, never on a string of markup: user (and system) text is tokenized as
+text, so control-token strings or ``User:`` typed by a user stay text and cannot end or forge a
+turn in the conversation's accounting; model turns keep the exact ids the model produced; and
+each prompt extends the previous one token for token, so a session's KV state is reused.
+
+``gemma-turns``   Gemma's instruction-tuned turn markup, for Gemma checkpoints without a template::
+
+    <bos><start_of_turn>user\\n{system}\\n\\n{text}<end_of_turn>\\n<start_of_turn>model\\n{reply}...
+
+``chat-template`` the tokenizer's own chat template, rendered with sentinels in place of every
+                  text so the markup around them is the template's and the texts are ours.
+
+``transcript``    for pretrained (base) models, which were never tuned on turns and babble inside
+                  turn markup, but continue a plain transcript well: an instruction line (the
+                  system prompt when one is set), a few short example exchanges, then
+                  ``User: ...`` / ``Assistant:`` lines. A reply is one paragraph: it ends at its
+                  first line break, which is kept in the history but never sent as text.
+
+``auto`` picks: the tokenizer's chat template when it has one; else ``gemma-turns`` for a Gemma
+checkpoint that is instruction-tuned (its name says ``-it`` or ``instruct``, or it is one of the
+tiny test models that stand in for one); else ``transcript``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+FORMATS = ("auto", "chat-template", "gemma-turns", "transcript")
+
+
+class TextCodec(Protocol):
+    """What a format needs from a tokenizer."""
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """Text as text: control-token strings in it stay ordinary text."""
+        ...
+
+    def tokenize_markup(self, text: str) -> list[int]:
+        """Markup: control-token strings become their control tokens."""
+        ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One finished (or cancelled) user turn and the reply to it, as they were prompted."""
+
+    user_ids: list[int]
+    image_ids: list[list[int]]  # one placeholder run per image, before the text
+    images: list[Any]
+    reply_ids: list[int]  # as generated, with the token that ended the reply if one did
+
+
+@dataclass(frozen=True, slots=True)
+class UserTurn:
+    ids: list[int]
+    image_ids: Sequence[Sequence[int]] = ()
+
+
+class PromptFormat(Protocol):
+    name: str
+    # Tokens that end a reply: generation stops on them and they are never part of its text.
+    end_ids: frozenset[int]
+    # A reply that starts after "Assistant:" starts with a space the reader should not see.
+    strips_leading_space: bool
+
+    def tokenize_user(self, text: str) -> list[int]:
+        """A user's text as this format places it in a turn (always tokenized as text)."""
+        ...
+
+    def render(self, system: str | None, history: Sequence[Exchange], user: UserTurn) -> list[int]:
+        """The whole conversation plus a new user turn, ending where the reply begins."""
+        ...
+
+
+def _without_end(reply: Sequence[int], end_ids: frozenset[int]) -> list[int]:
+    ids = list(reply)
+    while ids and ids[-1] in end_ids:
+        ids.pop()
+    return ids
+
+
+def _user_content(user: UserTurn | Exchange) -> list[int]:
+    images = user.image_ids
+    text = user.ids if isinstance(user, UserTurn) else user.user_ids
+    return [i for run in images for i in run] + list(text)
+
+
+class GemmaTurns:
+    name = "gemma-turns"
+    strips_leading_space = False
+
+    def __init__(self, codec: TextCodec, end_ids: frozenset[int]) -> None:
+        self._codec = codec
+        self.end_ids = end_ids
+        (self._bos,) = codec.tokenize_markup("<bos>")
+        (self._start,) = codec.tokenize_markup("<start_of_turn>")
+        (self._end,) = codec.tokenize_markup("<end_of_turn>")
+        self._newline = codec.tokenize_text("\n")
+        self._user = codec.tokenize_text("user\n")
+        self._model = codec.tokenize_text("model\n")
+        self._system_gap = codec.tokenize_text("\n\n")
+
+    def tokenize_user(self, text: str) -> list[int]:
+        return self._codec.tokenize_text(text)
+
+    def render(self, system: str | None, history: Sequence[Exchange], user: UserTurn) -> list[int]:
+        system_ids = self._codec.tokenize_text(system) + self._system_gap if system else []
+        ids = [self._bos]
+        for n, exchange in enumerate(history):
+            ids += self._turn(self._user, (system_ids if n == 0 else []) + _user_content(exchange))
+            ids += self._turn(self._model, _without_end(exchange.reply_ids, self.end_ids))
+        first = system_ids if not history else []
+        ids += self._turn(self._user, first + _user_content(user))
+        return [*ids, self._start, *self._model]
+
+    def _turn(self, role: list[int], content: list[int]) -> list[int]:
+        return [self._start, *role, *content, self._end, *self._newline]
+
+
+# The transcript's default instruction line and examples: short, factual, one line each, so a
+# base model answers in kind and ends its reply at the line break.
+TRANSCRIPT_INSTRUCTION = (
+    "A conversation between a curious user and a helpful, knowledgeable assistant. "
+    "The assistant answers each question correctly in one or two short sentences."
+)
+TRANSCRIPT_EXAMPLES = (
+    ("What is the capital of Italy?", "The capital of Italy is Rome."),
+    ("Who painted the Mona Lisa?", "Leonardo da Vinci painted the Mona Lisa."),
+    ("How many legs does a spider have?", "A spider has eight legs."),
+)
+
+
+class Transcript:
+    name = "transcript"
+    strips_leading_space = True
+
+    def __init__(
+        self,
+        codec: TextCodec,
+        eos_ids: frozenset[int],
+        newline_ids: frozenset[int],
+        *,
+        bos: str | None = "<bos>",
+        instruction: str = TRANSCRIPT_INSTRUCTION,
+        examples: Sequence[tuple[str, str]] = TRANSCRIPT_EXAMPLES,
+    ) -> None:
+        self._codec = codec
+        self._newline_ids = newline_ids
+        self.end_ids = eos_ids | newline_ids
+        self._bos = codec.tokenize_markup(bos) if bos else []
+        self._line = codec.tokenize_text("\n")
+        self._gap = codec.tokenize_text("\n\n")
+        self._user = codec.tokenize_text("User:")
+        self._assistant = codec.tokenize_text("Assistant:")
+        self._instruction = codec.tokenize_text(instruction)
+        self._examples: list[int] = []
+        for question, answer in examples:
+            self._examples += self._user_line(self.tokenize_user(question))
+            self._examples += self._assistant + codec.tokenize_text(" " + answer) + self._line
+
+    def tokenize_user(self, text: str) -> list[int]:
+        # "User: text": the space belongs to the text's first word, as in the training data.
+        return self._codec.tokenize_text(" " + text) if text else []
+
+    def render(self, system: str | None, history: Sequence[Exchange], user: UserTurn) -> list[int]:
+        instruction = self._codec.tokenize_text(system) if system else self._instruction
+        ids = [*self._bos, *instruction, *self._gap, *self._examples]
+        for exchange in history:
+            ids += self._user_line(_user_content(exchange))
+            ids += self._assistant + self._reply(exchange.reply_ids)
+        return ids + self._user_line(_user_content(user)) + self._assistant
+
+    def _user_line(self, content: list[int]) -> list[int]:
+        return [*self._user, *content, *self._line]
+
+    def _reply(self, reply: Sequence[int]) -> list[int]:
+        """The reply as generated; a line break closes it if it did not end with one."""
+        if reply and reply[-1] in self._newline_ids:
+            return list(reply)
+        return _without_end(reply, self.end_ids) + self._line
+
+
+_SENTINEL = "WSCHATSLOT{}X"
+_SENTINEL_RE = re.compile(r"WSCHATSLOT(\w+?)X")
+
+
+@dataclass
+class ChatTemplate:
+    """The tokenizer's chat template, rendered with a sentinel in place of each text."""
+
+    codec: TextCodec
+    render_template: Callable[[list[dict[str, str]]], str]
+    end_ids: frozenset[int]
+    name: str = "chat-template"
+    strips_leading_space: bool = False
+    _markup: dict[str, list[int]] = field(default_factory=dict)
+
+    def tokenize_user(self, text: str) -> list[int]:
+        return self.codec.tokenize_text(text)
+
+    def render(self, system: str | None, history: Sequence[Exchange], user: UserTurn) -> list[int]:
+        messages: list[dict[str, str]] = []
+        slots: dict[str, list[int]] = {}
+        if system:
+            messages.append({"role": "system", "content": _SENTINEL.format("s")})
+            slots["s"] = self.codec.tokenize_text(system)
+        for n, exchange in enumerate(history):
+            messages.append({"role": "user", "content": _SENTINEL.format(f"u{n}")})
+            messages.append({"role": "assistant", "content": _SENTINEL.format(f"a{n}")})
+            slots[f"u{n}"] = _user_content(exchange)
+            slots[f"a{n}"] = _without_end(exchange.reply_ids, self.end_ids)
+        messages.append({"role": "user", "content": _SENTINEL.format("new")})
+        slots["new"] = _user_content(user)
+        rendered = self.render_template(messages)
+        ids: list[int] = []
+        for n, piece in enumerate(_SENTINEL_RE.split(rendered)):
+            ids += slots[piece] if n % 2 else self._markup_ids(piece)
+        return ids
+
+    def _markup_ids(self, text: str) -> list[int]:
+        if text not in self._markup:
+            self._markup[text] = self.codec.tokenize_markup(text)
+        return self._markup[text]
+
+
+@dataclass(frozen=True, slots=True)
+class FormatHints:
+    """What ``auto`` looks at."""
+
+    has_chat_template: bool
+    has_gemma_turns: bool  # the vocabulary has <start_of_turn> and <end_of_turn>
+    instruction_tuned: bool
+
+
+def choose_format(requested: str, hints: FormatHints) -> str:
+    """The format ``requested`` names, ``auto`` resolved by the rule in the module docstring."""
+    if requested not in FORMATS:
+        raise ValueError(f"unknown prompt format {requested!r}: choose one of {FORMATS}")
+    if requested != "auto":
+        return requested
+    if hints.has_chat_template:
+        return "chat-template"
+    if hints.has_gemma_turns and hints.instruction_tuned:
+        return "gemma-turns"
+    return "transcript"
+
+
+_INSTRUCTION_TUNED = re.compile(r"(?i)(\b|[-_])(it|instruct|chat)(\b|[-_])")
+
+
+def looks_instruction_tuned(name: str) -> bool:
+    """``gemma-3-4b-it``, ``...-Instruct``: the naming convention of tuned checkpoints."""
+    return bool(_INSTRUCTION_TUNED.search(name))
+
+
+class TokenizerCodec:
+    """A transformers tokenizer as a ``TextCodec``."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+
+    def tokenize_text(self, text: str) -> list[int]:
+        encoded = self._tokenizer(text, add_special_tokens=False, split_special_tokens=True)
+        return list(encoded["input_ids"])
+
+    def tokenize_markup(self, text: str) -> list[int]:
+        return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self._tokenizer.decode(list(ids)))
+
+
+def newline_ids(tokenizer: Any) -> frozenset[int]:
+    """Every token whose text holds a line break (runs of ``\\n``, the byte ``<0x0A>``)."""
+    return frozenset(
+        i for token, i in tokenizer.get_vocab().items() if "\n" in token or token == "<0x0A>"
+    )
+
+
+def build_format(
+    requested: str, tokenizer: Any, eos_ids: frozenset[int], *, instruction_tuned: bool
+) -> PromptFormat:
+    """The format ``requested`` names (``auto`` resolved) for a transformers tokenizer."""
+    vocab = tokenizer.get_vocab()
+    hints = FormatHints(
+        has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        has_gemma_turns="<start_of_turn>" in vocab and "<end_of_turn>" in vocab,
+        instruction_tuned=instruction_tuned,
+    )
+    name = choose_format(requested, hints)
+    codec = TokenizerCodec(tokenizer)
+    if name == "chat-template":
+        if not hints.has_chat_template:
+            raise ValueError("the tokenizer has no chat template: pick another prompt format")
+        return ChatTemplate(codec, _template_renderer(tokenizer), eos_ids)
+    if name == "gemma-turns":
+        if not hints.has_gemma_turns:
+            raise ValueError("the vocabulary has no Gemma turn markers: pick another format")
+        return GemmaTurns(codec, eos_ids)
+    bos = getattr(tokenizer, "bos_token", None)
+    return Transcript(codec, eos_ids, newline_ids(tokenizer), bos=bos)
+
+
+def _template_renderer(tokenizer: Any) -> Callable[[list[dict[str, str]]], str]:
+    def render(messages: list[dict[str, str]]) -> str:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return str(text)
+
+    return render
