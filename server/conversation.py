@@ -39,16 +39,16 @@ class TurnMarkup:
 
 class Conversation:
     def __init__(self, engine: Engine, markup: TurnMarkup | None = None) -> None:
-        self._engine = engine
         self._markup = markup or TurnMarkup(engine)
         self.system: str | None = None
         self._system_ids: list[int] = []
         self.turns: list[Turn] = []
 
-    def set_system(self, text: str | None) -> None:
-        """A new system prompt starts the conversation afresh (PROTOCOL.md "configure")."""
+    def set_system(self, text: str | None, ids: Sequence[int] = ()) -> None:
+        """A new system prompt (``ids``: its tokens) starts the conversation afresh
+        (PROTOCOL.md "configure")."""
         self.system = text or None
-        self._system_ids = self._engine.tokenize_text(text) if text else []
+        self._system_ids = list(ids) if text else []
         self.turns.clear()
 
     def clear(self) -> None:
@@ -59,16 +59,21 @@ class Conversation:
         return [image for turn in self.turns for image in turn.images]
 
     def prompt_ids(
-        self, user_ids: Sequence[int], image_ids: Sequence[Sequence[int]] = ()
+        self,
+        user_ids: Sequence[int],
+        image_ids: Sequence[Sequence[int]] = (),
+        *,
+        fresh: bool = False,
     ) -> list[int]:
-        """The whole conversation plus a new user turn, ending where the model's reply begins."""
-        m = self._markup
-        ids = [m.bos]
-        for turn in self.turns:
-            ids += self._render(turn)
-        ids += self._user_turn(list(user_ids), image_ids, first=not self.turns)
-        ids += [m.start, *m.model]
-        return ids
+        """The whole conversation plus a new user turn, ending where the model's reply begins;
+        ``fresh``: as it would be after a reset (the system prompt and this turn alone)."""
+        turns = [] if fresh else self.turns
+        content = self._user_content(list(user_ids), image_ids, first=not turns)
+        return self._prompt([*turns, Turn("user", content)])
+
+    def first_turn_tokens(self, system_ids: Sequence[int]) -> int:
+        """The tokens of a first turn with this system prompt and no text: markup included."""
+        return len(self._prompt([Turn("user", self._system_part(system_ids))]))
 
     def add_exchange(
         self,
@@ -89,17 +94,20 @@ class Conversation:
     def _user_content(
         self, user_ids: list[int], image_ids: Sequence[Sequence[int]], first: bool
     ) -> list[int]:
-        content: list[int] = []
-        if first and self._system_ids:
-            content += self._system_ids + self._markup.system_gap
+        content = self._system_part(self._system_ids) if first else []
         for placeholder in image_ids:
             content += list(placeholder)
         return content + user_ids
 
-    def _user_turn(
-        self, user_ids: list[int], image_ids: Sequence[Sequence[int]], first: bool
-    ) -> list[int]:
-        return self._render(Turn("user", self._user_content(user_ids, image_ids, first)))
+    def _system_part(self, system_ids: Sequence[int]) -> list[int]:
+        return [*system_ids, *self._markup.system_gap] if system_ids else []
+
+    def _prompt(self, turns: Sequence[Turn]) -> list[int]:
+        m = self._markup
+        ids = [m.bos]
+        for turn in turns:
+            ids += self._render(turn)
+        return [*ids, m.start, *m.model]
 
     def _render(self, turn: Turn) -> list[int]:
         m = self._markup

@@ -15,6 +15,7 @@ from .scheduler import GenerationSlots
 from .session import Session
 from .settings import Settings
 from .stats import ServerStats
+from .tokenizing import TextTokenizer
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -86,6 +87,7 @@ class Hub:
     caps: ConnectionCaps = field(init=False)
     connections: set[Connection] = field(default_factory=set)
     markup: TurnMarkup | None = None
+    tokenizer: TextTokenizer | None = None
     shutting_down: bool = False
 
     def __post_init__(self) -> None:
@@ -99,10 +101,18 @@ class Hub:
     def set_engine(self, engine: Engine) -> None:
         self.engine = engine
         self.markup = TurnMarkup(engine)
+        self.tokenizer = TextTokenizer(engine)  # one for all sessions: one worker thread
 
     def new_session(self) -> Session:
         assert self.engine is not None
-        session = Session(secrets.token_hex(8), self.engine, self.slots, self.settings, self.markup)
+        session = Session(
+            secrets.token_hex(8),
+            self.engine,
+            self.slots,
+            self.settings,
+            self.markup,
+            self.tokenizer,
+        )
         session.listeners.append(self.stats.on_run_event)
         return session
 
