@@ -2,7 +2,8 @@
 
 The model loads in a worker thread after the server starts listening, so ``/healthz`` answers at
 once and ``/readyz`` turns 200 when the engine is ready; a chat connection before then is
-accepted and closed with 1013 (try again later), as is one over the connection caps. Tokens and
+accepted and closed with 1013 (try again later), as is one over the connection caps. A load that
+fails turns ``/healthz`` 503 and closes chats with 1011, and ``serve`` exits 1. Tokens and
 Origin are checked before anything else (``access``).
 """
 
@@ -30,16 +31,20 @@ from .web import web_routes
 log = logging.getLogger("wschat.app")
 
 EngineFactory = Callable[[], Engine]
+LOAD_FAILED = "the model failed to load"
 
 
 async def healthz(request: Request) -> Response:
+    hub: Hub = request.app.state.hub
+    if hub.load_error is not None:  # the process is about to exit 1 (serve.py)
+        return PlainTextResponse(f"failed: {LOAD_FAILED}\n", status_code=503)
     return PlainTextResponse("ok\n")
 
 
 async def readyz(request: Request) -> Response:
     hub: Hub = request.app.state.hub
     if hub.engine is None:
-        status = "failed" if request.app.state.load_error else "loading"
+        status = "failed" if hub.load_error else "loading"
         return JSONResponse({"ready": False, "status": status}, status_code=503)
     info = hub.engine.info
     return JSONResponse(
@@ -59,6 +64,9 @@ async def chat(websocket: WebSocket) -> None:
         return
     offered = websocket.scope.get("subprotocols", [])
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    if hub.load_error is not None:
+        await websocket.close(CloseCode.INTERNAL_ERROR, LOAD_FAILED)
+        return
     if hub.engine is None:
         await websocket.close(CloseCode.TRY_AGAIN_LATER, "the model is still loading")
         return
@@ -121,7 +129,6 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
         lifespan=lifespan,
     )
     app.state.hub = hub
-    app.state.load_error = None
     return app
 
 
@@ -130,5 +137,5 @@ async def _load(app: Starlette, hub: Hub, factory: EngineFactory) -> None:
         hub.set_engine(await asyncio.to_thread(factory))
         log.info("ready: accepting chats")
     except Exception as error:
-        app.state.load_error = error
-        log.exception("loading the model failed")
+        hub.load_error = error
+        log.error("%s: %s", LOAD_FAILED, error, exc_info=error)

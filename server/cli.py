@@ -11,9 +11,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from .settings import Settings
+from .settings import ENGINES, Settings
 
 _DEFAULTS = Settings()
+# Options whose value must be one of a few: refused when the arguments are read, not at load.
+_CHOICES: dict[str, tuple[str, ...]] = {"engine": ENGINES}
 
 
 def _env(name: str, default: Any) -> Any:
@@ -94,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
             type=kind,
             help=help_text,
             default=kind(_env(name, default)) if default is not None else _env(name, None),
+            choices=_CHOICES.get(name),
         )
     parser.add_argument(
         "--token",
@@ -113,7 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name, allowed in _CHOICES.items():
+        if getattr(args, name) not in allowed:  # a default read from WSCHAT_<NAME>
+            parser.error(f"WSCHAT_{name.upper()}: invalid choice: {getattr(args, name)!r}")
     known = {f.name for f in fields(Settings)}
     values = {k: v for k, v in vars(args).items() if k in known}
     values["cache_dir"] = Path(args.cache_dir) if args.cache_dir else None

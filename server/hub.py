@@ -88,6 +88,7 @@ class Hub:
     connections: set[Connection] = field(default_factory=set)
     markup: TurnMarkup | None = None
     tokenizer: TextTokenizer | None = None
+    load_error: BaseException | None = None  # set once, when the engine factory raised
     shutting_down: bool = False
 
     def __post_init__(self) -> None:

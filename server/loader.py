@@ -138,6 +138,8 @@ def resolve_model(spec: str, cache_dir: Path | None) -> tuple[str | Path, str]:
     path = Path(spec).expanduser()
     if path.is_dir():
         return path, path.name
+    if path.is_absolute() or spec.startswith((".", "~")):  # a path, never a hub name
+        raise FileNotFoundError(f"no model folder at {path}")
     return spec, spec
 
 

@@ -10,13 +10,10 @@ import uvicorn
 
 from .app import EngineFactory, build_app
 from .engine import Engine
-from .settings import Settings
+from .settings import ENGINES, Settings
 from .shutdown import GracefulServer
 
 log = logging.getLogger("wschat.serve")
-
-
-ENGINES = ("batched", "generate")
 
 
 def make_engine(settings: Settings) -> Engine:
@@ -133,10 +130,11 @@ def uvicorn_config(settings: Settings, app: object) -> uvicorn.Config:
 
 
 def serve(settings: Settings, engine: Engine | EngineFactory | None = None) -> int:
-    """Serve until SIGTERM/SIGINT, drain (``shutdown.drain``), exit 0."""
+    """Serve until SIGTERM/SIGINT, drain (``shutdown.drain``): exit status 0. When the model
+    fails to load, stop at once: exit status 1, the reason in the log."""
     app = build_app(settings, engine or (lambda: make_engine(settings)))
     config = uvicorn_config(settings, app)
     server = GracefulServer(config, app.state.hub, settings.shutdown_grace_s)
     install_log_filters()  # after Config, which (re)configures uvicorn's loggers
     server.run()
-    return 0
+    return 0 if app.state.hub.load_error is None else 1

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# What --engine may name (serve.make_engine builds each).
+ENGINES = ("batched", "generate")
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:

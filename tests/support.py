@@ -54,6 +54,11 @@ async def running_server(
         sock.close()
 
 
+def http_base(url: str) -> str:
+    """``http://host:port`` of a ``ws://host:port/v1/chat`` URL."""
+    return url.replace("ws://", "http://").removesuffix("/v1/chat")
+
+
 class RawPeer:
     """A client written from PROTOCOL.md alone: plain websockets + msgpack."""
 
@@ -92,6 +97,19 @@ async def raw_peer(url: str, **kwargs: Any) -> AsyncIterator[tuple[RawPeer, dict
     finally:
         async with asyncio.timeout(TIMEOUT):
             await ws.close()
+
+
+async def closed_before_ready(url: str, **kwargs: Any) -> tuple[int, str]:
+    """The close code and reason of a handshake that was accepted and closed at once."""
+    async with asyncio.timeout(TIMEOUT):
+        ws = await websockets.connect(url, subprotocols=["wschat.v1"], **kwargs)
+        try:
+            first = await ws.recv()
+        except websockets.ConnectionClosed as closed:
+            assert closed.rcvd is not None
+            return closed.rcvd.code, closed.rcvd.reason
+        await ws.close()
+    raise AssertionError(f"the connection was served: {first!r}")
 
 
 def generation_threads() -> list[threading.Thread]:
