@@ -112,6 +112,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow browser connections from this Origin (repeatable); without "
         "any, only same-host origins and non-browser clients",
     )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=_env_list("allowed_hosts"),
+        help="a Host name requests may use when no token is set (repeatable; '*': any); "
+        "localhost names, 127.0.0.1, [::1], --host and the address a connection reached "
+        "are always allowed, so a DNS-rebinding page cannot reach the server",
+    )
+    parser.add_argument(
+        "--forwarded-allow-ips",
+        action="append",
+        default=_env_list("forwarded_allow_ips"),
+        help="proxies (addresses or networks, repeatable or comma-separated; '*': any) whose "
+        "X-Forwarded-For gives the client address; without any, it is never read",
+    )
     return parser
 
 
@@ -126,6 +141,10 @@ def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
     values["cache_dir"] = Path(args.cache_dir) if args.cache_dir else None
     values["tokens"] = tuple(args.token)
     values["allowed_origins"] = tuple(args.allowed_origin)
+    values["allowed_hosts"] = tuple(args.allowed_host)
+    values["forwarded_allow_ips"] = tuple(
+        ip.strip() for item in args.forwarded_allow_ips for ip in item.split(",") if ip.strip()
+    )
     return Settings(**values)
 
 
