@@ -1,7 +1,8 @@
 """Bytes <-> frames. ``decode_*`` returns a frame or raises ``ProtocolError``, nothing else.
 
-Sizes are checked before unpacking, and msgpack runs with per-type length limits, so a small frame
-cannot expand into a large object graph (PROTOCOL.md "Transport").
+Sizes are checked before unpacking, and msgpack runs with per-type length limits and a budget of
+arrays and maps per frame, so a small frame cannot expand into a large object graph, and the work
+a frame costs is bounded by the budget, not by how much it packs (PROTOCOL.md "Encoding").
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ class DecodeLimits:
     max_bin_len: int = 12 * 1024 * 1024
     max_array_len: int = 256
     max_map_len: int = 64
+    # arrays and maps in one frame, its own map included: a client frame needs at most four
+    max_containers: int = 64
+    # a ping's t comes back in the pong, so what it may hold is bounded (client frames only)
+    max_ping_bytes: int = 4096
 
 
 DEFAULT_LIMITS = DecodeLimits()
 # msgpack's own nesting limit (its C unpacker's stack); PROTOCOL.md "Encoding" states it.
 MAX_DEPTH = 1024
 # Our own client reads server frames; token id lists and dashboards' session tables are longer.
-SERVER_FRAME_LIMITS = DecodeLimits(max_array_len=100_000, max_map_len=1024)
+SERVER_FRAME_LIMITS = DecodeLimits(max_array_len=100_000, max_map_len=1024, max_containers=1024)
 
 
 def encode(frame: Frame) -> bytes:
@@ -45,6 +50,7 @@ def unpack_map(data: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str, 
         raise BadFrame("frames are binary messages")
     if len(data) > limits.max_frame_bytes:
         raise FrameTooLarge(f"frame of {len(data)} bytes is over {limits.max_frame_bytes}")
+    budget = _ContainerBudget(limits.max_containers)
     try:
         # unpackb reads ``data`` in place (an Unpacker would first copy it into a 1 MiB buffer)
         value = msgpack.unpackb(
@@ -52,7 +58,8 @@ def unpack_map(data: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str, 
             raw=False,
             strict_map_key=True,
             use_list=True,
-            object_hook=_string_keys_only,
+            object_hook=budget.map,
+            list_hook=budget.array,
             ext_hook=_no_ext,
             max_str_len=limits.max_str_len,
             max_bin_len=limits.max_bin_len,
@@ -96,11 +103,32 @@ def _unpack_failure(error: Exception) -> ProtocolError:
     return FrameTooLarge(f"a msgpack {kind} of {size} {_UNITS[kind]} is over the limit of {limit}")
 
 
-def _string_keys_only(value: dict[Any, Any]) -> dict[str, Any]:
-    # PROTOCOL.md "Encoding": every map key, at any depth, is a str.
-    if not all(type(k) is str for k in value):
-        raise BadFrame("map keys must be strings")
-    return value
+class _ContainerBudget:
+    """Counts arrays and maps as msgpack completes each one and stops the decoding at the first
+    past ``limit``. Every other value sits in a container of bounded length, so what a refused
+    frame costs is bounded by the budget, not by the millions of values it may pack."""
+
+    __slots__ = ("left", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def array(self, value: list[Any]) -> list[Any]:
+        self._spend()
+        return value
+
+    def map(self, value: dict[Any, Any]) -> dict[str, Any]:
+        self._spend()
+        # PROTOCOL.md "Encoding": every map key, at any depth, is a str.
+        if not all(type(k) is str for k in value):
+            raise BadFrame("map keys must be strings")
+        return value
+
+    def _spend(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise FrameTooLarge(f"more than {self.limit} arrays and maps in one frame")
 
 
 def _no_ext(code: int, data: bytes) -> Any:
@@ -136,6 +164,8 @@ def decode_client_frame(data: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> C
     kind = _frame_type(value)
     if kind not in CLIENT_FRAME_TYPES:
         raise BadFrame(f"{kind.value!r} is not a client frame")
+    if kind is FrameType.PING and len(data) > limits.max_ping_bytes:
+        raise FrameTooLarge(f"a ping of {len(data)} bytes is over {limits.max_ping_bytes}")
     return _with_id(value, CLIENT_FRAMES[kind].from_wire)  # type: ignore[no-any-return]
 
 

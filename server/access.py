@@ -4,7 +4,9 @@ A token may come in the ``Authorization`` header, as ``bearer.TOKEN`` in the sub
 or as ``?token=``. Every candidate is compared with every configured token in constant time, and
 all comparisons run whatever the outcome, so timing says nothing about which one matched. The
 ``Origin`` check stops cross-site WebSocket hijacking: a page on another site cannot ride on a
-browser's access to this server.
+browser's access to this server. The ``Host`` check stops DNS rebinding when no token is set: a
+page whose own name was made to resolve to this server is same-origin with it, but names a Host
+that is not one of ours.
 """
 
 from __future__ import annotations
@@ -23,9 +25,14 @@ from .settings import Settings
 BEARER_SUBPROTOCOL_PREFIX = "bearer."
 
 
+# Names that always mean this machine: a browser never asks DNS for them (RFC 6761).
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
 class Refusal(Enum):
     """Why a request is turned away."""
 
+    FOREIGN_HOST = "foreign host"
     FOREIGN_ORIGIN = "foreign origin"
     NO_TOKEN = "no token"
     WRONG_TOKEN = "wrong token"
@@ -65,8 +72,41 @@ def origin_allowed(conn: HTTPConnection, settings: Settings) -> bool:
     return parts.scheme in ("http", "https") and bool(host) and parts.netloc == host
 
 
+def host_allowed(conn: HTTPConnection, settings: Settings) -> bool:
+    """Whether the request's ``Host`` names this server: checked when no token is set (a token
+    is what guards the server then) or when ``--allowed-host`` names some."""
+    if settings.tokens and not settings.allowed_hosts:
+        return True
+    allowed = {_host_name(h) for h in (*settings.allowed_hosts, settings.host)}
+    if "*" in allowed:
+        return True
+    name = _host_name(conn.headers.get("host", ""))
+    server = conn.scope.get("server")
+    # the address the connection reached (the listen address, or this machine's own when
+    # listening on 0.0.0.0): an address, which no rebinding page can have as its name
+    reached = _host_name(str(server[0])) if server else None
+    return bool(name) and (
+        name in LOCAL_HOSTS or name.endswith(".localhost") or name in allowed or name == reached
+    )
+
+
+def _host_name(host: str) -> str:
+    """The name in a ``Host`` value: lower case, no port, no brackets, no final dot; "" when it
+    does not parse."""
+    host = host.strip().lower()
+    if host == "*":
+        return host
+    try:
+        name = urlsplit(f"//{host}").hostname
+    except ValueError:
+        return ""
+    return (name or "").rstrip(".")
+
+
 def refusal(conn: HTTPConnection, settings: Settings) -> Refusal | None:
-    """None when the request may go on; else why not (Origin first: 403 before 401)."""
+    """None when the request may go on; else why not (Host and Origin first: 403 before 401)."""
+    if not host_allowed(conn, settings):
+        return Refusal.FOREIGN_HOST
     if not origin_allowed(conn, settings):
         return Refusal.FOREIGN_ORIGIN
     if not settings.tokens:
@@ -77,11 +117,16 @@ def refusal(conn: HTTPConnection, settings: Settings) -> Refusal | None:
     return None if token_matches(offered, settings.tokens) else Refusal.WRONG_TOKEN
 
 
+_FORBIDDEN = {
+    Refusal.FOREIGN_HOST: "this Host is not served here (--allowed-host)",
+    Refusal.FOREIGN_ORIGIN: "this Origin may not connect",
+}
+
+
 def refusal_response(why: Refusal, conn: HTTPConnection) -> Response:
-    if why is Refusal.FOREIGN_ORIGIN:
+    if why in _FORBIDDEN:
         return JSONResponse(
-            {"ok": False, "error": "forbidden", "message": "this Origin may not connect"},
-            status_code=403,
+            {"ok": False, "error": "forbidden", "message": _FORBIDDEN[why]}, status_code=403
         )
     return JSONResponse(
         {"ok": False, "error": "unauthorized", "token_given": why is Refusal.WRONG_TOKEN},

@@ -29,7 +29,7 @@ async def serve_admitted(
     offered = websocket.scope.get("subprotocols", [])
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     if needs_engine and hub.engine is None:
-        if websocket.app.state.load_error is not None:  # waiting is no use
+        if hub.load_error is not None:  # waiting is no use: the server exits (serve.py)
             await websocket.close(CloseCode.INTERNAL_ERROR, MODEL_FAILED_REASON)
         else:  # a client may wait for this reason (PROTOCOL.md "Close codes")
             await websocket.close(CloseCode.TRY_AGAIN_LATER, MODEL_LOADING_REASON)

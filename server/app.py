@@ -3,8 +3,9 @@
 The model loads in a worker thread after the server starts listening, so ``/healthz`` answers at
 once and ``/readyz`` turns 200 when the engine is ready; a chat connection before then is
 accepted and closed with 1013 and the reason ``MODEL_LOADING_REASON`` (a client may wait), as is
-one over the connection caps (with another reason); if loading failed, 1011. Tokens and Origin
-are checked before anything else (``access``).
+one over the connection caps (with another reason). A load that fails turns ``/healthz`` 503 and
+closes chats with 1011, and ``serve`` exits 1. Tokens and Origin are checked before anything
+else (``access``).
 """
 
 from __future__ import annotations
@@ -31,16 +32,20 @@ from .web import web_routes
 log = logging.getLogger("wschat.app")
 
 EngineFactory = Callable[[], Engine]
+LOAD_FAILED = "the model failed to load"
 
 
 async def healthz(request: Request) -> Response:
+    hub: Hub = request.app.state.hub
+    if hub.load_error is not None:  # the process is about to exit 1 (serve.py)
+        return PlainTextResponse(f"failed: {LOAD_FAILED}\n", status_code=503)
     return PlainTextResponse("ok\n")
 
 
 async def readyz(request: Request) -> Response:
     hub: Hub = request.app.state.hub
     if hub.engine is None:
-        status = "failed" if request.app.state.load_error else "loading"
+        status = "failed" if hub.load_error else "loading"
         return JSONResponse({"ready": False, "status": status}, status_code=503)
     info = hub.engine.info
     return JSONResponse(
@@ -104,7 +109,6 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
         lifespan=lifespan,
     )
     app.state.hub = hub
-    app.state.load_error = None
     return app
 
 
@@ -115,5 +119,5 @@ async def _load(app: Starlette, hub: Hub, factory: EngineFactory) -> None:
         seconds = time.perf_counter() - started
         log.info("ready: accepting chats (the model took %.1f s to load)", seconds)
     except Exception as error:
-        app.state.load_error = error
-        log.exception("loading the model failed")
+        hub.load_error = error
+        log.error("%s: %s", LOAD_FAILED, error, exc_info=error)

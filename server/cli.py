@@ -12,9 +12,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from .settings import Settings
+from .engine.formats import FORMATS
+from .settings import ENGINES, Settings
 
 _DEFAULTS = Settings()
+# Options whose value must be one of a few: refused when the arguments are read, not at load.
 
 # The pinned CPU build the README, tests/run and the Dockerfile install (a test keeps them in step).
 TORCH_PIN = "torch==2.13.0"
@@ -127,7 +129,11 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("resume_window_s", float, "how long a dropped session can be resumed"),
     ("log_level", str.lower, "how much the server logs"),
 ]
-_CHOICES: dict[str, Sequence[str]] = {"log_level": LOG_LEVELS}
+_CHOICES: dict[str, Sequence[str]] = {
+    "engine": ENGINES,
+    "prompt_format": FORMATS,
+    "log_level": LOG_LEVELS,
+}
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -169,6 +175,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow browser connections from this Origin (repeatable); without "
         "any, only same-host origins and non-browser clients",
     )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=_env_list("allowed_hosts"),
+        help="a Host name requests may use when no token is set (repeatable; '*': any); "
+        "localhost names, 127.0.0.1, [::1], --host and the address a connection reached "
+        "are always allowed, so a DNS-rebinding page cannot reach the server",
+    )
+    parser.add_argument(
+        "--forwarded-allow-ips",
+        action="append",
+        default=_env_list("forwarded_allow_ips"),
+        help="proxies (addresses or networks, repeatable or comma-separated; '*': any) whose "
+        "X-Forwarded-For gives the client address; without any, it is never read",
+    )
     return parser
 
 
@@ -191,6 +212,10 @@ def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
     values["cache_dir"] = Path(args.cache_dir) if args.cache_dir else None
     values["tokens"] = tuple(args.token)
     values["allowed_origins"] = tuple(args.allowed_origin)
+    values["allowed_hosts"] = tuple(args.allowed_host)
+    values["forwarded_allow_ips"] = tuple(
+        ip.strip() for item in args.forwarded_allow_ips for ip in item.split(",") if ip.strip()
+    )
     return Settings(**values)
 
 

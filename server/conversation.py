@@ -13,11 +13,14 @@ class Conversation:
     def __init__(self, prompt_format: PromptFormat) -> None:
         self.format = prompt_format
         self.system: str | None = None
+        self._system_ids: list[int] = []
         self.exchanges: list[Exchange] = []
 
-    def set_system(self, text: str | None) -> None:
-        """A new system prompt starts the conversation afresh (PROTOCOL.md "configure")."""
+    def set_system(self, text: str | None, ids: Sequence[int] = ()) -> None:
+        """A new system prompt (``ids``: its tokens, ``tokenize_system``'s) starts the
+        conversation afresh (PROTOCOL.md "configure")."""
         self.system = text or None
+        self._system_ids = list(ids) if text else []
         self.exchanges.clear()
 
     def clear(self) -> None:
@@ -40,11 +43,25 @@ class Conversation:
     def tokenize_user(self, text: str) -> list[int]:
         return self.format.tokenize_user(text)
 
+    def tokenize_system(self, text: str) -> list[int]:
+        return self.format.tokenize_system(text)
+
     def prompt_ids(
-        self, user_ids: Sequence[int], image_ids: Sequence[Sequence[int]] = ()
+        self,
+        user_ids: Sequence[int],
+        image_ids: Sequence[Sequence[int]] = (),
+        *,
+        fresh: bool = False,
     ) -> list[int]:
-        """The whole conversation plus a new user turn, ending where the model's reply begins."""
-        return self.format.render(self.system, self.exchanges, UserTurn(list(user_ids), image_ids))
+        """The whole conversation plus a new user turn, ending where the model's reply begins;
+        ``fresh``: as it would be after a reset (the system prompt and this turn alone)."""
+        history = [] if fresh else self.exchanges
+        user = UserTurn(list(user_ids), image_ids)
+        return self.format.render(self._system_ids or None, history, user)
+
+    def first_turn_tokens(self, system_ids: Sequence[int]) -> int:
+        """The tokens of a first turn with this system prompt and no text: markup included."""
+        return len(self.format.render(list(system_ids) or None, [], UserTurn([])))
 
     def add_exchange(
         self,

@@ -15,6 +15,7 @@ from .scheduler import GenerationSlots
 from .session import Session
 from .settings import Settings
 from .stats import ServerStats
+from .tokenizing import TextTokenizer
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -86,6 +87,9 @@ class Hub:
     caps: ConnectionCaps = field(init=False)
     stats_feed: StatsFeed = field(init=False)
     connections: set[Connection] = field(default_factory=set)
+    # one for all sessions: long texts are tokenized in one worker thread (tokenizing.py)
+    tokenizer: TextTokenizer = field(default_factory=TextTokenizer)
+    load_error: BaseException | None = None  # set once, when the engine factory raised
     shutting_down: bool = False
 
     def __post_init__(self) -> None:
@@ -102,7 +106,9 @@ class Hub:
 
     def new_session(self) -> Session:
         assert self.engine is not None
-        session = Session(secrets.token_hex(8), self.engine, self.slots, self.settings)
+        session = Session(
+            secrets.token_hex(8), self.engine, self.slots, self.settings, self.tokenizer
+        )
         session.listeners.append(self.stats.on_run_event)
         return session
 

@@ -152,6 +152,8 @@ def resolve_model(spec: str, cache_dir: Path | None) -> tuple[str | Path, str, b
     path = Path(spec).expanduser()
     if path.is_dir():
         return path, path.name, looks_instruction_tuned(path.name) or is_devmodel_dir(path)
+    if path.is_absolute() or spec.startswith((".", "~")):  # a path, never a hub name
+        raise FileNotFoundError(f"no model folder at {path}")
     return spec, spec, looks_instruction_tuned(spec)
 
 

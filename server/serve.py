@@ -12,14 +12,11 @@ import uvicorn
 
 from .app import EngineFactory, build_app
 from .engine import Engine
-from .settings import Settings
+from .settings import ENGINES, Settings
 from .shutdown import CLOSE_S, GracefulServer
 from .transport import http_protocol, raise_descriptor_limit, websocket_protocol
 
 log = logging.getLogger("wschat.serve")
-
-
-ENGINES = ("batched", "generate")
 
 
 def make_engine(settings: Settings) -> Engine:
@@ -90,8 +87,10 @@ def _build_engine(settings: Settings) -> Engine:
 
 
 class SecretsFilter(logging.Filter):
-    """Redact what could carry a token from every line uvicorn logs: query strings,
-    ``Authorization`` values and ``bearer.`` subprotocols (its debug level logs raw headers)."""
+    """Redact what could carry a token from every line uvicorn logs: query strings, ``bearer.``
+    subprotocols and, at debug level where it logs raw headers, the value of every header but
+    a few that never carry credentials (a token sent in a cookie or a header of its own is not
+    read by the server, but must not be logged either)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -106,9 +105,31 @@ _SECRETS = (
     (re.compile(r"(?i)(authorization:\s*)\S.*"), r"\1…"),
     (re.compile(r"(?i)\bbearer\.[^\s,]*"), "bearer.…"),
 )
+# One header of a handshake as the WebSocket layer logs it at debug level: "< name: value".
+_HEADER_LINE = re.compile(r"^([<>] )([!#$%&'*+.^_`|~0-9A-Za-z-]+):(.*)$", re.DOTALL)
+_HEADERS_SHOWN = frozenset(
+    {
+        "host",
+        "origin",
+        "upgrade",
+        "connection",
+        "sec-websocket-version",
+        "sec-websocket-extensions",
+        "sec-websocket-key",
+        "sec-websocket-accept",
+        "user-agent",
+        "content-type",
+        "content-length",
+        "date",
+        "server",
+    }
+)
 
 
 def _redact(message: str) -> str:
+    header = _HEADER_LINE.match(message)
+    if header is not None and header[2].lower() not in _HEADERS_SHOWN:
+        return f"{header[1]}{header[2]}: …"
     for pattern, replacement in _SECRETS:
         message = pattern.sub(replacement, message)
     return message
@@ -141,6 +162,10 @@ def uvicorn_config(settings: Settings, app: object) -> uvicorn.Config:
         log_level=settings.log_level,
         access_log=False,
         lifespan="on",
+        # X-Forwarded-For names the client only when a trusted proxy sent it: uvicorn's default
+        # trusts loopback, which let any local peer pick its address for the caps and the logs
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=list(settings.forwarded_allow_ips) or None,
     )
 
 
@@ -161,11 +186,12 @@ class ChatServer(GracefulServer):
 
 
 def serve(settings: Settings, engine: Engine | EngineFactory | None = None) -> int:
-    """Serve until SIGTERM/SIGINT, drain (``shutdown.drain``), exit 0."""
+    """Serve until SIGTERM/SIGINT, drain (``shutdown.drain``): exit status 0. When the model
+    fails to load, stop at once: exit status 1, the reason in the log."""
     app = build_app(settings, engine or (lambda: make_engine(settings)))
     config = uvicorn_config(settings, app)
     server = ChatServer(config, app.state.hub, settings.shutdown_grace_s)
     install_log_filters()  # after Config, which (re)configures uvicorn's loggers
     raise_descriptor_limit(settings)
     server.run()
-    return 0
+    return 0 if app.state.hub.load_error is None else 1

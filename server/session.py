@@ -42,6 +42,7 @@ from .engine import Engine, GenerationRequest, SamplingParams
 from .run import GenerationRun
 from .scheduler import GenerationSlots
 from .settings import Settings
+from .tokenizing import TextTokenizer
 
 if TYPE_CHECKING:
     from .images import CheckedImage
@@ -49,6 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("wschat.session")
 
 Send = Callable[[Frame], Awaitable[None]]
+
+# PROTOCOL.md "configure": the context a system prompt must leave for the user's text and reply
+MIN_TURN_TOKENS = 32
 
 
 class SessionState(Enum):
@@ -79,12 +83,14 @@ class Session:
         engine: Engine,
         slots: GenerationSlots,
         settings: Settings,
+        tokenizer: TextTokenizer | None = None,
     ) -> None:
         self.key = key
         self.engine = engine
         self.slots = slots
         self.settings = settings
         self.conversation = Conversation(engine.prompt_format)
+        self.tokenizer = tokenizer or TextTokenizer()
         self.defaults = GenerationParams()
         self.state = SessionState.IDLE
         self.run: GenerationRun | None = None
@@ -125,11 +131,29 @@ class Session:
             raise busy()
         if frame.params is not None:
             self._check_limits(frame.params)
+        system_ids = await self._system_ids(frame.system) if frame.system else []
+        # every check passed: nothing changed before this point (PROTOCOL.md "configure")
+        if frame.params is not None:
             self.defaults = frame.params.merged_over(self.defaults)
         if frame.system is not None:
-            self.conversation.set_system(frame.system)
+            self.conversation.set_system(frame.system, system_ids)
             self.engine.forget(self.key)
         await self.send(Configured())
+
+    async def _system_ids(self, system: str) -> list[int]:
+        """The system prompt's tokens; too_large when they leave no room for a turn, which no
+        reset could ever make (PROTOCOL.md "configure")."""
+        ids = await self.tokenizer.tokenize(self.conversation.tokenize_system, system)
+        context = self.engine.info.context_tokens
+        markup = self.conversation.first_turn_tokens(ids) - len(ids)
+        longest = context - MIN_TURN_TOKENS - markup
+        if len(ids) > longest:
+            raise ProtocolError(
+                f"the system prompt is {len(ids)} tokens; a context of {context} holds at most"
+                f" {max(longest, 0)} with room for a turn",
+                code=ErrorCode.TOO_LARGE,
+            )
+        return ids
 
     async def _on_cancel(self, frame: Cancel) -> None:
         run = self.run
@@ -177,7 +201,7 @@ class Session:
             )
         merged = self._merged_params(frame)
         images = await self._prompt_images(frame)
-        user_ids = self.conversation.tokenize_user(frame.text)
+        user_ids = await self.tokenizer.tokenize(self.conversation.tokenize_user, frame.text)
         if len(user_ids) > self.settings.max_prompt_tokens:
             raise ProtocolError(
                 f"prompt is over {self.settings.max_prompt_tokens} tokens",
@@ -188,9 +212,12 @@ class Session:
         prompt_ids = self.conversation.prompt_ids(user_ids, image_ids)
         context = self.engine.info.context_tokens
         if len(prompt_ids) >= context:
+            fresh = self.conversation.prompt_ids(user_ids, image_ids, fresh=True)
+            # advise a reset only where one makes room: never a loop of resets
+            advice = "reset to start afresh" if len(fresh) < context else "shorten the prompt"
             raise ProtocolError(
                 f"the conversation needs {len(prompt_ids)} tokens; the context holds {context}"
-                " (reset to start afresh)",
+                f" ({advice})",
                 id=frame.id,
                 code=ErrorCode.CONTEXT_OVERFLOW,
             )

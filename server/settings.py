@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# What --engine may name (serve.make_engine builds each).
+ENGINES = ("batched", "generate")
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -51,5 +54,10 @@ class Settings:
     resume_window_s: float = 120.0
     tokens: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
+    # Host names a request may name when no token is set (DNS rebinding); the local names and
+    # the address a connection reached are always allowed (access.host_allowed)
+    allowed_hosts: tuple[str, ...] = ()
+    # peers whose X-Forwarded-For is believed (proxies in front); none by default
+    forwarded_allow_ips: tuple[str, ...] = ()
     log_level: str = "info"
     extra: dict[str, str] = field(default_factory=dict)

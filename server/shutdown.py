@@ -85,6 +85,14 @@ class GracefulServer(uvicorn.Server):
         self._loop.set_exception_handler(handle_loop_exception)
         await super().serve(sockets)
 
+    async def on_tick(self, counter: int) -> bool:
+        # A model that failed to load never will: stop serving (``serve`` exits 1) rather than
+        # close every chat with "still loading" while orchestrators see a healthy process.
+        if self.hub.load_error is not None and not self.should_exit:
+            log.error("exiting: the model failed to load")
+            self.should_exit = True
+        return await super().on_tick(counter)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in _captured_signals: uvicorn would re-raise it after the loop ends and
         # the process would die of the signal instead of exiting 0.

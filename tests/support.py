@@ -95,6 +95,11 @@ async def loading_server(engine: Engine, **overrides: Any) -> AsyncIterator[tupl
         load.release()
 
 
+def http_base(url: str) -> str:
+    """``http://host:port`` of a ``ws://host:port/v1/chat`` URL."""
+    return url.replace("ws://", "http://").removesuffix("/v1/chat")
+
+
 class RawPeer:
     """A client written from PROTOCOL.md alone: plain websockets + msgpack."""
 
@@ -236,6 +241,19 @@ async def next_stats(ws: ClientConnection) -> Stats:
         frame = decode_server_frame(await ws.recv())  # type: ignore[arg-type]
     assert isinstance(frame, Stats)
     return frame
+
+
+async def closed_before_ready(url: str, **kwargs: Any) -> tuple[int, str]:
+    """The close code and reason of a handshake that was accepted and closed at once."""
+    async with asyncio.timeout(TIMEOUT):
+        ws = await websockets.connect(url, subprotocols=["wschat.v1"], **kwargs)
+        try:
+            first = await ws.recv()
+        except websockets.ConnectionClosed as closed:
+            assert closed.rcvd is not None
+            return closed.rcvd.code, closed.rcvd.reason
+        await ws.close()
+    raise AssertionError(f"the connection was served: {first!r}")
 
 
 def generation_threads() -> list[threading.Thread]:

@@ -74,8 +74,15 @@ class PromptFormat(Protocol):
         """A user's text as this format places it in a turn (always tokenized as text)."""
         ...
 
-    def render(self, system: str | None, history: Sequence[Exchange], user: UserTurn) -> list[int]:
-        """The whole conversation plus a new user turn, ending where the reply begins."""
+    def tokenize_system(self, text: str) -> list[int]:
+        """A system prompt's text, tokenized as text."""
+        ...
+
+    def render(
+        self, system: Sequence[int] | None, history: Sequence[Exchange], user: UserTurn
+    ) -> list[int]:
+        """The whole conversation (``system``: the system prompt's ids) plus a new user turn,
+        ending where the reply begins."""
         ...
 
 
@@ -110,8 +117,13 @@ class GemmaTurns:
     def tokenize_user(self, text: str) -> list[int]:
         return self._codec.tokenize_text(text)
 
-    def render(self, system: str | None, history: Sequence[Exchange], user: UserTurn) -> list[int]:
-        system_ids = self._codec.tokenize_text(system) + self._system_gap if system else []
+    def tokenize_system(self, text: str) -> list[int]:
+        return self._codec.tokenize_text(text)
+
+    def render(
+        self, system: Sequence[int] | None, history: Sequence[Exchange], user: UserTurn
+    ) -> list[int]:
+        system_ids = [*system, *self._system_gap] if system else []
         ids = [self._bos]
         for n, exchange in enumerate(history):
             ids += self._turn(self._user, (system_ids if n == 0 else []) + _user_content(exchange))
@@ -169,8 +181,13 @@ class Transcript:
         # "User: text": the space belongs to the text's first word, as in the training data.
         return self._codec.tokenize_text(" " + text) if text else []
 
-    def render(self, system: str | None, history: Sequence[Exchange], user: UserTurn) -> list[int]:
-        instruction = self._codec.tokenize_text(system) if system else self._instruction
+    def tokenize_system(self, text: str) -> list[int]:
+        return self._codec.tokenize_text(text)
+
+    def render(
+        self, system: Sequence[int] | None, history: Sequence[Exchange], user: UserTurn
+    ) -> list[int]:
+        instruction = list(system) if system else self._instruction
         ids = [*self._bos, *instruction, *self._gap, *self._examples]
         for exchange in history:
             ids += self._user_line(_user_content(exchange))
@@ -205,12 +222,17 @@ class ChatTemplate:
     def tokenize_user(self, text: str) -> list[int]:
         return self.codec.tokenize_text(text)
 
-    def render(self, system: str | None, history: Sequence[Exchange], user: UserTurn) -> list[int]:
+    def tokenize_system(self, text: str) -> list[int]:
+        return self.codec.tokenize_text(text)
+
+    def render(
+        self, system: Sequence[int] | None, history: Sequence[Exchange], user: UserTurn
+    ) -> list[int]:
         messages: list[dict[str, str]] = []
         slots: dict[str, list[int]] = {}
         if system:
             messages.append({"role": "system", "content": _SENTINEL.format("s")})
-            slots["s"] = self.codec.tokenize_text(system)
+            slots["s"] = list(system)
         for n, exchange in enumerate(history):
             messages.append({"role": "user", "content": _SENTINEL.format(f"u{n}")})
             messages.append({"role": "assistant", "content": _SENTINEL.format(f"a{n}")})

@@ -2,7 +2,8 @@
 (signals, drain) on the scripted engine, for tests that need the server in a process of its own
 (signals, RSS, descriptor limits). Options are ``wschat-server``'s. A prompt with ``long`` in it
 runs for a minute; one with ``flood`` streams 20 MB of text in 2 s; any other runs
-for about a second."""
+for about a second. With ``--fail-load`` the engine's factory raises instead, as a model that
+cannot load does."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 import sys
 
 from wschat.server.cli import settings_from_args
-from wschat.server.engine import GenerationRequest
+from wschat.server.engine import Engine, GenerationRequest
 from wschat.server.engine.scripted import Script, ScriptedEngine
 from wschat.server.serve import serve
 
@@ -32,11 +33,17 @@ def script(request: GenerationRequest) -> Script:
     return Script([f" s{i}" for i in range(10)], delay_s=0.1)
 
 
+def refuse_to_load() -> Engine:
+    raise RuntimeError("the scripted engine refuses to load")
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     port, *options = sys.argv[1:]
+    fail_load = "--fail-load" in options
+    options = [o for o in options if o != "--fail-load"]
     settings = settings_from_args(["--port", port, *DEFAULTS, *options])
-    return serve(settings, ScriptedEngine(script))
+    return serve(settings, refuse_to_load if fail_load else ScriptedEngine(script))
 
 
 if __name__ == "__main__":

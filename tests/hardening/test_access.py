@@ -13,13 +13,16 @@ import pytest
 import websockets
 from wschat.server.engine.scripted import ScriptedEngine
 
-from tests.support import TIMEOUT, RawPeer, running_server
+from tests.support import (
+    TIMEOUT,
+    RawPeer,
+    closed_before_ready,
+    http_base,
+    raw_peer,
+    running_server,
+)
 
 TOKEN = "s3cret-token-value"
-
-
-def http_base(url: str) -> str:
-    return url.replace("ws://", "http://").removesuffix("/v1/chat")
 
 
 async def handshake_status(url: str, **kwargs: Any) -> int:
@@ -130,3 +133,88 @@ async def test_tokens_and_query_strings_never_reach_the_logs() -> None:
     lines = uvicorn_lines + our_lines
     assert any("/v1/chat" in line for line in lines), "the handshakes were not logged at all"
     assert not [line for line in lines if TOKEN in line or "wrong-one" in line or "resume=" in line]
+
+
+async def test_a_token_sent_where_it_is_not_read_never_reaches_the_debug_log() -> None:
+    async with running_server(ScriptedEngine(), tokens=(TOKEN,), log_level="debug") as url:
+        with captured("uvicorn.error") as lines:
+            for headers in (
+                {"Cookie": f"wschat_token={TOKEN}; theme=dark"},
+                {"X-Api-Key": TOKEN},
+                {"X-Auth": f"Bearer {TOKEN}"},
+                {"Proxy-Authorization": f"Bearer {TOKEN}"},
+            ):
+                assert await handshake_status(url, additional_headers=headers) == 401
+    headers_logged = [line for line in lines if line.startswith("< ")]
+    assert {"< cookie: …", "< x-api-key: …", "< x-auth: …"} <= set(headers_logged)
+    assert not [line for line in lines if TOKEN in line]
+
+
+def chat_url_for_host(url: str, host: str) -> tuple[str, dict[str, Any]]:
+    """A URL naming ``host`` (the Host header a browser sends) and how to reach the server."""
+    port = int(url.removeprefix("ws://").split("/")[0].split(":")[1])
+    return f"ws://{host}:{port}/v1/chat", {"host": "127.0.0.1", "port": port}
+
+
+async def test_without_a_token_a_rebound_host_name_cannot_reach_chat_stats_or_metrics() -> None:
+    # DNS rebinding: a page from http://rebound.example:PORT whose name now resolves to 127.0.0.1
+    async with running_server(ScriptedEngine()) as url:
+        rebound, route = chat_url_for_host(url, "rebound.example")
+        origin = rebound.replace("ws://", "http://").removesuffix("/v1/chat")
+        assert await handshake_status(rebound, origin=origin, **route) == 403
+        stats = rebound.replace("/v1/chat", "/v1/stats")
+        assert await handshake_status(stats, origin=origin, **route) == 403
+        async with httpx.AsyncClient(base_url=http_base(url), timeout=TIMEOUT) as http:
+            headers = {"Host": f"rebound.example:{route['port']}"}
+            assert (await http.get("/metrics", headers=headers)).status_code == 403
+            assert (await http.get("/v1/auth", headers=headers)).status_code == 403
+            assert (await http.get("/metrics")).status_code == 200
+        for name in ("localhost", "app.localhost", "127.0.0.1", "[::1]"):
+            local, route = chat_url_for_host(url, name)
+            await chat_works(local, subprotocols=["wschat.v1"], **route)
+
+
+async def test_allowed_host_lets_a_name_in_and_a_token_makes_the_host_check_unneeded() -> None:
+    async with running_server(ScriptedEngine(), allowed_hosts=("chat.example",)) as url:
+        named, route = chat_url_for_host(url, "chat.example")
+        await chat_works(named, subprotocols=["wschat.v1"], **route)
+        other, route = chat_url_for_host(url, "other.example")
+        assert await handshake_status(other, **route) == 403
+    async with running_server(ScriptedEngine(), tokens=(TOKEN,)) as url:
+        named, route = chat_url_for_host(url, "chat.example")
+        await chat_works(named, subprotocols=["wschat.v1", f"bearer.{TOKEN}"], **route)
+
+
+async def test_x_forwarded_for_from_an_untrusted_peer_changes_neither_caps_nor_logs() -> None:
+    async with running_server(
+        ScriptedEngine(), max_connections_per_client=2, log_level="info"
+    ) as url:
+        with captured("uvicorn.error") as lines:
+            async with (
+                raw_peer(url, additional_headers={"X-Forwarded-For": "10.0.0.1"}),
+                raw_peer(url, additional_headers={"X-Forwarded-For": "10.0.0.2"}),
+            ):
+                spoofed = {"X-Forwarded-For": "10.0.0.3"}
+                closed = await closed_before_ready(url, additional_headers=spoofed)
+    assert closed == (1013, "too many connections from this address (2)")
+    accepted = [line for line in lines if "[accepted]" in line]
+    assert len(accepted) == 3
+    assert all(line.startswith("127.0.0.1:") for line in accepted), accepted
+
+
+async def test_x_forwarded_for_from_a_trusted_proxy_is_the_address_the_caps_see() -> None:
+    def forwarded(address: str) -> dict[str, Any]:
+        return {"additional_headers": {"X-Forwarded-For": address}}
+
+    async with (
+        running_server(
+            ScriptedEngine(), max_connections_per_client=2, forwarded_allow_ips=("127.0.0.1",)
+        ) as url,
+        raw_peer(url, **forwarded("10.0.0.1")),
+        raw_peer(url, **forwarded("10.0.0.1")),
+    ):
+        closed = await closed_before_ready(url, **forwarded("10.0.0.1"))
+        assert closed == (1013, "too many connections from this address (2)")
+        async with raw_peer(url, **forwarded("10.0.0.2")) as (peer, _):
+            await peer.send({"type": "ping", "t": 1})
+            assert (await peer.recv())["type"] == "pong"

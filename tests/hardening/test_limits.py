@@ -12,7 +12,7 @@ from wschat.server.engine.hf import HFEngine
 from wschat.server.engine.scripted import Script, ScriptedEngine
 from wschat.server.loader import LoadedModel
 
-from tests.support import TIMEOUT, raw_peer, running_server
+from tests.support import TIMEOUT, closed_before_ready, raw_peer, running_server
 
 SMALL = {
     "max_frame_bytes": 4096,
@@ -155,15 +155,6 @@ async def test_frames_within_the_rate_are_never_refused() -> None:
             assert [(await peer.recv())["type"] for _ in range(20)] == ["pong"] * 20
             if burst == 0:
                 await asyncio.sleep(1.05)  # the one-second window is the rule under test
-
-
-async def closed_before_ready(url: str, **kwargs: Any) -> tuple[int, str]:
-    async with asyncio.timeout(TIMEOUT):
-        ws = await websockets.connect(url, subprotocols=["wschat.v1"], **kwargs)
-        with pytest.raises(websockets.ConnectionClosed) as closed:
-            await ws.recv()
-    assert closed.value.rcvd is not None
-    return closed.value.rcvd.code, closed.value.rcvd.reason
 
 
 async def test_connections_over_the_total_cap_are_closed_1013_with_a_reason() -> None:

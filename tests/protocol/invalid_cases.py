@@ -6,9 +6,9 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from wschat.protocol import ErrorCode, Ping, Prompt, encode
+from wschat.protocol import DEFAULT_LIMITS, ErrorCode, Ping, Prompt, encode
 
-from .vector_cases import Case, pack
+from .vector_cases import Case, pack, ping_of_bytes
 
 BAD = ErrorCode.BAD_FRAME.value
 PARAMS = ErrorCode.INVALID_PARAMS.value
@@ -89,6 +89,12 @@ def msgpack_layer() -> Iterator[Case]:
         expect=BAD,
     )
     yield Case(
+        "too_many_containers",
+        "65 arrays and maps, the frame's map included (the budget is 64)",
+        encode(Ping([[] for _ in range(63)])),
+        expect=LARGE,
+    )
+    yield Case(
         "map32_declares_a_million",
         "a map32 header declaring 1,000,000 entries and no data",
         b"\xdf" + struct.pack(">I", 1_000_000),
@@ -116,6 +122,12 @@ def frame_layer() -> Iterator[Case]:
         "a server frame type sent by a client",
         pack({"type": "ready"}),
         expect=BAD,
+    )
+    yield Case(
+        "ping_over_max_ping_bytes",
+        "a ping of 4097 bytes (its t would come back in the pong)",
+        ping_of_bytes(DEFAULT_LIMITS.max_ping_bytes + 1),
+        expect=LARGE,
     )
     prompt = {"type": "prompt", "id": "p", "text": "x"}
 

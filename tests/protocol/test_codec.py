@@ -22,6 +22,7 @@ from wschat.protocol import (
     decode_server_frame,
     encode,
 )
+from wschat.protocol.codec import MAX_DEPTH
 
 from .test_frames import CLIENT_SAMPLES, SERVER_SAMPLES
 
@@ -104,7 +105,49 @@ def test_a_million_entry_map_present_in_full_is_too_large_in_bounded_memory() ->
 @pytest.mark.parametrize(("depth", "code"), [(1024, None), (1025, ErrorCode.BAD_FRAME)])
 def test_nesting_is_refused_past_1024_containers(depth: int, code: Any) -> None:
     data = PING_T + b"\x91" * (depth - 2) + b"\x90"  # the ping's map + depth-1 arrays
+    limits = DecodeLimits(max_containers=MAX_DEPTH, max_ping_bytes=len(data))
+    assert code_of(lambda d: decode_client_frame(d, limits), data) == code
+
+
+def test_nesting_past_1024_is_bad_frame_even_within_a_larger_container_budget() -> None:
+    data = PING_T + b"\x91" * 1023 + b"\x90"  # checked on the way in, before any count
+    assert code_of(decode_client_frame, data) == ErrorCode.BAD_FRAME
+
+
+@pytest.mark.parametrize(("containers", "code"), [(64, None), (65, ErrorCode.TOO_LARGE)])
+def test_more_arrays_and_maps_than_the_budget_is_too_large(containers: int, code: Any) -> None:
+    data = PING_T + b"\xdc\x00\x3f" + b"\x90" * 62 + b"\xc0"  # the map, t and 62 arrays in t
+    if containers == 65:
+        data = data[:-1] + b"\x90"
     assert code_of(decode_client_frame, data) == code
+
+
+def tree(levels: int) -> bytes:
+    """A ping whose t is a tree of arrays, 16 to a level, over arrays of 10 small ints."""
+    node = b"\x9a" + b"\x00" * 10
+    for _ in range(levels):
+        node = b"\xdc\x00\x10" + node * 16
+    return PING_T + node
+
+
+def test_a_frame_packing_a_million_values_is_refused_having_built_few_of_them() -> None:
+    data = tree(4)  # 734 kB: 69,905 arrays holding 655,360 ints
+    limits = DecodeLimits(max_array_len=16, max_ping_bytes=len(data))
+    with pytest.raises(FrameTooLarge, match="more than 64 arrays and maps in one frame"):
+        decode_client_frame(data, limits)
+    everything = DecodeLimits(max_containers=70_000, max_ping_bytes=len(data))
+    assert peak_bytes(lambda: decode_client_frame(data, everything)) > 5 * MiB
+    assert peak_bytes(lambda: decode_client_frame(data, limits)) < 64 * 1024
+
+
+def test_a_ping_over_max_ping_bytes_is_too_large_as_it_would_be_echoed() -> None:
+    data = encode(Ping("x" * 100))
+    assert decode_client_frame(data, DecodeLimits(max_ping_bytes=len(data))).t == "x" * 100
+    with pytest.raises(FrameTooLarge) as raised:
+        decode_client_frame(data, DecodeLimits(max_ping_bytes=len(data) - 1))
+    assert raised.value.message == f"a ping of {len(data)} bytes is over {len(data) - 1}"
+    big_prompt = encode(Prompt("p", "x" * 10_000))  # the cap is for pings alone
+    assert decode_client_frame(big_prompt).text == "x" * 10_000
 
 
 def test_very_deep_nesting_is_bad_frame_not_recursion_error() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 from wschat.protocol import (
+    DEFAULT_LIMITS,
     Cancel,
     Configure,
     GenerationParams,
@@ -47,6 +48,13 @@ def pack(value: Any) -> bytes:
 
 def ping(t: Any) -> bytes:
     return encode(Ping(t))
+
+
+def ping_of_bytes(size: int) -> bytes:
+    """A ping whose t is a str that makes the whole message ``size`` bytes (str16 sizes)."""
+    data = ping(_str_of_bytes(size - len(ping(_str_of_bytes(256))) + 256))
+    assert len(data) == size
+    return data
 
 
 def _pattern(size: int) -> bytes:
@@ -158,6 +166,11 @@ def client_frames() -> Iterator[Case]:
     yield Case("ping_no_t", "a ping without t", encode(Ping()))
     yield Case("ping_t_nil", "a ping whose t is nil (the pong carries t: nil)", ping(None))
     yield Case(
+        "ping_at_max_ping_bytes",
+        "a ping of 4096 bytes: the largest accepted",
+        ping_of_bytes(DEFAULT_LIMITS.max_ping_bytes),
+    )
+    yield Case(
         "configure_full",
         "system prompt and default params",
         encode(Configure("You are brief.", GenerationParams(temperature=0.2, max_new_tokens=100))),
@@ -223,7 +236,11 @@ def msgpack_types() -> Iterator[Case]:
     )
     yield Case("type_str8_255", "255 bytes: the longest str8", ping(_str_of_bytes(255)))
     yield Case("type_str16_256", "256 bytes: the shortest str16", ping(_str_of_bytes(256)))
-    yield Case("type_str32_65536", "65536 bytes: the shortest str32", ping(_str_of_bytes(65536)))
+    yield Case(
+        "type_str32_65536",
+        "65536 bytes: the shortest str32 (a prompt's text: a ping this long is over its limit)",
+        encode(Prompt("p", _str_of_bytes(65536))),
+    )
     yield Case(
         "type_str_non_ascii",
         "2-, 3- and 4-byte UTF-8, U+0000 and U+FFFF",
@@ -238,7 +255,11 @@ def msgpack_types() -> Iterator[Case]:
     yield Case("type_bin8_empty", "empty bin8", ping(b""))
     yield Case("type_bin8_255", "255 bytes: the longest bin8", ping(_pattern(255)))
     yield Case("type_bin16_256", "256 bytes: the shortest bin16", ping(_pattern(256)))
-    yield Case("type_bin32_65536", "65536 bytes: the shortest bin32", ping(_pattern(65536)))
+    yield Case(
+        "type_bin32_65536",
+        "65536 bytes: the shortest bin32 (an image's data: a ping this long is over its limit)",
+        encode(Image("i", _pattern(65536))),
+    )
     yield Case("type_fixarray_empty", "empty array", ping([]))
     yield Case("type_fixarray_15", "15 items: the longest fixarray", ping(list(range(15))))
     yield Case("type_array16_16", "16 items: the shortest array16", ping(list(range(16))))

@@ -257,3 +257,54 @@ async def test_second_turn_prompt_extends_the_first_token_for_token() -> None:
     await done_of(rec, "b")
     first, second = engine.requests
     assert second.prompt_ids[: len(first.prompt_ids)] == first.prompt_ids
+
+
+# PROTOCOL.md "configure": with context 128, the scripted engine's first turn takes 18 tokens of
+# markup around the system prompt, and 32 must be left for the user's text and the reply.
+LONGEST_SYSTEM = 128 - 18 - 32
+
+
+async def test_a_system_prompt_leaving_no_room_for_a_turn_is_too_large_and_changes_nothing() -> (
+    None
+):
+    session, rec = make_session(ScriptedEngine(context_tokens=128))
+    await session.handle(Configure(system="be brief", params=GenerationParams(max_new_tokens=3)))
+    await session.handle(Prompt("a", "hi"))
+    await done_of(rec, "a")
+    with pytest.raises(ProtocolError) as raised:
+        too_long = Configure(system="s" * (LONGEST_SYSTEM + 1), params=GenerationParams(seed=1))
+        await session.handle(too_long)
+    assert raised.value.code is ErrorCode.TOO_LARGE
+    assert raised.value.message == (
+        "the system prompt is 79 tokens; a context of 128 holds at most 78 with room for a turn"
+    )
+    assert session.conversation.system == "be brief"
+    assert len(session.conversation.turns) == 2
+    assert session.defaults == GenerationParams(max_new_tokens=3)
+
+
+async def test_the_longest_system_prompt_accepted_leaves_room_for_a_short_turn() -> None:
+    engine = ScriptedEngine(context_tokens=128)
+    session, rec = make_session(engine)
+    await session.handle(Configure(system="s" * LONGEST_SYSTEM))
+    assert rec.of(Configured)
+    await session.handle(Prompt("a", "x" * 31))
+    assert (await done_of(rec, "a")).reason is not FinishReason.ERROR
+    assert len(engine.requests[0].prompt_ids) == 127
+
+
+async def test_context_overflow_advises_reset_only_when_a_reset_would_make_room() -> None:
+    session, rec = make_session(ScriptedEngine(context_tokens=128))
+    with pytest.raises(ProtocolError) as alone:
+        await session.handle(Prompt("a", "x" * 120))
+    assert alone.value.code is ErrorCode.CONTEXT_OVERFLOW
+    assert "reset" not in alone.value.message
+    await session.handle(Prompt("b", "x" * 60))
+    await done_of(rec, "b")
+    with pytest.raises(ProtocolError) as after_a_turn:
+        await session.handle(Prompt("c", "x" * 60))
+    assert after_a_turn.value.code is ErrorCode.CONTEXT_OVERFLOW
+    assert "reset" in after_a_turn.value.message
+    await session.handle(Reset())
+    await session.handle(Prompt("c", "x" * 60))
+    assert (await done_of(rec, "c")).reason is not FinishReason.ERROR
