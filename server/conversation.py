@@ -16,11 +16,14 @@ class Conversation:
         self._system_ids: list[int] = []
         self.exchanges: list[Exchange] = []
 
-    def set_system(self, text: str | None, ids: Sequence[int] = ()) -> None:
-        """A new system prompt (``ids``: its tokens, ``tokenize_system``'s) starts the
-        conversation afresh (PROTOCOL.md "configure")."""
+    def set_system(self, text: str | None, ids: Sequence[int] | None = None) -> None:
+        """A new system prompt (``ids``: its tokens, ``tokenize_system``'s, when the caller
+        already has them) starts the conversation afresh (PROTOCOL.md "configure")."""
         self.system = text or None
-        self._system_ids = list(ids) if text else []
+        if not text:
+            self._system_ids = []
+        else:
+            self._system_ids = list(ids) if ids is not None else self.tokenize_system(text)
         self.exchanges.clear()
 
     def clear(self) -> None:

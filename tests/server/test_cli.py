@@ -23,7 +23,7 @@ def option_help(name: str) -> str:
 
 def env_actions() -> list[argparse.Action]:
     """The options that read ``WSCHAT_<DEST>`` (all but -h and the two list options)."""
-    skip = {"help", "token", "allowed_origin"}
+    skip = {"help", "token", "allowed_origin", "allowed_host", "forwarded_allow_ips"}
     return [a for a in build_parser()._actions if a.option_strings and a.dest not in skip]
 
 
@@ -57,7 +57,7 @@ def test_help_never_prints_the_tokens_from_the_environment(monkeypatch: pytest.M
 
 def test_every_option_reads_its_wschat_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     actions = env_actions()
-    lists = {"tokens", "allowed_origins", "extra"}
+    lists = {"tokens", "allowed_origins", "allowed_hosts", "forwarded_allow_ips", "extra"}
     assert {a.dest for a in actions} == {f.name for f in fields(Settings)} - lists
     for action in actions:
         raw = value_other_than_default(action)
@@ -151,4 +151,4 @@ def test_an_unknown_engine_in_the_environment_is_refused_when_the_arguments_are_
     with pytest.raises(SystemExit) as exited:
         settings_from_args([])
     assert exited.value.code == 2
-    assert "WSCHAT_ENGINE: invalid choice: 'bogus'" in capsys.readouterr().err
+    assert "WSCHAT_ENGINE: invalid choice 'bogus'" in capsys.readouterr().err

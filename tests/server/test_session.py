@@ -279,7 +279,7 @@ async def test_a_system_prompt_leaving_no_room_for_a_turn_is_too_large_and_chang
         "the system prompt is 79 tokens; a context of 128 holds at most 78 with room for a turn"
     )
     assert session.conversation.system == "be brief"
-    assert len(session.conversation.turns) == 2
+    assert len(session.conversation.exchanges) == 1
     assert session.defaults == GenerationParams(max_new_tokens=3)
 
 

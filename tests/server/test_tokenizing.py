@@ -19,13 +19,15 @@ class GatedEngine(ScriptedEngine):
     """The scripted engine, whose tokenizing waits for ``gate`` and records where it ran."""
 
     def __init__(self) -> None:
-        super().__init__()
+        self._lock = threading.Lock()  # guards running and most_at_once
         self.gate = threading.Event()  # set by the test to let tokenizing finish
         self.entered = threading.Semaphore(0)  # released each time a tokenizing starts
         self.ran_on: list[int] = []  # thread idents
         self.running = 0
         self.most_at_once = 0
-        self._lock = threading.Lock()  # guards running and most_at_once
+        super().__init__()  # builds its prompt format, which tokenizes markup: not counted
+        self.ran_on.clear()
+        self.entered = threading.Semaphore(0)
 
     def tokenize_text(self, text: str) -> list[int]:
         with self._lock:
