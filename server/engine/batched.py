@@ -12,11 +12,12 @@ together are prefilled in one forward). Each pass of its loop:
    each row's token with its own parameters and streams it.
 
 Cancel flags are read before every pass and again before a token is streamed, so a cancelled
-row streams nothing more and its ``done`` comes within one decode step. A failure inside a pass
-ends every row in it with an error (``error`` + ``done`` for its client) and the loop goes on
-with the rows that come next. KV state is kept per session across turns in a ``KVStore`` (the
-same contract as ``HFEngine``): a prompt that extends a session's cached tokens prefills only
-the new ones.
+row streams nothing more and its ``done`` comes within one decode step. A failure in one row's
+own work (its token pick, its text, its finish) ends that row alone with an error (``error`` +
+``done`` for its client) while its batch mates go on; a failure of the shared forward pass ends
+every row in it, and the loop goes on with the rows that come next. KV state is kept per
+session across turns in a ``KVStore`` (the same contract as ``HFEngine``): a prompt that
+extends a session's cached tokens prefills only the new ones.
 
 Requests with images go to an ``HFEngine`` over the same model (one ``generate`` each).
 
@@ -221,7 +222,7 @@ class BatchedEngine:
         picked = pick_tokens([rows[b].sampler for b in done], logits)
         for b, token in zip(reversed(done), reversed(picked), strict=True):
             row = rows[b]
-            reason = FinishReason.CANCELLED if row.cancelled else row.take(token)
+            reason = self._take(row, token)
             if reason is not None:
                 self._retire(kv, rows, b, reason)
                 continue
@@ -238,11 +239,27 @@ class BatchedEngine:
         self.decoded_tokens += len(rows)
         ended: list[tuple[int, FinishReason]] = []
         for b, (row, token) in enumerate(zip(rows, picked, strict=True)):
-            reason = FinishReason.CANCELLED if row.cancelled else row.take(token)
+            reason = self._take(row, token)
             if reason is not None:
                 ended.append((b, reason))
         for b, reason in reversed(ended):
             self._retire(kv, rows, b, reason)
+
+    @staticmethod
+    def _take(row: BatchRow, picked: int | Exception) -> FinishReason | None:
+        """Stream the row's pick; the reason it ends now, if it does. A failure of the row's own
+        work (its pick, its text) ends it alone: its batch mates never see it."""
+        if row.cancelled:
+            return FinishReason.CANCELLED
+        if isinstance(picked, Exception):
+            row.error = picked
+        else:
+            try:
+                return row.take(picked)
+            except Exception as error:
+                row.error = error
+        log.error("a row of the batch failed; it ends alone", exc_info=row.error)
+        return FinishReason.ERROR
 
     def _forward(self, kv: SlotKV, ids: torch.Tensor, counts: list[int]) -> torch.Tensor:
         device = self.model.device
@@ -267,7 +284,11 @@ class BatchedEngine:
     def _retire(self, kv: SlotKV, rows: list[BatchRow], b: int, reason: FinishReason) -> None:
         row = rows[b]
         try:
-            row.finish(reason, kv.save(b), self.kv)
+            state = None if reason is FinishReason.ERROR else kv.save(b)
+            row.finish(reason, state, self.kv, row.error)
+        except Exception as error:
+            log.exception("ending a row failed; it ends alone")
+            row.finish(FinishReason.ERROR, None, self.kv, error)  # its done, unless already sent
         finally:
             self._drop(kv, rows, b)
 

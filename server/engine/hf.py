@@ -23,12 +23,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers import DynamicCache, StoppingCriteriaList
+from transformers import (
+    DynamicCache,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteriaList,
+)
 from wschat.protocol import ErrorCode, FinishReason, ProtocolError
 
 from ..loader import LoadedModel
 from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, SamplingParams
 from .kvstore import CachedPrefix, KVStore
+from .sampling import penalize, tempered
 from .streamer import TokenStreamer, cancel_or_stop
 
 log = logging.getLogger("wschat.engine")
@@ -192,18 +198,32 @@ class HFEngine:
 
 
 def _sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+    # The penalty and temperature are _SafeScores'; 1.0 keeps generate's own out of it, whatever
+    # the model's generation_config says.
+    kwargs: dict[str, Any] = {
+        "temperature": 1.0,
+        "repetition_penalty": 1.0,
+        "logits_processor": LogitsProcessorList([_SafeScores(params)]),
+    }
     if params.temperature == 0:
-        kwargs: dict[str, Any] = {"do_sample": False, "top_k": None, "top_p": None}
-    else:
-        kwargs = {
-            "do_sample": True,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k,
-        }
-    if params.repetition_penalty != 1.0:
-        kwargs["repetition_penalty"] = params.repetition_penalty
-    return kwargs
+        return kwargs | {"do_sample": False, "top_k": None, "top_p": None}
+    return kwargs | {"do_sample": True, "top_p": params.top_p, "top_k": params.top_k}
+
+
+class _SafeScores(LogitsProcessor):
+    """The repetition penalty and temperature of sampling.py, safe for every value the protocol
+    allows, in place of generate's own (which turn the extremes into NaN). Generate runs it
+    before its top-k and top-p warpers, in generate's order."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.params.repetition_penalty != 1.0:
+            scores = penalize(scores, input_ids, self.params.repetition_penalty)
+        if self.params.temperature > 0:
+            scores = tempered(scores, self.params.temperature)
+        return scores
 
 
 def _model_context(config: Any) -> int:

@@ -32,6 +32,7 @@ class BatchRow:
     fed: int = 0  # prompt tokens whose KV state the row holds
     next_token: int = 0  # the last token picked: the input of the next decode pass
     finished: bool = field(default=False, init=False)
+    error: BaseException | None = field(default=None, init=False)  # why it ends, if it failed
 
     def __post_init__(self) -> None:
         self.fed = len(self.prefix.ids) if self.prefix else 0
