@@ -62,7 +62,12 @@ _OPTIONS: list[tuple[str, type, str]] = [
     ("max_new_tokens", int, "the most tokens one reply may ask for"),
     ("default_max_new_tokens", int, "reply length when a prompt does not say"),
     ("context_tokens", int, "context window used (capped by the model's own)"),
-    ("kv_budget_tokens", int, "KV cache tokens kept across idle sessions (LRU beyond it)"),
+    (
+        "kv_budget_mib",
+        int,
+        "MiB of KV cache kept for idle sessions' next turns, text and image turns together "
+        "(least recently used evicted beyond it)",
+    ),
     ("max_frame_bytes", int, "largest frame accepted"),
     ("max_image_bytes", int, "largest image accepted"),
     ("max_image_pixels", int, "most pixels in one image"),

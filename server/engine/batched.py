@@ -27,7 +27,7 @@ same runs, and on the 2-core CPU it reached 0.63-0.75x of the static-batch ceili
 and 0.65-0.70x at one stream (on CPU its paged cache runs through an sdpa fallback, and it logs
 that it wants flash attention), where this engine reaches about 0.9-1.0x at both. Its prefix
 blocks are shared only while they stay in its cache, with no per-session budget, where each
-session's KV state is kept here under ``kv_budget_tokens`` and evicted idle-first.
+session's KV state is kept here under ``kv_budget_bytes`` and evicted idle-first.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from .hf import HFEngine
 from .kvstore import KVStore
 from .rows import BatchRow
 from .sampling import RowSampler, pick_tokens
-from .slotkv import LayerLayout, SlotKV
+from .slotkv import KVState, LayerLayout, SlotKV
 from .streamer import TokenStreamer
 
 log = logging.getLogger("wschat.engine.batched")
@@ -63,14 +63,12 @@ class BatchedEngine:
         width: int = 8,
         context_tokens: int = 8192,
         max_images: int = 4,
-        kv_budget_tokens: int = 262_144,
+        kv_budget_bytes: int = 1 << 30,
         prefill_tokens: int = 512,
     ) -> None:
+        self.kv = KVStore(kv_budget_bytes)  # one budget: the image path keeps its state here too
         self.single = HFEngine(
-            loaded,
-            context_tokens=context_tokens,
-            max_images=max_images,
-            kv_budget_tokens=kv_budget_tokens,
+            loaded, context_tokens=context_tokens, max_images=max_images, kv=self.kv
         )
         self.info = replace(self.single.info, name=self.name)
         self.model = loaded.model
@@ -83,7 +81,6 @@ class BatchedEngine:
         self._backend = loaded.tokenizer.backend_tokenizer
         self.width = width
         self.prefill_tokens = prefill_tokens
-        self.kv = KVStore(kv_budget_tokens)
         layout = LayerLayout.of(text_config, self.model.dtype, self.model.device)
         self._decode_kv = SlotKV(layout, width)
         self._prefill_kv = SlotKV(layout, width)
@@ -110,15 +107,14 @@ class BatchedEngine:
         return self.single.image_placeholder_ids()
 
     def forget(self, session_key: str) -> None:
-        self.kv.forget(session_key)
-        self.single.forget(session_key)
+        self.kv.forget(session_key)  # the image path's state too: one store
 
     def start(self, request: GenerationRequest) -> Generation:
         if request.images:
             return self.single.start(request)
         generation = Generation()
         key = request.session_key
-        prefix = self.kv.take(key, request.prompt_ids) if key else None
+        prefix = self.kv.take(key, request.prompt_ids, KVState) if key else None
         generation.cached_tokens = len(prefix.ids) if prefix else 0
         room = self.info.context_tokens - len(request.prompt_ids)
         bridge = LoopBridge(asyncio.get_running_loop(), generation)

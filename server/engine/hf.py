@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from transformers import (
+    Cache,
     DynamicCache,
     LogitsProcessor,
     LogitsProcessorList,
@@ -33,7 +34,7 @@ from wschat.protocol import ErrorCode, FinishReason, ProtocolError
 
 from ..loader import LoadedModel
 from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, SamplingParams
-from .kvstore import CachedPrefix, KVStore
+from .kvstore import CachedPrefix, KVStore, held_bytes
 from .sampling import penalize, tempered
 from .streamer import TokenStreamer, cancel_or_stop
 
@@ -51,7 +52,8 @@ class HFEngine:
         *,
         context_tokens: int = 8192,
         max_images: int = 4,
-        kv_budget_tokens: int = 262_144,
+        kv_budget_bytes: int = 1 << 30,
+        kv: KVStore | None = None,
     ) -> None:
         self.loaded = loaded
         self.model = loaded.model
@@ -69,7 +71,7 @@ class HFEngine:
             max_images=max_images if loaded.has_vision else 0,
             end_of_turn_ids=eos,
         )
-        self.kv = KVStore(kv_budget_tokens)
+        self.kv = kv if kv is not None else KVStore(kv_budget_bytes)
         self._threads: set[threading.Thread] = set()
         self._images = _ImageLayout.of(loaded) if loaded.has_vision else None
 
@@ -96,7 +98,9 @@ class HFEngine:
     def start(self, request: GenerationRequest) -> Generation:
         generation = Generation()
         prefix = (
-            self.kv.take(request.session_key, request.prompt_ids) if request.session_key else None
+            self.kv.take(request.session_key, request.prompt_ids, Cache)
+            if request.session_key
+            else None
         )
         if prefix and self._images and not self._images.whole_images_in(prefix.ids):
             prefix = None
@@ -133,7 +137,7 @@ class HFEngine:
             ids = self._generate(request, generation, streamer, cache, cached)
             if request.session_key:
                 kept = ids[: cache.get_seq_length()]
-                self.kv.put(request.session_key, CachedPrefix(cache, kept))
+                self.kv.put(request.session_key, CachedPrefix(cache, kept, _cache_bytes(cache)))
             reason = self._reason(generation, streamer, request.params, len(request.prompt_ids))
             finished = Finished(reason, tuple(streamer.generated), generation.cached_tokens)
         except BaseException as error:
@@ -224,6 +228,11 @@ class _SafeScores(LogitsProcessor):
         if self.params.temperature > 0:
             scores = tempered(scores, self.params.temperature)
         return scores
+
+
+def _cache_bytes(cache: Any) -> int:
+    layers = [layer for layer in cache.layers if layer.is_initialized]
+    return held_bytes(t for layer in layers for t in (layer.keys, layer.values))
 
 
 def _model_context(config: Any) -> int:

@@ -81,7 +81,7 @@ class BatchRow:
             key = self.request.session_key
             if key and state is not None and state.length and reason is not FinishReason.ERROR:
                 ids = [*self.request.prompt_ids, *self.streamer.generated][: state.length]
-                store.put(key, CachedPrefix(state, ids))
+                store.put(key, CachedPrefix(state, ids, state.nbytes))
         finally:
             self.bridge.put(
                 Finished(
