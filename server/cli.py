@@ -72,6 +72,11 @@ _OPTIONS: list[tuple[str, type, str]] = [
     ("max_image_bytes", int, "largest image accepted"),
     ("max_image_pixels", int, "most pixels in one image"),
     ("max_images", int, "most images in one prompt"),
+    (
+        "max_session_image_bytes",
+        int,
+        "bytes the images one session keeps may hold (at the model's input size)",
+    ),
     ("max_prompt_bytes", int, "largest prompt text, in UTF-8 bytes"),
     ("max_prompt_tokens", int, "largest prompt text, in tokens"),
     ("frames_per_second", int, "client frames per second before a connection is closed"),

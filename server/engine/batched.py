@@ -37,8 +37,11 @@ import logging
 import threading
 from collections import deque
 from dataclasses import replace
+from typing import Any
 
+import numpy as np
 import torch
+from PIL.Image import Image
 from wschat.protocol import FinishReason
 
 from ..loader import LoadedModel
@@ -105,6 +108,9 @@ class BatchedEngine:
 
     def image_placeholder_ids(self) -> list[int]:
         return self.single.image_placeholder_ids()
+
+    def prepare_image(self, image: Image) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        return self.single.prepare_image(image)
 
     def forget(self, session_key: str) -> None:
         self.kv.forget(session_key)  # the image path's state too: one store

@@ -22,7 +22,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
+from PIL.Image import Image
 from transformers import (
     Cache,
     DynamicCache,
@@ -94,6 +96,15 @@ class HFEngine:
                 f"the model {self.info.model!r} does not read images", code=ErrorCode.UNSUPPORTED
             )
         return list(self._images.placeholder)
+
+    def prepare_image(self, image: Image) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """A checked image (upright RGB) as the session keeps it: at the processor's input size
+        (Gemma 3: 896x896, 2.4 MB), whatever size it was uploaded at (images.py)."""
+        if self._images is None:
+            raise ProtocolError(
+                f"the model {self.info.model!r} does not read images", code=ErrorCode.UNSUPPORTED
+            )
+        return self._images.input_form(image)
 
     def start(self, request: GenerationRequest) -> Generation:
         generation = Generation()
@@ -263,6 +274,11 @@ class _ImageLayout:
         self.placeholder = tuple(placeholder)
         self.image_token_id = image_token_id
         self.tokens_per_image = placeholder.count(image_token_id)
+        images = processor.image_processor
+        if getattr(images, "do_pan_and_scan", False) or not images.do_resize:
+            raise ValueError("images are kept at the processor's input size: it must resize")
+        self.input_size = (int(images.size["width"]), int(images.size["height"]))
+        self.resample = images.resample
 
     @classmethod
     def of(cls, loaded: LoadedModel) -> _ImageLayout:
@@ -271,6 +287,12 @@ class _ImageLayout:
         expansion = processor.full_image_sequence
         placeholder = loaded.tokenizer(expansion, add_special_tokens=False)["input_ids"]
         return cls(processor, list(placeholder), int(loaded.model.config.image_token_id))
+
+    def input_form(self, image: Image) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """The processor's first step, its resize (Pillow, with its filter), done once: run on
+        the result, the processor resizes to the size it already has, a copy in Pillow, so the
+        pixels it hands the model are the upload's (tests/images check it)."""
+        return np.asarray(image.resize(self.input_size, resample=self.resample))
 
     def images_in(self, ids: list[int]) -> float:
         return ids.count(self.image_token_id) / self.tokens_per_image

@@ -145,7 +145,7 @@ async def test_the_batch_and_the_image_path_share_one_kv_budget(
         assert engine.single.kv is engine.kv
         text_only = Conversation(engine).prompt_ids(engine.tokenize_text("hi"))
         await run(engine, text_only, "text")
-        image = PIL.Image.new("RGB", (48, 32), (255, 0, 0))
+        image = engine.prepare_image(PIL.Image.new("RGB", (48, 32), (255, 0, 0)))
         with_image = Conversation(engine).prompt_ids(
             engine.tokenize_text("look"), [engine.image_placeholder_ids()]
         )
