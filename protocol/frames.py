@@ -360,6 +360,8 @@ class Stats(Frame):
     device: str = spec(required(_str))
     uptime_s: float = spec(required(_float))
     live: tuple[Any, ...] = spec(optional(_str_list, ()), default=())
+    kv_bytes: int | None = spec(optional(_int), default=None)
+    kv_budget_bytes: int | None = spec(optional(_int), default=None)
 
 
 ServerFrame = (

@@ -101,11 +101,21 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("max_new_tokens", int, "the most tokens one reply may ask for"),
     ("default_max_new_tokens", int, "reply length when a prompt does not say"),
     ("context_tokens", int, "context window used (capped by the model's own)"),
-    ("kv_budget_tokens", int, "KV cache tokens kept across idle sessions (LRU beyond it)"),
+    (
+        "kv_budget_mib",
+        int,
+        "MiB of KV cache kept for idle sessions' next turns, text and image turns together "
+        "(least recently used evicted beyond it)",
+    ),
     ("max_frame_bytes", int, "largest frame accepted"),
     ("max_image_bytes", int, "largest image accepted"),
     ("max_image_pixels", int, "most pixels in one image"),
     ("max_images", int, "most images in one prompt"),
+    (
+        "max_session_image_bytes",
+        int,
+        "bytes the images one session keeps may hold (at the model's input size)",
+    ),
     ("max_prompt_bytes", int, "largest prompt text, in UTF-8 bytes"),
     ("max_prompt_tokens", int, "largest prompt text, in tokens"),
     ("frames_per_second", int, "client frames per second before a connection is closed"),

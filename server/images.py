@@ -9,14 +9,19 @@ Untrusted bytes go through Pillow in this order, each step refusing with a stabl
     full decode fails                      bad_image (``verify()`` alone passes truncated files)
 
 then EXIF orientation is applied (the reported size is the upright one) and the image becomes
-RGB. GIF and other animations keep their first frame. Runs in a worker thread (session.py).
+RGB. GIF and other animations keep their first frame. Last, ``fit`` turns it into the form the
+session keeps (the engine's ``prepare_image``: the model's input size), so the decoded bitmap,
+up to max_image_pixels x 4 bytes, lives only while this runs. Runs in a worker thread
+(session.py).
 """
 
 from __future__ import annotations
 
 import io
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 from wschat.protocol import ErrorCode, ProtocolError
@@ -35,10 +40,18 @@ class ImageLimits:
 
 @dataclass(frozen=True, slots=True)
 class CheckedImage:
-    image: Image.Image  # decoded, upright, RGB
-    width: int
+    image: Any  # what ``fit`` made of it; without one, the decoded upright RGB image
+    width: int  # of the upload, upright
     height: int
     format: str  # one of FORMATS
+
+
+def image_bytes(image: Any) -> int:
+    """The memory a kept image holds: an array's bytes; a Pillow image's pixels at 4 bytes each
+    (how Pillow stores RGB)."""
+    if isinstance(image, Image.Image):
+        return image.width * image.height * 4
+    return int(image.nbytes)
 
 
 def _bad_image(message: str) -> ProtocolError:
@@ -49,8 +62,11 @@ def _too_large(message: str) -> ProtocolError:
     return ProtocolError(message, code=ErrorCode.TOO_LARGE)
 
 
-def check_image(data: bytes, limits: ImageLimits) -> CheckedImage:
-    """The decoded image, or ``ProtocolError`` (``bad_image`` / ``too_large``) naming the rule."""
+def check_image(
+    data: bytes, limits: ImageLimits, fit: Callable[[Image.Image], Any] | None = None
+) -> CheckedImage:
+    """The image as ``fit`` makes it (or decoded), or ``ProtocolError`` (``bad_image`` /
+    ``too_large``) naming the rule."""
     if not data:
         raise _bad_image("the image is empty")
     if len(data) > limits.max_bytes:
@@ -66,7 +82,7 @@ def check_image(data: bytes, limits: ImageLimits) -> CheckedImage:
         except _DECODE_ERRORS as e:
             raise _bad_image(f"the {im.format} image does not decode (truncated or corrupt)") from e
         rgb = _to_rgb(upright)
-        return CheckedImage(rgb, rgb.width, rgb.height, str(im.format))
+        return CheckedImage(rgb if fit is None else fit(rgb), rgb.width, rgb.height, str(im.format))
     finally:
         im.close()
 

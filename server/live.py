@@ -63,19 +63,22 @@ def snapshot(hub: Hub) -> Stats:
         ttft_p95_ms=p95,
         cancellations=stats.cancellations,
         errors=dict(stats.errors),
-        kv_tokens=_kv_tokens(hub),
+        kv_tokens=_kv_figure(hub, "tokens"),
         model=info.model if info else "",
         device=info.device if info else "",
         uptime_s=stats.uptime_s,
         live=tuple(rows[:MAX_TABLE_ROWS]),
+        kv_bytes=_kv_figure(hub, "bytes"),
+        kv_budget_bytes=_kv_figure(hub, "budget_bytes"),
     )
 
 
-def _kv_tokens(hub: Hub) -> int | None:
-    """Tokens of KV state the engine holds across idle sessions, when it keeps such a store."""
+def _kv_figure(hub: Hub, name: str) -> int | None:
+    """``tokens``, ``bytes`` or ``budget_bytes`` of the KV state the engine holds across idle
+    sessions, when it keeps such a store (one for all its paths: engine/kvstore.py)."""
     store = getattr(hub.engine, "kv", None)
-    tokens = getattr(store, "tokens", None)
-    return tokens if isinstance(tokens, int) else None
+    value = getattr(store, name, None)
+    return value if isinstance(value, int) else None
 
 
 class StatsFeed:

@@ -57,7 +57,7 @@ def _build_engine(settings: Settings) -> Engine:
         "prompt_format": settings.prompt_format,
         "context_tokens": settings.context_tokens,
         "max_images": settings.max_images,
-        "kv_budget_tokens": settings.kv_budget_tokens,
+        "kv_budget_bytes": settings.kv_budget_mib << 20,
     }
     engine: Engine
     if settings.engine == "batched":

@@ -334,14 +334,41 @@ class Session:
         return [*self._staged, *await self._check_images(list(frame.images), frame.id)]
 
     async def _check_images(self, blobs: list[bytes], frame_id: str) -> list[CheckedImage]:
+        """The images in the form the session keeps (the engine's ``prepare_image``), within
+        the session's byte budget."""
         from .images import ImageLimits, check_image  # Pillow loads only for image prompts
 
         limits = ImageLimits(self.settings.max_image_bytes, self.settings.max_image_pixels)
+        fit = getattr(self.engine, "prepare_image", None)
         try:
-            return await asyncio.to_thread(lambda: [check_image(b, limits) for b in blobs])
+            checked = await asyncio.to_thread(lambda: [check_image(b, limits, fit) for b in blobs])
         except ProtocolError as e:
             e.id = frame_id
             raise
+        self._check_image_budget(checked, frame_id)
+        return checked
+
+    @property
+    def image_bytes(self) -> int:
+        """What the images this session keeps hold: its conversation's (with a running
+        prompt's) and the staged ones."""
+        from .images import image_bytes
+
+        held = self.run.request.images if self.run is not None else self.conversation.images
+        return sum(image_bytes(i) for i in [*held, *(c.image for c in self._staged)])
+
+    def _check_image_budget(self, new: list[CheckedImage], frame_id: str) -> None:
+        from .images import image_bytes
+
+        held = self.image_bytes + sum(image_bytes(c.image) for c in new)
+        limit = self.settings.max_session_image_bytes
+        if held > limit:
+            raise ProtocolError(
+                f"this session's images would hold {held} bytes; max_session_image_bytes is"
+                f" {limit} (reset to start afresh)",
+                id=frame_id,
+                code=ErrorCode.TOO_LARGE,
+            )
 
     def _image_placeholder(self) -> list[int]:
         placeholder = getattr(self.engine, "image_placeholder_ids", None)

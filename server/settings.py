@@ -31,11 +31,15 @@ class Settings:
     max_new_tokens: int = 1024
     default_max_new_tokens: int = 256
     context_tokens: int = 8192
-    kv_budget_tokens: int = 262_144
+    # KV state kept for idle sessions' next turns, in MiB, both engines' paths together
+    kv_budget_mib: int = 1024
     max_frame_bytes: int = 12 * 1024 * 1024
     max_image_bytes: int = 10 * 1024 * 1024
     max_image_pixels: int = 25_000_000
     max_images: int = 4
+    # bytes the images of one session may hold (kept at the model's input size: 2.4 MB each for
+    # Gemma 3), its conversation's and the staged ones together
+    max_session_image_bytes: int = 32 * 1024 * 1024
     max_prompt_bytes: int = 256 * 1024
     max_prompt_tokens: int = 8192
     frames_per_second: int = 50

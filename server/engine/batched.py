@@ -12,11 +12,12 @@ together are prefilled in one forward). Each pass of its loop:
    each row's token with its own parameters and streams it.
 
 Cancel flags are read before every pass and again before a token is streamed, so a cancelled
-row streams nothing more and its ``done`` comes within one decode step. A failure inside a pass
-ends every row in it with an error (``error`` + ``done`` for its client) and the loop goes on
-with the rows that come next. KV state is kept per session across turns in a ``KVStore`` (the
-same contract as ``HFEngine``): a prompt that extends a session's cached tokens prefills only
-the new ones.
+row streams nothing more and its ``done`` comes within one decode step. A failure in one row's
+own work (its token pick, its text, its finish) ends that row alone with an error (``error`` +
+``done`` for its client) while its batch mates go on; a failure of the shared forward pass ends
+every row in it, and the loop goes on with the rows that come next. KV state is kept per
+session across turns in a ``KVStore`` (the same contract as ``HFEngine``): a prompt that
+extends a session's cached tokens prefills only the new ones.
 
 Requests with images go to an ``HFEngine`` over the same model (one ``generate`` each).
 
@@ -26,7 +27,7 @@ same runs, and on the 2-core CPU it reached 0.63-0.75x of the static-batch ceili
 and 0.65-0.70x at one stream (on CPU its paged cache runs through an sdpa fallback, and it logs
 that it wants flash attention), where this engine reaches about 0.9-1.0x at both. Its prefix
 blocks are shared only while they stay in its cache, with no per-session budget, where each
-session's KV state is kept here under ``kv_budget_tokens`` and evicted idle-first.
+session's KV state is kept here under ``kv_budget_bytes`` and evicted idle-first.
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ import logging
 import threading
 from collections import deque
 from dataclasses import replace
+from typing import Any
 
+import numpy as np
 import torch
+from PIL.Image import Image
 from wschat.protocol import FinishReason
 
 from ..loader import LoadedModel
@@ -46,7 +50,7 @@ from .hf import HFEngine
 from .kvstore import KVStore
 from .rows import BatchRow
 from .sampling import RowSampler, pick_tokens
-from .slotkv import LayerLayout, SlotKV
+from .slotkv import KVState, LayerLayout, SlotKV
 
 log = logging.getLogger("wschat.engine.batched")
 
@@ -61,15 +65,16 @@ class BatchedEngine:
         width: int = 8,
         context_tokens: int = 8192,
         max_images: int = 4,
-        kv_budget_tokens: int = 262_144,
+        kv_budget_bytes: int = 1 << 30,
         prefill_tokens: int = 512,
         prompt_format: str = "auto",
     ) -> None:
+        self.kv = KVStore(kv_budget_bytes)  # one budget: the image path keeps its state here too
         self.single = HFEngine(
             loaded,
             context_tokens=context_tokens,
             max_images=max_images,
-            kv_budget_tokens=kv_budget_tokens,
+            kv=self.kv,
             prompt_format=prompt_format,
         )
         self.info = replace(self.single.info, name=self.name)
@@ -83,7 +88,6 @@ class BatchedEngine:
         self._pad_id = int(loaded.tokenizer.pad_token_id or 0)
         self.width = width
         self.prefill_tokens = prefill_tokens
-        self.kv = KVStore(kv_budget_tokens)
         layout = LayerLayout.of(text_config, self.model.dtype, self.model.device)
         self._decode_kv = SlotKV(layout, width)
         self._prefill_kv = SlotKV(layout, width)
@@ -109,16 +113,18 @@ class BatchedEngine:
     def image_placeholder_ids(self) -> list[int]:
         return self.single.image_placeholder_ids()
 
+    def prepare_image(self, image: Image) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        return self.single.prepare_image(image)
+
     def forget(self, session_key: str) -> None:
-        self.kv.forget(session_key)
-        self.single.forget(session_key)
+        self.kv.forget(session_key)  # the image path's state too: one store
 
     def start(self, request: GenerationRequest) -> Generation:
         if request.images:
             return self.single.start(request)
         generation = Generation()
         key = request.session_key
-        prefix = self.kv.take(key, request.prompt_ids) if key else None
+        prefix = self.kv.take(key, request.prompt_ids, KVState) if key else None
         generation.cached_tokens = len(prefix.ids) if prefix else 0
         room = self.info.context_tokens - len(request.prompt_ids)
         bridge = LoopBridge(asyncio.get_running_loop(), generation)
@@ -222,7 +228,7 @@ class BatchedEngine:
         picked = pick_tokens([rows[b].sampler for b in done], logits)
         for b, token in zip(reversed(done), reversed(picked), strict=True):
             row = rows[b]
-            reason = FinishReason.CANCELLED if row.cancelled else row.take(token)
+            reason = self._take(row, token)
             if reason is not None:
                 self._retire(kv, rows, b, reason)
                 continue
@@ -239,11 +245,27 @@ class BatchedEngine:
         self.decoded_tokens += len(rows)
         ended: list[tuple[int, FinishReason]] = []
         for b, (row, token) in enumerate(zip(rows, picked, strict=True)):
-            reason = FinishReason.CANCELLED if row.cancelled else row.take(token)
+            reason = self._take(row, token)
             if reason is not None:
                 ended.append((b, reason))
         for b, reason in reversed(ended):
             self._retire(kv, rows, b, reason)
+
+    @staticmethod
+    def _take(row: BatchRow, picked: int | Exception) -> FinishReason | None:
+        """Stream the row's pick; the reason it ends now, if it does. A failure of the row's own
+        work (its pick, its text) ends it alone: its batch mates never see it."""
+        if row.cancelled:
+            return FinishReason.CANCELLED
+        if isinstance(picked, Exception):
+            row.error = picked
+        else:
+            try:
+                return row.take(picked)
+            except Exception as error:
+                row.error = error
+        log.error("a row of the batch failed; it ends alone", exc_info=row.error)
+        return FinishReason.ERROR
 
     def _forward(self, kv: SlotKV, ids: torch.Tensor, counts: list[int]) -> torch.Tensor:
         device = self.model.device
@@ -268,7 +290,11 @@ class BatchedEngine:
     def _retire(self, kv: SlotKV, rows: list[BatchRow], b: int, reason: FinishReason) -> None:
         row = rows[b]
         try:
-            row.finish(reason, kv.save(b), self.kv)
+            state = None if reason is FinishReason.ERROR else kv.save(b)
+            row.finish(reason, state, self.kv, row.error)
+        except Exception as error:
+            log.exception("ending a row failed; it ends alone")
+            row.finish(FinishReason.ERROR, None, self.kv, error)  # its done, unless already sent
         finally:
             self._drop(kv, rows, b)
 

@@ -22,14 +22,23 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
-from transformers import DynamicCache, StoppingCriteriaList
+from PIL.Image import Image
+from transformers import (
+    Cache,
+    DynamicCache,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteriaList,
+)
 from wschat.protocol import ErrorCode, FinishReason, ProtocolError
 
 from ..loader import LoadedModel
 from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, SamplingParams
 from .formats import build_format
-from .kvstore import CachedPrefix, KVStore
+from .kvstore import CachedPrefix, KVStore, held_bytes
+from .sampling import penalize, tempered
 from .streamer import TokenStreamer, cancel_or_stop
 
 log = logging.getLogger("wschat.engine")
@@ -46,7 +55,8 @@ class HFEngine:
         *,
         context_tokens: int = 8192,
         max_images: int = 4,
-        kv_budget_tokens: int = 262_144,
+        kv_budget_bytes: int = 1 << 30,
+        kv: KVStore | None = None,
         prompt_format: str = "auto",
     ) -> None:
         self.loaded = loaded
@@ -68,7 +78,7 @@ class HFEngine:
             max_images=max_images if loaded.has_vision else 0,
             prompt_format=self.prompt_format.name,
         )
-        self.kv = KVStore(kv_budget_tokens)
+        self.kv = kv if kv is not None else KVStore(kv_budget_bytes)
         self._threads: set[threading.Thread] = set()
         self._images = _ImageLayout.of(loaded) if loaded.has_vision else None
 
@@ -103,10 +113,21 @@ class HFEngine:
             )
         return list(self._images.placeholder)
 
+    def prepare_image(self, image: Image) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """A checked image (upright RGB) as the session keeps it: at the processor's input size
+        (Gemma 3: 896x896, 2.4 MB), whatever size it was uploaded at (images.py)."""
+        if self._images is None:
+            raise ProtocolError(
+                f"the model {self.info.model!r} does not read images", code=ErrorCode.UNSUPPORTED
+            )
+        return self._images.input_form(image)
+
     def start(self, request: GenerationRequest) -> Generation:
         generation = Generation()
         prefix = (
-            self.kv.take(request.session_key, request.prompt_ids) if request.session_key else None
+            self.kv.take(request.session_key, request.prompt_ids, Cache)
+            if request.session_key
+            else None
         )
         if prefix and self._images and not self._images.whole_images_in(prefix.ids):
             prefix = None
@@ -143,7 +164,7 @@ class HFEngine:
             ids = self._generate(request, generation, streamer, cache, cached)
             if request.session_key:
                 kept = ids[: cache.get_seq_length()]
-                self.kv.put(request.session_key, CachedPrefix(cache, kept))
+                self.kv.put(request.session_key, CachedPrefix(cache, kept, _cache_bytes(cache)))
             reason = self._reason(generation, streamer, request.params, len(request.prompt_ids))
             finished = Finished(reason, tuple(streamer.generated), generation.cached_tokens)
         except BaseException as error:
@@ -208,18 +229,37 @@ class HFEngine:
 
 
 def _sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+    # The penalty and temperature are _SafeScores'; 1.0 keeps generate's own out of it, whatever
+    # the model's generation_config says.
+    kwargs: dict[str, Any] = {
+        "temperature": 1.0,
+        "repetition_penalty": 1.0,
+        "logits_processor": LogitsProcessorList([_SafeScores(params)]),
+    }
     if params.temperature == 0:
-        kwargs: dict[str, Any] = {"do_sample": False, "top_k": None, "top_p": None}
-    else:
-        kwargs = {
-            "do_sample": True,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "top_k": params.top_k,
-        }
-    if params.repetition_penalty != 1.0:
-        kwargs["repetition_penalty"] = params.repetition_penalty
-    return kwargs
+        return kwargs | {"do_sample": False, "top_k": None, "top_p": None}
+    return kwargs | {"do_sample": True, "top_p": params.top_p, "top_k": params.top_k}
+
+
+class _SafeScores(LogitsProcessor):
+    """The repetition penalty and temperature of sampling.py, safe for every value the protocol
+    allows, in place of generate's own (which turn the extremes into NaN). Generate runs it
+    before its top-k and top-p warpers, in generate's order."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.params.repetition_penalty != 1.0:
+            scores = penalize(scores, input_ids, self.params.repetition_penalty)
+        if self.params.temperature > 0:
+            scores = tempered(scores, self.params.temperature)
+        return scores
+
+
+def _cache_bytes(cache: Any) -> int:
+    layers = [layer for layer in cache.layers if layer.is_initialized]
+    return held_bytes(t for layer in layers for t in (layer.keys, layer.values))
 
 
 def _model_context(config: Any) -> int:
@@ -250,6 +290,11 @@ class _ImageLayout:
         self.placeholder = tuple(placeholder)
         self.image_token_id = image_token_id
         self.tokens_per_image = placeholder.count(image_token_id)
+        images = processor.image_processor
+        if getattr(images, "do_pan_and_scan", False) or not images.do_resize:
+            raise ValueError("images are kept at the processor's input size: it must resize")
+        self.input_size = (int(images.size["width"]), int(images.size["height"]))
+        self.resample = images.resample
 
     @classmethod
     def of(cls, loaded: LoadedModel) -> _ImageLayout:
@@ -258,6 +303,12 @@ class _ImageLayout:
         expansion = processor.full_image_sequence
         placeholder = loaded.tokenizer(expansion, add_special_tokens=False)["input_ids"]
         return cls(processor, list(placeholder), int(loaded.model.config.image_token_id))
+
+    def input_form(self, image: Image) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """The processor's first step, its resize (Pillow, with its filter), done once: run on
+        the result, the processor resizes to the size it already has, a copy in Pillow, so the
+        pixels it hands the model are the upload's (tests/images check it)."""
+        return np.asarray(image.resize(self.input_size, resample=self.resample))
 
     def images_in(self, ids: list[int]) -> float:
         return ids.count(self.image_token_id) / self.tokens_per_image

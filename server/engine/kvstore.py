@@ -1,27 +1,41 @@
-"""Per-session KV caches kept between turns, under one token budget across sessions.
+"""Per-session KV caches kept between turns, under one byte budget across sessions and engines.
 
 A session's next prompt extends the token ids its cache holds, so prefill covers only the new
-tokens. Caches of sessions not generating sit here; when the budget is exceeded the least
-recently used are evicted first (their sessions re-prefill on their next prompt).
+tokens. Caches of sessions not generating sit here; when the bytes they hold exceed the budget
+the least recently used are evicted first (their sessions re-prefill on their next prompt). One
+store serves both transformers paths (the batch and ``generate``, batched.py): each entry keeps
+the form its engine made, and an engine that finds another's form drops it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(slots=True)
 class CachedPrefix:
-    cache: Any  # a transformers Cache
+    cache: Any  # a transformers Cache (HFEngine) or a KVState (BatchedEngine)
     ids: list[int]  # exactly the tokens whose KV state the cache holds
+    nbytes: int  # what its keys and values hold in memory
+
+
+def held_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the storage behind ``tensors``: a view (a sliding window cut out of a longer
+    prefill) keeps all of its storage alive, so its own size would undercount."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
 
 
 class KVStore:
-    def __init__(self, budget_tokens: int) -> None:
-        self.budget_tokens = budget_tokens
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
         # guards _entries: the loop takes/puts, worker threads put back when they finish
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, CachedPrefix] = OrderedDict()
@@ -32,11 +46,17 @@ class KVStore:
         with self._lock:
             return sum(len(e.ids) for e in self._entries.values())
 
-    def take(self, key: str, prompt_ids: list[int]) -> CachedPrefix | None:
-        """The session's cache if the prompt extends what it holds; it leaves the store."""
+    @property
+    def bytes(self) -> int:
+        with self._lock:
+            return sum(e.nbytes for e in self._entries.values())
+
+    def take(self, key: str, prompt_ids: list[int], kind: type) -> CachedPrefix | None:
+        """The session's cache if it is of ``kind`` and the prompt extends what it holds; it
+        leaves the store either way."""
         with self._lock:
             entry = self._entries.pop(key, None)
-        if entry is None:
+        if entry is None or not isinstance(entry.cache, kind):
             return None
         n = len(entry.ids)
         if n == 0 or n >= len(prompt_ids) or prompt_ids[:n] != entry.ids:
@@ -44,15 +64,15 @@ class KVStore:
         return entry
 
     def put(self, key: str, entry: CachedPrefix) -> None:
-        if len(entry.ids) > self.budget_tokens:
+        if entry.nbytes > self.budget_bytes:
             return
         with self._lock:
             self._entries[key] = entry
             self._entries.move_to_end(key)
-            total = sum(len(e.ids) for e in self._entries.values())
-            while total > self.budget_tokens and self._entries:
+            total = sum(e.nbytes for e in self._entries.values())
+            while total > self.budget_bytes and self._entries:
                 _, evicted = self._entries.popitem(last=False)
-                total -= len(evicted.ids)
+                total -= evicted.nbytes
                 self.evictions += 1
 
     def forget(self, key: str) -> None:

@@ -32,6 +32,7 @@ class BatchRow:
     fed: int = 0  # prompt tokens whose KV state the row holds
     next_token: int = 0  # the last token picked: the input of the next decode pass
     finished: bool = field(default=False, init=False)
+    error: BaseException | None = field(default=None, init=False)  # why it ends, if it failed
 
     def __post_init__(self) -> None:
         self.fed = len(self.prefix.ids) if self.prefix else 0
@@ -80,7 +81,7 @@ class BatchRow:
             key = self.request.session_key
             if key and state is not None and state.length and reason is not FinishReason.ERROR:
                 ids = [*self.request.prompt_ids, *self.streamer.generated][: state.length]
-                store.put(key, CachedPrefix(state, ids))
+                store.put(key, CachedPrefix(state, ids, state.nbytes))
         finally:
             self.bridge.put(
                 Finished(

@@ -3,13 +3,23 @@
 The order of operations is ``generate``'s: repetition penalty over every token of the sequence
 (prompt included), then temperature, top-k and top-p (nucleus), then a draw. A row's draws come
 from its own ``torch.Generator``, so a seeded request gives the same tokens whatever else shares
-its batch. Top-p never sorts the whole vocabulary when it can help it: the nucleus lies within
-the top candidates as soon as their mass reaches ``top_p``, and only a flatter distribution
-falls back to a full sort.
+its batch.
+
+A row's pick holds up every row of its pass, so no setting may make it cost much more than a
+greedy pick: top-k is taken before the temperature (k logits to scale, not the vocabulary), the
+nucleus is found without sorting the vocabulary (``nucleus``), and the draw inverts a running
+sum (``draw``) where ``torch.multinomial`` over a vocabulary takes ~100x longer on CPU.
+
+Every value PROTOCOL.md "params" allows is safe in float32 (``penalize``, ``tempered``): a
+temperature or penalty near zero divides logits into infinities, and one that rounds to 0.0
+would make 0/0 a NaN, where ``generate``'s own warpers hand ``multinomial`` NaNs and it raises.
+Here the extremes pick what their limit does: a vanishing temperature is greedy; logits lifted
+past float32's range by a vanishing penalty share the draw among themselves.
 """
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Sequence
 
@@ -18,6 +28,40 @@ import torch
 from .base import SamplingParams
 
 NUCLEUS_CANDIDATES = 1024
+_BUCKET_SHIFT = 20  # float32 bits >> 20: the exponent and 3 bits of mantissa
+_BUCKETS = 1 << (31 - _BUCKET_SHIFT)  # of a non-negative float32
+
+
+def _safe_divisor(value: float, logits: torch.Tensor) -> float:
+    """``value``, or float32's smallest normal when it is below it: dividing by that already
+    overflows every logit that matters, and a value that rounds to 0.0 would give 0/0."""
+    return max(value, torch.finfo(logits.dtype).tiny)
+
+
+def penalize(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """``generate``'s repetition penalty on the ids ``seen`` of each row, in place.
+
+    ``logits`` is ``[..., vocab]`` and ``seen`` ``[..., n]`` with the same leading dimensions.
+    """
+    divisor = _safe_divisor(penalty, logits)
+    scores = logits.gather(-1, seen)
+    return logits.scatter_(-1, seen, torch.where(scores < 0, scores * divisor, scores / divisor))
+
+
+def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature`` with each row's largest logit moved to 0 first, so no row
+    overflows to +inf and every row keeps one finite maximum (softmax never sees NaN).
+
+    Rows that already hold +inf (a penalty divided them past float32's range) keep those
+    entries, at 0, and nothing else: the limit of the exact distribution.
+    """
+    top = logits.amax(-1, keepdim=True)
+    overflowed = torch.isposinf(top)
+    if bool(overflowed.any()):
+        only_infinite = torch.where(torch.isposinf(logits), 0.0, -math.inf)
+        logits = torch.where(overflowed, only_infinite, logits)
+        top = logits.amax(-1, keepdim=True)
+    return (logits - top) / _safe_divisor(temperature, logits)
 
 
 class RowSampler:
@@ -46,45 +90,89 @@ class RowSampler:
     def pick(self, logits: torch.Tensor) -> int:
         """One token from one row's float logits ``[vocab]`` (modified in place)."""
         if self.penalized and self._seen.numel():
-            scores = logits[self._seen]
-            penalty = self.params.repetition_penalty
-            logits[self._seen] = torch.where(scores < 0, scores * penalty, scores / penalty)
+            penalize(logits, self._seen, self.params.repetition_penalty)
         if self.greedy:
             return int(logits.argmax())
-        return self._draw(logits / self.params.temperature)
+        return self._draw(logits)
 
     def _draw(self, logits: torch.Tensor) -> int:
         top_k, top_p = self.params.top_k, self.params.top_p
-        if top_k <= 0 and top_p >= 1.0:
-            return int(torch.multinomial(logits.softmax(-1), 1, generator=self._generator))
-        if top_k > 0:
-            values, indices = logits.topk(min(top_k, logits.numel()))
-            probs = values.softmax(-1)  # renormalized over the top k, as generate does
-        else:
-            full = logits.softmax(-1)
-            probs, indices = full.topk(min(NUCLEUS_CANDIDATES, full.numel()))
-            if float(probs.sum()) < top_p:
-                probs, indices = full.sort(descending=True)
+        ids: torch.Tensor | None = None
+        if 0 < top_k < logits.numel():
+            # The top k before the temperature: the same tokens in the same order, and the
+            # temperature then touches k logits, not the vocabulary.
+            logits, ids = logits.topk(top_k)
+        weights = tempered(logits, self.params.temperature).softmax(-1)  # over the top k if any
         if top_p < 1.0:
-            before = probs.cumsum(-1) - probs  # the mass ranked above each candidate
-            keep = before < top_p
-            keep[0] = True
-            probs, indices = probs[keep], indices[keep]
-        choice = torch.multinomial(probs, 1, generator=self._generator)
-        return int(indices[choice])
+            weights, ids = nucleus(weights, top_p) if ids is None else _cut(weights, ids, top_p)
+        choice = draw(weights, self._generator)
+        return choice if ids is None else int(ids[choice])
 
 
-def pick_tokens(samplers: Sequence[RowSampler], logits: torch.Tensor) -> list[int]:
-    """The next token of every row of ``logits`` ``[rows, vocab]`` (float32)."""
+def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The fewest most probable tokens whose mass reaches ``top_p``, as weights and the token
+    ids they stand for (None: the weights span the vocabulary, zero outside the nucleus).
+
+    The top ``NUCLEUS_CANDIDATES`` hold the nucleus unless the distribution is flat. Then the
+    tokens go into buckets by the top bits of their float32 patterns (which order like the
+    values), an eighth of an octave each: the buckets above the one where the mass reaches
+    ``top_p`` are in the nucleus whole, and only that bucket is sorted. A few passes over the
+    vocabulary instead of sorting it, a cost every row of the batch would wait for.
+    """
+    values, ids = probs.topk(min(NUCLEUS_CANDIDATES, probs.numel()))
+    if float(values.sum()) >= top_p:
+        return _cut(values, ids, top_p)
+    buckets = probs.view(torch.int32) >> _BUCKET_SHIFT
+    mass = torch.bincount(buckets, weights=probs, minlength=_BUCKETS)
+    reaching = (mass.flip(0).cumsum(0).flip(0) >= top_p).nonzero()  # mass from bucket b up
+    edge = int(reaching.max()) if reaching.numel() else 0
+    weights = probs * (buckets > edge)
+    between = (buckets == edge).nonzero().squeeze(-1)
+    ranked = between[probs[between].argsort(descending=True)]
+    kept, kept_ids = _cut(probs[ranked], ranked, top_p, float(weights.sum()))
+    weights[kept_ids] = kept
+    return weights, None
+
+
+def _cut(
+    probs: torch.Tensor, ids: torch.Tensor, top_p: float, above: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidates ranked most probable first, kept while the mass ranked above them (``above``
+    more than theirs) is under ``top_p``; at least one when nothing is above."""
+    before = above + probs.cumsum(-1) - probs
+    keep = before < top_p
+    keep[0] |= above == 0
+    return probs[keep], ids[keep]
+
+
+def draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
+    """An index drawn in proportion to ``weights`` (>= 0, any sum) by inverting their running
+    sum: ``torch.multinomial`` spends ~100x longer on a whole vocabulary on CPU, a cost every
+    row of the batch would wait for."""
+    running = weights.cumsum(-1)
+    total = running[-1]
+    if not bool(torch.isfinite(total)) or float(total) <= 0:
+        raise ValueError("the sampling weights are not finite and positive")
+    point = torch.rand((), generator=generator, device=weights.device) * total
+    point = torch.minimum(point, torch.nextafter(total, torch.zeros_like(total)))  # < total
+    return int(torch.searchsorted(running, point[None], right=True))
+
+
+def pick_tokens(samplers: Sequence[RowSampler], logits: torch.Tensor) -> list[int | Exception]:
+    """The next token of every row of ``logits`` ``[rows, vocab]`` (float32); a row whose
+    sampler raises gets the exception in its place, so it fails alone (batched.py)."""
     plain = [i for i, s in enumerate(samplers) if s.plain_greedy]
     if len(plain) == len(samplers):
         return [int(t) for t in logits.argmax(-1).tolist()]
-    picked = [0] * len(samplers)
+    picked: list[int | Exception] = [0] * len(samplers)
     if plain:
         index = torch.tensor(plain, device=logits.device)
         for i, token in zip(plain, logits[index].argmax(-1).tolist(), strict=True):
             picked[i] = int(token)
     for i, sampler in enumerate(samplers):
         if not sampler.plain_greedy:
-            picked[i] = sampler.pick(logits[i])
+            try:
+                picked[i] = sampler.pick(logits[i])
+            except Exception as error:
+                picked[i] = error
     return picked

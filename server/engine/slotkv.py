@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from .kvstore import held_bytes
+
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 
@@ -31,6 +33,10 @@ class KVState:
     length: int
     full: list[tuple[torch.Tensor, torch.Tensor]]  # per full layer: [kv_heads, length, dim]
     ring: list[tuple[torch.Tensor, torch.Tensor]]  # per sliding layer: [kv_heads, <=window, dim]
+
+    @property
+    def nbytes(self) -> int:
+        return held_bytes(t for pair in (*self.full, *self.ring) for t in pair)
 
 
 @dataclass(frozen=True, slots=True)

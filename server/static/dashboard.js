@@ -24,6 +24,15 @@ function formatDuration(s) {
 }
 
 const ms = (v) => (v === null || v === undefined ? "–" : `${Math.round(v)} ms`);
+const mib = (bytes) => `${(bytes / 1048576).toFixed(1)} MiB`;
+
+// Tokens and bytes held, of the budget; servers before kv_bytes send only the tokens.
+function kvText(stats) {
+  if (stats.kv_tokens === null) return "n/a";
+  const tokens = `${stats.kv_tokens.toLocaleString()} tokens`;
+  if (stats.kv_bytes === undefined || stats.kv_bytes === null) return tokens;
+  return `${tokens}, ${mib(stats.kv_bytes)} of ${mib(stats.kv_budget_bytes)}`;
+}
 
 function show(stats) {
   $("model").textContent = stats.model;
@@ -36,7 +45,7 @@ function show(stats) {
   $("t-cancel").textContent = stats.cancellations;
   const errors = Object.entries(stats.errors);
   $("t-errors").textContent = errors.length ? errors.map(([code, n]) => `${code}: ${n}`).join(", ") : "none";
-  $("t-kv").textContent = stats.kv_tokens === null ? "n/a" : stats.kv_tokens.toLocaleString();
+  $("t-kv").textContent = kvText(stats);
   $("t-device").textContent = stats.device || "–";
   $("t-uptime").textContent = formatDuration(stats.uptime_s);
   charts.tokens.push([stats.tokens_per_s]);

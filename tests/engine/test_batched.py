@@ -22,8 +22,10 @@ from wschat.server.engine.base import (
 from wschat.server.engine.batched import BatchedEngine
 from wschat.server.engine.hf import HFEngine
 from wschat.server.engine.rows import BatchRow
+from wschat.server.engine.sampling import RowSampler
 from wschat.server.loader import LoadedModel
 
+from tests.engine.hostile import HOSTILE_PARAMS
 from tests.images import samples
 from tests.support import TIMEOUT, RawPeer, collect, raw_peer, running_server, wait_until
 
@@ -311,3 +313,84 @@ async def test_seeded_sampling_and_stop_strings_over_a_server_ignore_batch_mates
     stopped = together[1][-1]
     assert stopped["reason"] == "stop"
     assert stopped["text"] == full[: full.index(stop)]
+
+
+async def test_hostile_but_valid_params_leave_the_batch_mates_greedy_replies_unchanged(
+    batched: BatchedEngine, tiny_text_engine: HFEngine
+) -> None:
+    mates = prompts(batched, WIDTH - len(HOSTILE_PARAMS))
+    expected = [await alone(tiny_text_engine, ids, greedy(24)) for ids in mates]
+    hostile = [greedy(24, **params) for params in HOSTILE_PARAMS]
+    generations = [batched.start(GenerationRequest(ids, greedy(24))) for ids in mates]
+    generations += [
+        batched.start(GenerationRequest(ids, params))
+        for ids, params in zip(prompts(batched, len(hostile)), hostile, strict=True)
+    ]
+    results = await asyncio.gather(*(collect(g) for g in generations))
+    assert [text for text, _ in results[: len(mates)]] == expected
+    assert [(f.reason.value, f.error) for _, f in results] == [("length", None)] * WIDTH
+    assert batched.decoded_tokens > batched.decode_steps  # they shared decode passes
+
+
+@pytest.mark.parametrize("fault", ["pick", "take"])
+@pytest.mark.parametrize("at_token", [0, 5])  # 0: picked after prefill; 5: in a decode pass
+async def test_a_failure_in_one_row_ends_that_row_alone(
+    batched: BatchedEngine,
+    tiny_text_engine: HFEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: str,
+    at_token: int,
+) -> None:
+    asks = prompts(batched, 4)
+    sampled = greedy(20, temperature=0.8, seed=5)  # not plain greedy: its sampler picks alone
+    expected = [await alone(tiny_text_engine, ids, greedy(20)) for ids in asks[1:]]
+    expected_faulty = await alone(batched, asks[0], sampled)
+    boom = RuntimeError("one row's fault")
+    original_pick, original_take = RowSampler.pick, BatchRow.take
+    picks = 0
+
+    def pick_or_fail(self: RowSampler, logits: Any) -> int:
+        nonlocal picks
+        if self.params is sampled:
+            picks += 1
+            if picks > at_token:
+                raise boom
+        return original_pick(self, logits)
+
+    def take_or_fail(self: BatchRow, token: int) -> Any:
+        if self.request.params is sampled and len(self.streamer.generated) == at_token:
+            raise boom
+        return original_take(self, token)
+
+    if fault == "pick":
+        monkeypatch.setattr(RowSampler, "pick", pick_or_fail)
+    else:
+        monkeypatch.setattr(BatchRow, "take", take_or_fail)
+    generations = [batched.start(GenerationRequest(asks[0], sampled))]
+    generations += [batched.start(GenerationRequest(ids, greedy(20))) for ids in asks[1:]]
+    results = await asyncio.gather(*(collect(g) for g in generations))
+    (faulty_text, faulty_end), *mates = results
+    assert (faulty_end.reason.value, faulty_end.error) == ("error", boom)
+    assert expected_faulty.startswith(faulty_text)
+    assert len(faulty_end.completion_ids) == at_token
+    assert [text for text, _ in mates] == expected
+    assert {(f.reason.value, f.error) for _, f in mates} == {("length", None)}
+
+
+async def test_hostile_sessions_over_a_server_cost_their_batch_mates_nothing(
+    batched: BatchedEngine, tiny_text_engine: HFEngine
+) -> None:
+    """PROTOCOL.md "params" ranges on the wire: each session's reply ends normally, and the
+    greedy ones are what they are alone."""
+    mates = ["hello world " * 2, "hello world " * 7]
+    async with running_server(tiny_text_engine, max_concurrent=1) as url:
+        expected = [(await reply(url, text, max_new_tokens=20))[-1]["text"] for text in mates]
+    async with running_server(batched, max_concurrent=WIDTH) as url:
+        replies = await asyncio.gather(
+            *(reply(url, text, max_new_tokens=20) for text in mates),
+            *(reply(url, "Go", max_new_tokens=20, **params) for params in HOSTILE_PARAMS),
+        )
+    assert [frames[-1]["text"] for frames in replies[: len(mates)]] == expected
+    assert [frames[-1]["type"] for frames in replies] == ["done"] * len(replies)
+    assert {frames[-1]["reason"] for frames in replies} == {"length"}
+    assert not [f for frames in replies for f in frames if f["type"] == "error"]

@@ -6,15 +6,17 @@ The tiny model never ends a greedy reply by chance (server/devmodel.py), so repl
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 import torch
-from wschat.server.engine.base import CancelFlag, Generation, GenerationRequest
+from wschat.server.engine.base import CancelFlag, Generation, GenerationRequest, SamplingParams
 from wschat.server.engine.hf import HFEngine
 from wschat.server.engine.streamer import TokenStreamer
 
-from tests.support import RawPeer, raw_peer, running_server
+from tests.engine.hostile import HOSTILE_PARAMS
+from tests.support import RawPeer, collect, raw_peer, running_server
 
 START_OF_TURN = 105
 END_OF_TURN = 106
@@ -161,3 +163,14 @@ async def test_second_turn_reuses_the_first_turns_kv_state(tiny_text_engine: HFE
     # Everything but the last reply token (generated, never fed back) was cached.
     assert second[0]["cached_tokens"] == first[0]["prompt_tokens"] + 5 - 1
     assert second[-1]["reason"] == "length"
+
+
+async def test_hostile_but_valid_params_end_like_any_reply(tiny_text_engine: HFEngine) -> None:
+    ids = [2, *tiny_text_engine.tokenize_text("hello world " * 3)]
+    requests = [
+        GenerationRequest(ids, SamplingParams(max_new_tokens=12, **params))
+        for params in HOSTILE_PARAMS
+    ]
+    results = await asyncio.gather(*(collect(tiny_text_engine.start(r)) for r in requests))
+    assert [(f.reason.value, f.error) for _, f in results] == [("length", None)] * len(requests)
+    assert all(len(f.completion_ids) == 12 for _, f in results)

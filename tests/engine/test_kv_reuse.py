@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
+import PIL.Image
 import pytest
 from wschat.server.conversation import Conversation
 from wschat.server.engine.base import Finished, Generation, GenerationRequest, SamplingParams
@@ -18,7 +19,7 @@ from wschat.server.engine.hf import HFEngine
 from wschat.server.loader import LoadedModel
 
 from tests.engine.test_formats import GEMMA_TEMPLATE
-from tests.support import RawPeer, collect, raw_peer, running_server
+from tests.support import RawPeer, collect, next_stats, raw_peer, running_server, stats_socket
 
 Engine = HFEngine | BatchedEngine
 
@@ -112,12 +113,36 @@ def sessions_cached(engine: Engine) -> set[str]:
     return set(store._entries)
 
 
-async def test_kv_budget_evicts_the_least_recently_used_idle_session(
+def kv_bytes(loaded: LoadedModel, positions: int) -> int:
+    """Keys and values of ``positions`` tokens from the model's layers, heads and dtype: a
+    full-attention layer holds every position, a sliding one at most its window."""
+    text = loaded.model.config.get_text_config()
+    per_position = 2 * text.num_key_value_heads * text.head_dim * loaded.model.dtype.itemsize
+    held = [
+        positions if kind == "full_attention" else min(positions, text.sliding_window)
+        for kind in text.layer_types
+    ]
+    return per_position * sum(held)
+
+
+@pytest.mark.parametrize("positions", [12, 40])  # within and past the sliding window (16)
+async def test_kv_store_counts_the_bytes_of_the_layers_heads_and_dtype(
+    engine: Engine, tiny_text_loaded: LoadedModel, positions: int
+) -> None:
+    prompt = [2, *engine.tokenize_text("hello world " * 20)][: positions - 10 + 1]
+    finished = await run(engine, prompt, "s")
+    assert finished.cached_tokens == 0
+    assert engine.kv.tokens == positions  # the prompt and the replies' tokens but the last
+    assert engine.kv.bytes == kv_bytes(tiny_text_loaded, positions)
+
+
+async def test_kv_budget_in_bytes_evicts_the_least_recently_used_idle_session(
     tiny_text_loaded: LoadedModel,
 ) -> None:
-    engine = BatchedEngine(tiny_text_loaded, kv_budget_tokens=0)
+    engine = BatchedEngine(tiny_text_loaded)
     prompt = [2, *user_turn(engine, "hi")]
-    engine.kv.budget_tokens = 2 * (len(prompt) + 10 - 1)  # two sessions' caches fit, not three
+    one_session = kv_bytes(tiny_text_loaded, len(prompt) + 10 - 1)
+    engine.kv.budget_bytes = 2 * one_session + one_session // 2  # two sessions fit, not three
     try:
         for key in ("a", "b"):
             await run(engine, prompt, key)
@@ -128,6 +153,56 @@ async def test_kv_budget_evicts_the_least_recently_used_idle_session(
         assert finished.cached_tokens == 0  # it re-prefills
         assert engine.kv.evictions == 2  # "a" made room by evicting "b"
         assert sessions_cached(engine) == {"c", "a"}
+        assert engine.kv.bytes == 2 * one_session <= engine.kv.budget_bytes
+    finally:
+        await engine.aclose()
+
+
+async def test_a_session_bigger_than_the_whole_budget_is_not_kept(
+    tiny_text_loaded: LoadedModel,
+) -> None:
+    engine = HFEngine(tiny_text_loaded, kv_budget_bytes=kv_bytes(tiny_text_loaded, 4))
+    try:
+        await run(engine, [2, *user_turn(engine, "hi")], "a")
+        assert sessions_cached(engine) == set() and engine.kv.bytes == 0
+    finally:
+        await engine.aclose()
+
+
+async def test_the_batch_and_the_image_path_share_one_kv_budget(
+    tiny_vision_loaded: LoadedModel,
+) -> None:
+    """Text-only turns run in the batch, turns with images in generate (batched.py); both keep
+    their sessions' KV state in one store, under one budget, and a session moving from one to
+    the other leaves no state of the first behind."""
+    engine = BatchedEngine(tiny_vision_loaded)
+    try:
+        assert engine.single.kv is engine.kv
+        text_only = Conversation(engine).prompt_ids(engine.tokenize_text("hi"))
+        await run(engine, text_only, "text")
+        image = engine.prepare_image(PIL.Image.new("RGB", (48, 32), (255, 0, 0)))
+        with_image = Conversation(engine).prompt_ids(
+            engine.tokenize_text("look"), [engine.image_placeholder_ids()]
+        )
+        request = GenerationRequest(
+            with_image, SamplingParams(max_new_tokens=10), [image], session_key="image"
+        )
+        await collect(engine.start(request))
+        assert sessions_cached(engine) == {"text", "image"}
+        held = kv_bytes(tiny_vision_loaded, len(text_only) + 9)
+        held += kv_bytes(tiny_vision_loaded, len(with_image) + 9)
+        assert engine.kv.bytes == held
+        # The text session sends an image: generate cannot read the batch's form of its state,
+        # which is dropped (not left to wait for eviction), and it prefills in full.
+        history = [*text_only, *engine.tokenize_text(" more"), *engine.image_placeholder_ids()]
+        request = GenerationRequest(
+            history, SamplingParams(max_new_tokens=10), [image], session_key="text"
+        )
+        _, finished = await collect(engine.start(request))
+        assert finished.error is None and finished.cached_tokens == 0
+        held += kv_bytes(tiny_vision_loaded, len(history) + 9)
+        held -= kv_bytes(tiny_vision_loaded, len(text_only) + 9)
+        assert engine.kv.bytes == held
     finally:
         await engine.aclose()
 
@@ -182,3 +257,21 @@ async def test_cancelled_reply_stays_in_history_and_cache_and_reset_drops_both(
     assert after_reset[0]["cached_tokens"] == 0
     assert after_reset[0]["prompt_tokens"] == fresh[0]["prompt_tokens"]
     assert after_reset[-1]["text"] == fresh[-1]["text"]
+
+
+async def test_stats_report_the_kv_bytes_held_and_the_budget(
+    tiny_text_loaded: LoadedModel,
+) -> None:
+    engine = BatchedEngine(tiny_text_loaded, kv_budget_bytes=3 << 20)
+    try:
+        async with running_server(engine) as url, stats_socket(url) as ws:
+            first = await next_stats(ws)
+            assert (first.kv_tokens, first.kv_bytes, first.kv_budget_bytes) == (0, 0, 3 << 20)
+            async with raw_peer(url) as (peer, _):
+                await ask(peer, "a", "One", max_new_tokens=8)
+            while not (stats := await next_stats(ws)).kv_tokens:
+                pass
+    finally:
+        await engine.aclose()
+    assert stats.kv_bytes == kv_bytes(tiny_text_loaded, stats.kv_tokens) == engine.kv.bytes
+    assert stats.kv_budget_bytes == 3 << 20

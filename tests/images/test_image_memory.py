@@ -1,0 +1,138 @@
+"""What a session keeps of its images, with the tiny vision model (a 64x64 input): each image at
+the processor's input size as soon as it is checked, whatever its upload's size, staged and in
+the conversation; all of them under a per-session byte budget; and the model reads the same
+pixels from that form as from the upload itself, so replies do not change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image as PILImage
+from wschat.protocol import ErrorCode, GenerationParams, Image, Prompt, ProtocolError
+from wschat.server.conversation import Conversation
+from wschat.server.engine.base import GenerationRequest, SamplingParams
+from wschat.server.engine.hf import HFEngine
+from wschat.server.images import ImageLimits, check_image
+from wschat.server.session import Session
+
+from tests.images import samples
+from tests.server.test_session import done_of, make_session
+from tests.support import RawPeer, collect, raw_peer, running_server
+
+INPUT_BYTES = 64 * 64 * 3  # one image at the tiny processor's input size, RGB
+LIMITS = ImageLimits(max_bytes=10_000_000, max_pixels=25_000_000)
+UPLOADS = {  # small files that decode to large bitmaps, and one smaller than the input
+    "1600x1200 png": samples.png(1600, 1200),
+    "900x700 jpeg": samples.jpeg(900, 700),
+    "30x2000 png": samples.png(30, 2000, samples.BLUE),
+    "48x32 png": samples.png(),
+}
+
+
+def held_bytes(session: Session) -> list[int]:
+    """Decoded bytes of every image the session holds: staged, and in its conversation."""
+    staged = [checked.image for checked in session._staged]
+    return [np.asarray(image).nbytes for image in [*session.conversation.images, *staged]]
+
+
+async def test_a_session_keeps_each_image_at_the_models_input_size(
+    tiny_vision_engine: HFEngine,
+) -> None:
+    session, recorder = make_session(tiny_vision_engine)  # type: ignore[arg-type]
+    await session.handle(Image("i1", UPLOADS["1600x1200 png"]))
+    assert held_bytes(session) == [INPUT_BYTES]
+    uploads = (UPLOADS["900x700 jpeg"], UPLOADS["30x2000 png"])
+    await session.handle(Prompt("a", "Look", uploads, GenerationParams(max_new_tokens=3)))
+    await done_of(recorder, "a")
+    assert held_bytes(session) == [INPUT_BYTES] * 3
+    await session.handle(Image("i2", UPLOADS["48x32 png"]))
+    await session.handle(Prompt("b", "And this?", (), GenerationParams(max_new_tokens=3)))
+    await done_of(recorder, "b")
+    assert held_bytes(session) == [INPUT_BYTES] * 4
+    assert session.image_bytes == 4 * INPUT_BYTES
+
+
+@pytest.mark.parametrize("upload", UPLOADS.values(), ids=UPLOADS.keys())
+def test_the_kept_form_gives_the_processor_the_pixels_of_the_upload(
+    tiny_vision_engine: HFEngine, upload: bytes
+) -> None:
+    decoded = check_image(upload, LIMITS).image
+    processor = tiny_vision_engine.loaded.processor.image_processor
+    kept = tiny_vision_engine.prepare_image(decoded)
+    from_upload = processor([decoded], return_tensors="pt")["pixel_values"]
+    from_kept = processor([kept], return_tensors="pt")["pixel_values"]
+    assert torch.equal(from_kept, from_upload)
+
+
+async def test_a_reply_from_the_kept_form_is_the_reply_from_the_upload(
+    tiny_vision_engine: HFEngine,
+) -> None:
+    decoded = check_image(UPLOADS["900x700 jpeg"], LIMITS).image
+    ids = Conversation(tiny_vision_engine).prompt_ids(
+        tiny_vision_engine.tokenize_text("Describe it."),
+        [tiny_vision_engine.image_placeholder_ids()],
+    )
+    replies = []
+    for image in (decoded, tiny_vision_engine.prepare_image(decoded)):
+        request = GenerationRequest(ids, SamplingParams(max_new_tokens=12), [image])
+        replies.append((await collect(tiny_vision_engine.start(request)))[1].completion_ids)
+    assert replies[0] == replies[1] and len(replies[0]) == 12
+
+
+async def send_image(peer: RawPeer, image_id: str, data: bytes) -> dict[str, Any]:
+    await peer.send({"type": "image", "id": image_id, "data": data})
+    return await peer.recv()
+
+
+async def test_images_over_the_session_budget_are_too_large_and_the_session_goes_on(
+    tiny_vision_engine: HFEngine,
+) -> None:
+    budget = 3 * INPUT_BYTES
+    async with (
+        running_server(tiny_vision_engine, max_session_image_bytes=budget) as url,
+        raw_peer(url) as (peer, _),
+    ):
+        two = [UPLOADS["48x32 png"], UPLOADS["900x700 jpeg"]]
+        params = {"max_new_tokens": 2}
+        await peer.send(
+            {"type": "prompt", "id": "a", "text": "Hi", "images": two, "params": params}
+        )
+        assert (await peer.recv_until("done"))[-1]["reason"] == "length"
+        assert (await send_image(peer, "i1", UPLOADS["48x32 png"]))["type"] == "image_ok"
+        refused = await send_image(peer, "i2", UPLOADS["1600x1200 png"])
+        assert refused == {
+            "type": "error",
+            "id": "i2",
+            "code": "too_large",
+            "message": f"this session's images would hold {4 * INPUT_BYTES} bytes; "
+            f"max_session_image_bytes is {budget} (reset to start afresh)",
+        }
+        await peer.send({"type": "prompt", "id": "b", "text": "Hi", "params": params})
+        assert (await peer.recv_until("done"))[-1]["reason"] == "length"
+        images = [UPLOADS["48x32 png"]]
+        await peer.send({"type": "prompt", "id": "c", "text": "Hi", "images": images})
+        error = await peer.recv()
+        assert (error["id"], error["code"]) == ("c", "too_large")
+        await peer.send({"type": "reset", "id": "r"})
+        assert (await peer.recv())["type"] == "reset_ok"
+        assert (await send_image(peer, "i3", UPLOADS["1600x1200 png"]))["type"] == "image_ok"
+
+
+async def test_a_refused_image_leaves_what_the_session_holds_unchanged(
+    tiny_vision_engine: HFEngine,
+) -> None:
+    session, _ = make_session(tiny_vision_engine, max_session_image_bytes=INPUT_BYTES)  # type: ignore[arg-type]
+    await session.handle(Image("i1", UPLOADS["48x32 png"]))
+    with pytest.raises(ProtocolError) as refused:
+        await session.handle(Image("i2", UPLOADS["48x32 png"]))
+    assert (refused.value.code, refused.value.id) == (ErrorCode.TOO_LARGE, "i2")
+    assert held_bytes(session) == [INPUT_BYTES]
+
+
+def test_an_image_is_kept_as_uint8_rgb_at_the_input_size(tiny_vision_engine: HFEngine) -> None:
+    kept = tiny_vision_engine.prepare_image(PILImage.new("RGB", (640, 480), samples.GREEN))
+    assert (kept.shape, kept.dtype) == ((64, 64, 3), np.uint8)
+    assert (kept == samples.GREEN).all()
