@@ -91,10 +91,12 @@ async def measure(model: str, tokens: int, rounds: int) -> dict[str, list[tuple[
     from wschat.server.engine.batched import BatchedEngine
     from wschat.server.loader import load_model
 
+    from .inprocess import PROMPT_FORMAT
+
     loaded = load_model(model)
-    engine = BatchedEngine(loaded, width=WIDTH)
-    conversation = Conversation(engine)
-    prompts = [conversation.prompt_ids(engine.tokenize_text(story(i))) for i in range(WIDTH)]
+    engine = BatchedEngine(loaded, width=WIDTH, prompt_format=PROMPT_FORMAT)
+    conversation = Conversation(engine.prompt_format)
+    prompts = [conversation.prompt_ids(conversation.tokenize_user(story(i))) for i in range(WIDTH)]
     vocabulary = engine._lm_head.out_features
     print(f"{model}: {loaded.dtype} on {loaded.device}, vocabulary {vocabulary}", flush=True)
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in MIXES}

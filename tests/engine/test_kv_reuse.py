@@ -178,10 +178,10 @@ async def test_the_batch_and_the_image_path_share_one_kv_budget(
     engine = BatchedEngine(tiny_vision_loaded)
     try:
         assert engine.single.kv is engine.kv
-        text_only = Conversation(engine).prompt_ids(engine.tokenize_text("hi"))
+        text_only = Conversation(engine.prompt_format).prompt_ids(engine.tokenize_text("hi"))
         await run(engine, text_only, "text")
         image = engine.prepare_image(PIL.Image.new("RGB", (48, 32), (255, 0, 0)))
-        with_image = Conversation(engine).prompt_ids(
+        with_image = Conversation(engine.prompt_format).prompt_ids(
             engine.tokenize_text("look"), [engine.image_placeholder_ids()]
         )
         request = GenerationRequest(

@@ -71,7 +71,7 @@ async def test_a_reply_from_the_kept_form_is_the_reply_from_the_upload(
     tiny_vision_engine: HFEngine,
 ) -> None:
     decoded = check_image(UPLOADS["900x700 jpeg"], LIMITS).image
-    ids = Conversation(tiny_vision_engine).prompt_ids(
+    ids = Conversation(tiny_vision_engine.prompt_format).prompt_ids(
         tiny_vision_engine.tokenize_text("Describe it."),
         [tiny_vision_engine.image_placeholder_ids()],
     )
