@@ -114,12 +114,17 @@ class FrameRouter:
         reply = self.replies.get(frame.id)
         if reply is None:
             self.unrouted.append(frame)
-        elif reply._feed(frame):
-            del self.replies[frame.id]
+        else:
+            self._feed(reply, frame)
+
+    def _feed(self, reply: Reply, frame: ServerFrame) -> None:
+        if reply._feed(frame):
+            del self.replies[reply.id]
 
     def _on_error(self, frame: Error) -> None:
-        if frame.id is not None and frame.id in self.replies:
-            self._to_reply(frame)  # type: ignore[arg-type]
+        reply = self.replies.get(frame.id) if frame.id is not None else None
+        if reply is not None:
+            self._feed(reply, frame)
             return
         waiter = self._by_id.pop(frame.id, None) if frame.id is not None else None
         if waiter is None and frame.id is None and self._in_order:

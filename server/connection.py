@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from wschat.protocol import (
     VERSION,
@@ -87,7 +88,7 @@ class Connection:
             self.closed = True
             await session.stop_generation()
 
-    async def _receive_or_idle(self) -> dict | None:
+    async def _receive_or_idle(self) -> Message | None:
         """The next message; None once the connection was idle for ``idle_timeout_s`` (then it
         is closed). A running or queued generation is not idle, nor is the time it ran."""
         limit = self.hub.settings.idle_timeout_s

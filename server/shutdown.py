@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 from types import FrameType
 
@@ -58,7 +59,7 @@ class GracefulServer(uvicorn.Server):
         self._drain: asyncio.Task[None] | None = None
         self.shutdown_started_at: float | None = None
 
-    async def serve(self, sockets: list | None = None) -> None:
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 

@@ -254,6 +254,8 @@ class _ImageLayout:
     @classmethod
     def of(cls, loaded: LoadedModel) -> _ImageLayout:
         processor = loaded.processor
+        if processor is None:
+            raise ValueError(f"{loaded.name} has no image processor")
         # Special tokens only: tokenizing the processor's own expansion gives its exact ids.
         expansion = processor.full_image_sequence
         placeholder = loaded.tokenizer(expansion, add_special_tokens=False)["input_ids"]
