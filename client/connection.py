@@ -35,8 +35,6 @@ from .reply import Reply
 
 log = logging.getLogger("wschat.client")
 
-# Frames with no ``id`` that answer one request each, in the order the requests were sent.
-IN_ORDER_ANSWERS = (Configured, ResetOk, Pong)
 UNROUTED_KEPT = 64
 
 
@@ -145,6 +143,7 @@ class FrameRouter:
             waiter.resolve(frame)
 
     def _on_in_order(self, frame: ServerFrame) -> None:
+        # configured, reset_ok and pong carry no id: each answers one request, in sending order.
         for waiter in self._in_order:
             if waiter.expects is type(frame):
                 break

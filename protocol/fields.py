@@ -4,8 +4,7 @@ number, an int field takes only ints, NaN and infinities are refused)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 from .errors import BadFrame, InvalidParams, ProtocolError
 
@@ -55,9 +54,3 @@ def as_id(value: object, name: str = "id") -> str:
     if not 1 <= len(text) <= MAX_ID_CHARS:
         raise BadFrame(f"{name} must be 1 to {MAX_ID_CHARS} characters")
     return text
-
-
-def optional(data: Mapping[str, Any], key: str, convert: Callable[[object, str], Any]) -> Any:
-    """``convert(data[key])`` or None when the key is absent or nil."""
-    value = data.get(key)
-    return None if value is None else convert(value, key)

@@ -16,11 +16,9 @@ from urllib.parse import urlsplit
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket
-from wschat.protocol import CloseCode
+from wschat.protocol import BEARER_PREFIX, CloseCode
 
 from .settings import Settings
-
-BEARER_SUBPROTOCOL_PREFIX = "bearer."
 
 
 class Refusal(Enum):
@@ -38,8 +36,8 @@ def offered_tokens(conn: HTTPConnection) -> list[str]:
     if scheme.lower() == "bearer" and value.strip():
         tokens.append(value.strip())
     for offered in conn.scope.get("subprotocols", []) or []:
-        if offered.startswith(BEARER_SUBPROTOCOL_PREFIX):
-            tokens.append(offered[len(BEARER_SUBPROTOCOL_PREFIX) :])
+        if offered.startswith(BEARER_PREFIX):
+            tokens.append(offered.removeprefix(BEARER_PREFIX))
     tokens.extend(conn.query_params.getlist("token"))
     return [t for t in tokens if t]
 
@@ -77,7 +75,7 @@ def refusal(conn: HTTPConnection, settings: Settings) -> Refusal | None:
     return None if token_matches(offered, settings.tokens) else Refusal.WRONG_TOKEN
 
 
-def refusal_response(why: Refusal, conn: HTTPConnection) -> Response:
+def refusal_response(why: Refusal) -> Response:
     if why is Refusal.FOREIGN_ORIGIN:
         return JSONResponse(
             {"ok": False, "error": "forbidden", "message": "this Origin may not connect"},
@@ -97,7 +95,7 @@ async def admit(websocket: WebSocket, settings: Settings) -> bool:
     if why is None:
         return True
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(refusal_response(why, websocket))
+        await websocket.send_denial_response(refusal_response(why))
     else:
         await websocket.close(CloseCode.POLICY_VIOLATION, why.value)
     return False
@@ -106,4 +104,4 @@ async def admit(websocket: WebSocket, settings: Settings) -> bool:
 def http_refusal(conn: HTTPConnection, settings: Settings) -> Response | None:
     """For plain HTTP routes (``/metrics``, ``/v1/auth``): a response to send, or None."""
     why = refusal(conn, settings)
-    return None if why is None else refusal_response(why, conn)
+    return None if why is None else refusal_response(why)

@@ -81,7 +81,7 @@ class Connection:
                 if not self.rate.allow(self.last_frame_at):
                     await self._flooded()
                     break
-                await self._dispatch(message.get("bytes"), message.get("text"))
+                await self._dispatch(message.get("bytes"))
         except WebSocketDisconnect:
             pass
         finally:
@@ -120,7 +120,7 @@ class Connection:
             with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
                 await self.ws.close(code, reason)
 
-    async def _dispatch(self, data: bytes | None, text: str | None) -> None:
+    async def _dispatch(self, data: bytes | None) -> None:
         frame: ClientFrame | None = None
         try:
             if data is None:

@@ -40,7 +40,6 @@ class LoadedModel:
     name: str
     device: str
     dtype: torch.dtype
-    load_seconds: float
     # Tuned on chat turns (engine/formats.py's ``auto`` renders its conversations as turns).
     instruction_tuned: bool = False
 
@@ -202,6 +201,4 @@ def load_model(
         kwargs["attn_implementation"],
         seconds,
     )
-    return LoadedModel(
-        model, tokenizer, processor, name, device, torch_dtype, seconds, instruction_tuned
-    )
+    return LoadedModel(model, tokenizer, processor, name, device, torch_dtype, instruction_tuned)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -46,4 +46,3 @@ class Settings:
     tokens: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     log_level: str = "info"
-    extra: dict[str, str] = field(default_factory=dict)

@@ -144,7 +144,7 @@ class HFEngine:
             if request.session_key:
                 kept = ids[: cache.get_seq_length()]
                 self.kv.put(request.session_key, CachedPrefix(cache, kept))
-            reason = self._reason(generation, streamer, request.params, len(request.prompt_ids))
+            reason = self._reason(generation, streamer)
             finished = Finished(reason, tuple(streamer.generated), generation.cached_tokens)
         except BaseException as error:
             log.exception("generation failed")
@@ -191,13 +191,7 @@ class HFEngine:
             )
         return list(out[0].tolist())
 
-    def _reason(
-        self,
-        generation: Generation,
-        streamer: TokenStreamer,
-        params: SamplingParams,
-        prompt_len: int,
-    ) -> FinishReason:
+    def _reason(self, generation: Generation, streamer: TokenStreamer) -> FinishReason:
         if generation.cancel_flag.is_set():
             return FinishReason.CANCELLED
         if streamer.stop_string_hit:
