@@ -35,8 +35,6 @@ from .reply import Reply
 
 log = logging.getLogger("wschat.client")
 
-# Frames with no ``id`` that answer one request each, in the order the requests were sent.
-IN_ORDER_ANSWERS = (Configured, ResetOk, Pong)
 UNROUTED_KEPT = 64
 
 
@@ -114,12 +112,17 @@ class FrameRouter:
         reply = self.replies.get(frame.id)
         if reply is None:
             self.unrouted.append(frame)
-        elif reply._feed(frame):
-            del self.replies[frame.id]
+        else:
+            self._feed(reply, frame)
+
+    def _feed(self, reply: Reply, frame: ServerFrame) -> None:
+        if reply._feed(frame):
+            del self.replies[reply.id]
 
     def _on_error(self, frame: Error) -> None:
-        if frame.id is not None and frame.id in self.replies:
-            self._to_reply(frame)  # type: ignore[arg-type]
+        reply = self.replies.get(frame.id) if frame.id is not None else None
+        if reply is not None:
+            self._feed(reply, frame)
             return
         waiter = self._by_id.pop(frame.id, None) if frame.id is not None else None
         if waiter is None and frame.id is None and self._in_order:
@@ -140,6 +143,7 @@ class FrameRouter:
             waiter.resolve(frame)
 
     def _on_in_order(self, frame: ServerFrame) -> None:
+        # configured, reset_ok and pong carry no id: each answers one request, in sending order.
         for waiter in self._in_order:
             if waiter.expects is type(frame):
                 break

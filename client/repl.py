@@ -17,7 +17,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from wschat.protocol import FinishReason, GoAway
 
@@ -33,6 +33,8 @@ from .status import (
     length_notice,
     waiting_notice,
 )
+
+T = TypeVar("T")
 
 HELP = """\
 commands:
@@ -130,7 +132,7 @@ class Repl:
             self._write("> ")
         return await self._unless_quit(self.lines.get())
 
-    async def _unless_quit(self, awaitable: Awaitable[Any]) -> Any:
+    async def _unless_quit(self, awaitable: Awaitable[T]) -> T | None:
         """``awaitable``'s result, or None when the user quits first."""
         task = asyncio.ensure_future(awaitable)
         quit = asyncio.ensure_future(self.quit.wait())

@@ -8,9 +8,9 @@ a frame costs is bounded by the budget, not by how much it packs (PROTOCOL.md "E
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -39,9 +39,12 @@ MAX_DEPTH = 1024
 # Our own client reads server frames; token id lists and dashboards' session tables are longer.
 SERVER_FRAME_LIMITS = DecodeLimits(max_array_len=100_000, max_map_len=1024, max_containers=1024)
 
+F = TypeVar("F", bound=Frame)
+
 
 def encode(frame: Frame) -> bytes:
-    return msgpack.packb(frame.to_wire(), use_bin_type=True)
+    packed: bytes = msgpack.packb(frame.to_wire(), use_bin_type=True)
+    return packed
 
 
 def unpack_map(data: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str, Any]:
@@ -73,7 +76,8 @@ def unpack_map(data: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str, 
         raise BadFrame("bytes after the frame's map") from None
     except (ValueError, msgpack.UnpackException, TypeError, OverflowError, RecursionError) as e:
         raise _unpack_failure(e) from None
-    if not isinstance(value, Mapping):
+    # The object_hook (_string_keys_only) hands back each map as the dict msgpack built.
+    if not isinstance(value, dict):
         raise BadFrame("a frame must be a msgpack map")
     return value
 
@@ -145,7 +149,7 @@ def _frame_type(data: Mapping[str, Any]) -> FrameType:
         raise BadFrame(f"unknown frame type {kind!r}") from None
 
 
-def _with_id(data: Mapping[str, Any], build: Any) -> Any:
+def _with_id(data: Mapping[str, Any], build: Callable[[Mapping[str, Any]], F]) -> F:
     """Build the frame; a failure names the client frame's id when it had a usable one."""
     try:
         return build(data)
@@ -166,7 +170,8 @@ def decode_client_frame(data: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> C
         raise BadFrame(f"{kind.value!r} is not a client frame")
     if kind is FrameType.PING and len(data) > limits.max_ping_bytes:
         raise FrameTooLarge(f"a ping of {len(data)} bytes is over {limits.max_ping_bytes}")
-    return _with_id(value, CLIENT_FRAMES[kind].from_wire)  # type: ignore[no-any-return]
+    build: Callable[[Mapping[str, Any]], ClientFrame] = CLIENT_FRAMES[kind].from_wire
+    return _with_id(value, build)
 
 
 def decode_server_frame(data: bytes, limits: DecodeLimits = SERVER_FRAME_LIMITS) -> ServerFrame:
@@ -175,4 +180,5 @@ def decode_server_frame(data: bytes, limits: DecodeLimits = SERVER_FRAME_LIMITS)
     kind = _frame_type(value)
     if kind in CLIENT_FRAME_TYPES:
         raise BadFrame(f"{kind.value!r} is not a server frame")
-    return _with_id(value, SERVER_FRAMES[kind].from_wire)  # type: ignore[no-any-return]
+    build: Callable[[Mapping[str, Any]], ServerFrame] = SERVER_FRAMES[kind].from_wire
+    return _with_id(value, build)

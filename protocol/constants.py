@@ -1,7 +1,7 @@
 """Wire constants of protocol version 1: frame types, error codes, finish reasons, close codes.
 
-Each member carries a one-line explanation; PROTOCOL.md's tables list the same values and a test
-checks that the two agree.
+PROTOCOL.md's tables list the same values, each with its meaning, and a test checks that the two
+agree (tests/protocol/test_spec_tables.py).
 """
 
 from __future__ import annotations
@@ -65,34 +65,11 @@ class ErrorCode(StrEnum):
     INTERNAL = "internal"
 
 
-ERROR_CODE_EXPLANATIONS: dict[ErrorCode, str] = {
-    ErrorCode.BAD_FRAME: "not msgpack, not a map, no or unknown type, or a wrongly typed id/text",
-    ErrorCode.INVALID_PARAMS: "a field's value is wrong: unknown param, wrong type, out of range",
-    ErrorCode.BUSY: "a generation is already running or queued in this session",
-    ErrorCode.NOT_RUNNING: "cancel named an id that no generation of this session ever had",
-    ErrorCode.TOO_LARGE: "a frame, an image or a prompt is over a limit",
-    ErrorCode.BAD_IMAGE: "the image is not a PNG, JPEG, WebP or GIF, or does not decode",
-    ErrorCode.UNSUPPORTED: "the loaded model cannot do this (e.g. images on a text-only model)",
-    ErrorCode.CONTEXT_OVERFLOW: "the prompt's tokens cannot fit the context window",
-    ErrorCode.OVERLOADED: "the server is at capacity or shutting down",
-    ErrorCode.UNAUTHORIZED: "the connection's credentials are no longer valid",
-    ErrorCode.INTERNAL: "the server failed; details are in its log, not on the wire",
-}
-
-
 class FinishReason(StrEnum):
     STOP = "stop"
     LENGTH = "length"
     CANCELLED = "cancelled"
     ERROR = "error"
-
-
-FINISH_REASON_EXPLANATIONS: dict[FinishReason, str] = {
-    FinishReason.STOP: "end-of-turn or end-of-sequence token, or a stop string",
-    FinishReason.LENGTH: "max_new_tokens or the context limit",
-    FinishReason.CANCELLED: "cancel, reset, disconnect or shutdown",
-    FinishReason.ERROR: "the generation failed; an error frame came just before",
-}
 
 
 class CloseCode(IntEnum):
@@ -102,13 +79,3 @@ class CloseCode(IntEnum):
     MESSAGE_TOO_BIG = 1009
     INTERNAL_ERROR = 1011
     TRY_AGAIN_LATER = 1013
-
-
-CLOSE_CODE_EXPLANATIONS: dict[CloseCode, str] = {
-    CloseCode.NORMAL: "normal closure (also the idle timeout)",
-    CloseCode.GOING_AWAY: "server going away (shutdown)",
-    CloseCode.POLICY_VIOLATION: "policy: auth, origin, abuse",
-    CloseCode.MESSAGE_TOO_BIG: "frame too big",
-    CloseCode.INTERNAL_ERROR: "internal error",
-    CloseCode.TRY_AGAIN_LATER: "try again later (server full, or the model still loading)",
-}

@@ -4,32 +4,31 @@ number, an int field takes only ints, NaN and infinities are refused)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TypeGuard
 
 from .errors import BadFrame, InvalidParams, ProtocolError
 
 MAX_ID_CHARS = 64
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     return type(value) is int
 
 
-def is_number(value: object) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+def is_number(value: object) -> TypeGuard[int | float]:
+    return (type(value) is int or type(value) is float) and math.isfinite(value)
 
 
 def as_float(value: object, name: str, error: type[ProtocolError] = InvalidParams) -> float:
     if not is_number(value):
         raise error(f"{name} must be a finite number")
-    return float(value)  # type: ignore[arg-type]
+    return float(value)
 
 
 def as_int(value: object, name: str, error: type[ProtocolError] = InvalidParams) -> int:
     if not is_int(value):
         raise error(f"{name} must be an integer")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def as_str(value: object, name: str, error: type[ProtocolError] = BadFrame) -> str:
@@ -55,9 +54,3 @@ def as_id(value: object, name: str = "id") -> str:
     if not 1 <= len(text) <= MAX_ID_CHARS:
         raise BadFrame(f"{name} must be 1 to {MAX_ID_CHARS} characters")
     return text
-
-
-def optional(data: Mapping[str, Any], key: str, convert: Callable[[object, str], Any]) -> Any:
-    """``convert(data[key])`` or None when the key is absent or nil."""
-    value = data.get(key)
-    return None if value is None else convert(value, key)

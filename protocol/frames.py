@@ -379,10 +379,10 @@ ServerFrame = (
     | Stats
 )
 
-CLIENT_FRAMES: dict[FrameType, type[Frame]] = {
+CLIENT_FRAMES: dict[FrameType, type[ClientFrame]] = {
     cls.TYPE: cls for cls in (Prompt, Image, Cancel, Reset, Ping, Configure)
 }
-SERVER_FRAMES: dict[FrameType, type[Frame]] = {
+SERVER_FRAMES: dict[FrameType, type[ServerFrame]] = {
     cls.TYPE: cls
     for cls in (
         Ready,

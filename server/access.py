@@ -18,12 +18,9 @@ from urllib.parse import urlsplit
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket
-from wschat.protocol import CloseCode
+from wschat.protocol import BEARER_PREFIX, CloseCode
 
 from .settings import Settings
-
-BEARER_SUBPROTOCOL_PREFIX = "bearer."
-
 
 # Names that always mean this machine: a browser never asks DNS for them (RFC 6761).
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -45,8 +42,8 @@ def offered_tokens(conn: HTTPConnection) -> list[str]:
     if scheme.lower() == "bearer" and value.strip():
         tokens.append(value.strip())
     for offered in conn.scope.get("subprotocols", []) or []:
-        if offered.startswith(BEARER_SUBPROTOCOL_PREFIX):
-            tokens.append(offered[len(BEARER_SUBPROTOCOL_PREFIX) :])
+        if offered.startswith(BEARER_PREFIX):
+            tokens.append(offered.removeprefix(BEARER_PREFIX))
     tokens.extend(conn.query_params.getlist("token"))
     return [t for t in tokens if t]
 
@@ -123,7 +120,7 @@ _FORBIDDEN = {
 }
 
 
-def refusal_response(why: Refusal, conn: HTTPConnection) -> Response:
+def refusal_response(why: Refusal) -> Response:
     if why in _FORBIDDEN:
         return JSONResponse(
             {"ok": False, "error": "forbidden", "message": _FORBIDDEN[why]}, status_code=403
@@ -142,7 +139,7 @@ async def admit(websocket: WebSocket, settings: Settings) -> bool:
     if why is None:
         return True
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(refusal_response(why, websocket))
+        await websocket.send_denial_response(refusal_response(why))
     else:
         await websocket.close(CloseCode.POLICY_VIOLATION, why.value)
     return False
@@ -151,4 +148,4 @@ async def admit(websocket: WebSocket, settings: Settings) -> bool:
 def http_refusal(conn: HTTPConnection, settings: Settings) -> Response | None:
     """For plain HTTP routes (``/metrics``, ``/v1/auth``): a response to send, or None."""
     why = refusal(conn, settings)
-    return None if why is None else refusal_response(why, conn)
+    return None if why is None else refusal_response(why)

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -28,6 +29,9 @@ from .engine import Engine
 from .hub import Hub
 from .settings import Settings
 from .web import web_routes
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing.TypeIs is 3.13+
 
 log = logging.getLogger("wschat.app")
 
@@ -87,10 +91,10 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         loader: asyncio.Task[None] | None = None
-        if callable(engine) and not hasattr(engine, "info"):
+        if _is_factory(engine):
             loader = asyncio.create_task(_load(app, hub, engine))
         else:
-            hub.set_engine(engine)  # type: ignore[arg-type]
+            hub.set_engine(engine)
         try:
             yield
         finally:
@@ -110,6 +114,11 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
     )
     app.state.hub = hub
     return app
+
+
+def _is_factory(engine: Engine | EngineFactory) -> TypeIs[EngineFactory]:
+    # An engine has ``info``; a factory is a callable that makes one.
+    return callable(engine) and not hasattr(engine, "info")
 
 
 async def _load(app: Starlette, hub: Hub, factory: EngineFactory) -> None:

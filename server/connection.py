@@ -14,9 +14,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import MutableMapping
-from typing import Any
 
+from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from wschat.protocol import (
     VERSION,
@@ -98,7 +97,7 @@ class Connection:
         await self._dispatch(decoded)
         return True
 
-    async def _receive_or_idle(self) -> MutableMapping[str, Any] | None:
+    async def _receive_or_idle(self) -> Message | None:
         """The next message; None once the connection was idle for ``idle_timeout_s`` (then it
         is closed). A running or queued generation is not idle, nor is the time it ran."""
         limit = self.hub.settings.idle_timeout_s

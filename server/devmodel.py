@@ -32,6 +32,7 @@ END_OF_TURN_ID = 106
 IMAGE_SIZE = 64
 PATCH_SIZE = 16
 TOKENS_PER_IMAGE = 16  # (64 / 16)^2 patches, pooled 1:1
+INIT_STD = 0.02  # Gemma3Config's default initializer_range
 IMAGE_TOKEN = "<image_soft_token>"
 BOI_TOKEN = "<start_of_image>"
 EOI_TOKEN = "<end_of_image>"
@@ -105,7 +106,9 @@ def build_tiny_text_model(
 
     tokenizer = _embedded_tokenizer(cache_dir)
     torch.manual_seed(seed)
-    model = Gemma3ForCausalLM(_text_config(len(tokenizer))).to(torch.float32).eval()
+    # Held as a Module: transformers' decorated ``to`` types its first argument as the model.
+    model: torch.nn.Module = Gemma3ForCausalLM(_text_config(len(tokenizer)))
+    model.to(torch.float32).eval()
     _never_ends_by_chance(model)
     return _save(model, tokenizer, Path(path))
 
@@ -155,11 +158,13 @@ def build_tiny_vision_model(
         boi_token_index=tokenizer.convert_tokens_to_ids(BOI_TOKEN),
         eoi_token_index=tokenizer.convert_tokens_to_ids(EOI_TOKEN),
         image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        initializer_range=INIT_STD,
     )
     torch.manual_seed(seed)
-    model = Gemma3ForConditionalGeneration(config).to(torch.float32).eval()
+    model: torch.nn.Module = Gemma3ForConditionalGeneration(config)
+    model.to(torch.float32).eval()
     _never_ends_by_chance(model)
-    _images_make_a_difference(model, config.initializer_range)
+    _images_make_a_difference(model, INIT_STD)
     image_processor = Gemma3ImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
     processor = Gemma3Processor(
         image_processor=image_processor, tokenizer=tokenizer, image_seq_length=TOKENS_PER_IMAGE

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,9 +35,15 @@ class SessionStore:
     oldest dropped first), so connection churn cannot pile them up.
     """
 
-    def __init__(self, resume_window_s: float, max_detached: int = 1000) -> None:
+    def __init__(
+        self,
+        resume_window_s: float,
+        max_detached: int = 1000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.resume_window_s = resume_window_s
         self.max_detached = max_detached
+        self.clock = clock  # the windows' time base, seconds; tests pass one they move
         self.live: dict[str, Session] = {}
         self._detached: dict[str, _Detached] = {}  # by resume token
         self._tokens: dict[str, str] = {}  # session key -> resume token
@@ -52,20 +59,20 @@ class SessionStore:
         self.live.pop(session.key, None)
         token = self._tokens.pop(session.key, None)
         if token is not None and self.resume_window_s > 0:
-            self._detached[token] = _Detached(session, time.monotonic() + self.resume_window_s)
+            self._detached[token] = _Detached(session, self.clock() + self.resume_window_s)
 
     def claim(self, token: str) -> Session | None:
         """The detached session of ``token`` while its window is open (``expire`` drops the
         rest: the caller forgets their engine state)."""
         entry = self._detached.get(token)
-        if entry is None or entry.expires_at <= time.monotonic():
+        if entry is None or entry.expires_at <= self.clock():
             return None
         del self._detached[token]
         return entry.session
 
     def expire(self) -> list[Session]:
         """Drop detached sessions past their window or over the cap; returns them."""
-        now = time.monotonic()
+        now = self.clock()
         gone = [t for t, d in self._detached.items() if d.expires_at <= now]
         over = len(self._detached) - len(gone) - self.max_detached
         if over > 0:  # insertion order is detach order: the oldest go first

@@ -40,7 +40,6 @@ class LoadedModel:
     name: str
     device: str
     dtype: torch.dtype
-    load_seconds: float
     # Tuned on chat turns (engine/formats.py's ``auto`` renders its conversations as turns).
     instruction_tuned: bool = False
 
@@ -157,6 +156,13 @@ def resolve_model(spec: str, cache_dir: Path | None) -> tuple[str | Path, str, b
     return spec, spec, looks_instruction_tuned(spec)
 
 
+def _place_for_inference(model: torch.nn.Module, device: str) -> None:
+    # Taken as a Module: transformers' decorated ``to`` types its first argument as the model.
+    if not device.startswith("cuda"):  # on CUDA, device_map="auto" placed it already
+        model.to(device)
+    model.eval()
+
+
 def load_model(
     spec: str = EMBEDDED,
     *,
@@ -187,9 +193,7 @@ def load_model(
     else:
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(source)
-    if not device.startswith("cuda"):
-        model.to(device)
-    model.eval()
+    _place_for_inference(model, device)
     seconds = time.perf_counter() - started
     log.info(
         "loaded %s on %s as %s (attention %s) in %.1f s",
@@ -199,6 +203,4 @@ def load_model(
         kwargs["attn_implementation"],
         seconds,
     )
-    return LoadedModel(
-        model, tokenizer, processor, name, device, torch_dtype, seconds, instruction_tuned
-    )
+    return LoadedModel(model, tokenizer, processor, name, device, torch_dtype, instruction_tuned)

@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from .app import EngineFactory, build_app
 from .engine import Engine
@@ -142,7 +143,7 @@ def install_log_filters() -> None:
             logger.addFilter(SecretsFilter())
 
 
-def uvicorn_config(settings: Settings, app: object) -> uvicorn.Config:
+def uvicorn_config(settings: Settings, app: ASGIApp) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=settings.host,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 # What --engine may name (serve.make_engine builds each).
@@ -64,4 +64,3 @@ class Settings:
     # peers whose X-Forwarded-For is believed (proxies in front); none by default
     forwarded_allow_ips: tuple[str, ...] = ()
     log_level: str = "info"
-    extra: dict[str, str] = field(default_factory=dict)

@@ -165,7 +165,7 @@ class HFEngine:
             if request.session_key:
                 kept = ids[: cache.get_seq_length()]
                 self.kv.put(request.session_key, CachedPrefix(cache, kept, _cache_bytes(cache)))
-            reason = self._reason(generation, streamer, request.params, len(request.prompt_ids))
+            reason = self._reason(generation, streamer)
             finished = Finished(reason, tuple(streamer.generated), generation.cached_tokens)
         except BaseException as error:
             log.exception("generation failed")
@@ -212,13 +212,7 @@ class HFEngine:
             )
         return list(out[0].tolist())
 
-    def _reason(
-        self,
-        generation: Generation,
-        streamer: TokenStreamer,
-        params: SamplingParams,
-        prompt_len: int,
-    ) -> FinishReason:
+    def _reason(self, generation: Generation, streamer: TokenStreamer) -> FinishReason:
         if generation.cancel_flag.is_set():
             return FinishReason.CANCELLED
         if streamer.stop_string_hit:
@@ -299,6 +293,8 @@ class _ImageLayout:
     @classmethod
     def of(cls, loaded: LoadedModel) -> _ImageLayout:
         processor = loaded.processor
+        if processor is None:
+            raise ValueError(f"{loaded.name} has no image processor")
         # Special tokens only: tokenizing the processor's own expansion gives its exact ids.
         expansion = processor.full_image_sequence
         placeholder = loaded.tokenizer(expansion, add_special_tokens=False)["input_ids"]

@@ -44,7 +44,7 @@ def test_image_input_of_another_type_raises_type_error() -> None:
         image_bytes(42)
 
 
-async def test_text_only_model_refuses_images_with_unsupported(tmp_path: Path) -> None:
+async def test_text_only_model_refuses_images_with_unsupported() -> None:
     async with running_server(ScriptedEngine()) as url, connect(url, timeout=WAIT) as chat:
         assert chat.capabilities.images is False
         with pytest.raises(UnsupportedError) as refused:

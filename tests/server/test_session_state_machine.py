@@ -98,7 +98,9 @@ class SessionMachine(RuleBasedStateMachine):
             "s", self.engine, self.slots, Settings(max_new_tokens=MAX_NEW_TOKENS)
         )
         self.session.send = self._record
-        self.hogs: list[Ticket] = []  # slots held or awaited by "other sessions"
+        # Slots held or awaited by "other sessions", one entry per attempt (None: refused, as
+        # timing decided), so that the preconditions below count only what the rules chose.
+        self.hogs: list[Ticket | None] = []
         self.accepted: list[str] = []  # ids of accepted prompts, in order
         self.refused: set[str] = set()
         self.cancelled: set[str] = set()  # generations a cancel or reset was aimed at
@@ -297,7 +299,7 @@ class SessionMachine(RuleBasedStateMachine):
     def wait_for_done(self) -> None:
         """Other sessions finish first (else ours might wait for ever), then ours."""
         while self.hogs:
-            self.slots.release(self.hogs.pop(0))
+            self._release_hog()
         self.run(self._until_done(self.active))
 
     async def _until_done(self, gen_id: str | None) -> None:
@@ -318,14 +320,17 @@ class SessionMachine(RuleBasedStateMachine):
             assert not full
             return ticket
 
-        ticket = self.run(take())
-        if ticket is not None:
-            self.hogs.append(ticket)
+        self.hogs.append(self.run(take()))
 
     @precondition(lambda self: bool(self.hogs))
     @rule()
     def slot_freed_by_another_session(self) -> None:
-        self.slots.release(self.hogs.pop(0))
+        self._release_hog()
+
+    def _release_hog(self) -> None:
+        ticket = self.hogs.pop(0)
+        if ticket is not None:
+            self.slots.release(ticket)
 
     # -- invariants --------------------------------------------------------------------------
 
@@ -340,8 +345,8 @@ class SessionMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            for ticket in self.hogs:
-                self.slots.release(ticket)
+            while self.hogs:
+                self._release_hog()
             self.run(self._until_done(self.active))
             check_log(self.frames, self.scripts_used, self.cancelled, final=True)
             assert Counter(f.id for f in self.frames if isinstance(f, Done)) == Counter(

@@ -1,0 +1,141 @@
+"""Layers import downward only (STYLE.md 17), read from the source with ``ast``: every import
+statement counts, at module level or inside a function, so a lazy import cannot slip past.
+
+- ``wschat.protocol`` imports nothing of ours and nothing but the stdlib and msgpack;
+- ``wschat.server.engine`` imports nothing from the rest of ``wschat.server``;
+- ``wschat.client`` imports nothing from ``wschat.server``.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROTOCOL = "wschat.protocol"
+SERVER = "wschat.server"
+ENGINE = "wschat.server.engine"
+CLIENT = "wschat.client"
+PROTOCOL_MAY_IMPORT = frozenset(sys.stdlib_module_names) | {"msgpack"}
+
+# Engine imports of the rest of the server that exist today, each a (module, import) pair. The
+# loader (and what it builds) belongs to the engine, and moves there with the layout's
+# reorganisation; until then these two are known, and any other one fails.
+ENGINE_VIOLATIONS_ALLOWED = {
+    # HFEngine and BatchedEngine are built from a LoadedModel (server/loader.py).
+    ("wschat.server.engine.hf", "wschat.server.loader"),
+    ("wschat.server.engine.batched", "wschat.server.loader"),
+}
+
+Edge = tuple[str, str]
+
+
+def package_dirs() -> dict[str, Path]:
+    """``wschat.protocol`` -> ``protocol/``, ...: the mapping the package is installed with."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    mapping = project["tool"]["setuptools"]["package-dir"]
+    return {package: ROOT / folder for package, folder in mapping.items()}
+
+
+def our_modules() -> dict[str, Path]:
+    modules = {}
+    for package, folder in package_dirs().items():
+        for path in folder.rglob("*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            modules[".".join((package, *parts))] = path
+    return modules
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> Iterator[str]:
+    """The absolute name of each module that ``module`` (the file ``path``) imports."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                # ``from . import loader`` imports the submodule, not the package
+                submodule = f"{base}.{alias.name}"
+                yield submodule if submodule in known else base
+
+
+def import_graph() -> set[Edge]:
+    modules = our_modules()
+    known = set(modules)
+    return {(m, target) for m, path in modules.items() for target in imports_of(m, path, known)}
+
+
+def within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_the_reader_sees_absolute_relative_lazy_and_submodule_imports(tmp_path: Path) -> None:
+    source = tmp_path / "hf.py"
+    source.write_text(
+        "import os.path\n"
+        "from wschat.protocol import Done\n"
+        "from ..loader import LoadedModel\n"
+        "from . import base\n"
+        "from .rows import Rows\n"
+        "def later() -> None:\n"
+        "    from ...client import connect\n"
+    )
+    known = {"wschat.server.engine.base"}
+    assert sorted(imports_of("wschat.server.engine.hf", source, known)) == [
+        "os.path",
+        "wschat.client",
+        "wschat.protocol",
+        "wschat.server.engine.base",
+        "wschat.server.engine.rows",
+        "wschat.server.loader",
+    ]
+    init = tmp_path / "__init__.py"
+    init.write_text("from .base import Engine\n")
+    assert list(imports_of("wschat.server.engine", init, known)) == ["wschat.server.engine.base"]
+
+
+def test_the_graph_covers_every_package() -> None:
+    importers = {m for m, _ in import_graph()}
+    for package in package_dirs():
+        assert any(within(m, package) for m in importers), package
+
+
+def test_protocol_imports_only_the_stdlib_msgpack_and_itself() -> None:
+    bad = sorted(
+        (m, target)
+        for m, target in import_graph()
+        if within(m, PROTOCOL)
+        and not within(target, PROTOCOL)
+        and target.split(".")[0] not in PROTOCOL_MAY_IMPORT
+    )
+    assert bad == []
+
+
+def test_the_engine_imports_nothing_else_from_the_server() -> None:
+    bad = sorted(
+        (m, target)
+        for m, target in import_graph()
+        if within(m, ENGINE) and within(target, SERVER) and not within(target, ENGINE)
+    )
+    assert sorted(set(bad) - ENGINE_VIOLATIONS_ALLOWED) == []
+
+
+def test_every_allowed_engine_violation_still_exists() -> None:
+    """A violation that was fixed leaves the allow-list, so it cannot come back unnoticed."""
+    assert sorted(ENGINE_VIOLATIONS_ALLOWED - import_graph()) == []
+
+
+def test_the_client_imports_nothing_from_the_server() -> None:
+    bad = sorted(
+        (m, target) for m, target in import_graph() if within(m, CLIENT) and within(target, SERVER)
+    )
+    assert bad == []
