@@ -47,6 +47,7 @@ from .kvstore import KVStore
 from .rows import BatchRow
 from .sampling import RowSampler, pick_tokens
 from .slotkv import LayerLayout, SlotKV
+from .threads import ThreadPolicy
 
 log = logging.getLogger("wschat.engine.batched")
 
@@ -64,13 +65,16 @@ class BatchedEngine:
         kv_budget_tokens: int = 262_144,
         prefill_tokens: int = 512,
         prompt_format: str = "auto",
+        threads: ThreadPolicy | None = None,
     ) -> None:
+        self.threads = threads or ThreadPolicy()
         self.single = HFEngine(
             loaded,
             context_tokens=context_tokens,
             max_images=max_images,
             kv_budget_tokens=kv_budget_tokens,
             prompt_format=prompt_format,
+            threads=self.threads,
         )
         self.info = replace(self.single.info, name=self.name)
         self.prompt_format = self.single.prompt_format
@@ -180,6 +184,7 @@ class BatchedEngine:
         return len(self._decoding) + len(self._prefilling)
 
     def _pass(self) -> None:
+        self.threads.apply()  # auto: follows what other processes leave free
         self._end_cancelled()
         self._admit()
         if self._prefilling:

@@ -31,6 +31,7 @@ from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridg
 from .formats import build_format
 from .kvstore import CachedPrefix, KVStore
 from .streamer import TokenStreamer, cancel_or_stop
+from .threads import ThreadPolicy
 
 log = logging.getLogger("wschat.engine")
 
@@ -48,8 +49,10 @@ class HFEngine:
         max_images: int = 4,
         kv_budget_tokens: int = 262_144,
         prompt_format: str = "auto",
+        threads: ThreadPolicy | None = None,
     ) -> None:
         self.loaded = loaded
+        self.threads = threads or ThreadPolicy()
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self._backend = self.tokenizer.backend_tokenizer
@@ -138,6 +141,7 @@ class HFEngine:
         finished = Finished(FinishReason.ERROR, error=RuntimeError("generation ended early"))
         streamer = self.streamer(bridge, request)
         try:
+            self.threads.apply()
             cache = prefix.cache if prefix else DynamicCache(config=self.model.config)
             cached = len(prefix.ids) if prefix else 0
             ids = self._generate(request, generation, streamer, cache, cached)
