@@ -2,8 +2,8 @@
 in-process ceiling of the same run (and optionally against ``transformers serve``).
 
 Prints a table of figures and ratios, writes bench/results/latest.json and draws docs/bench.png.
-``--only threads`` runs the busy-neighbour scenario alone (bench/threads.py) and writes
-bench/results/threads.json.
+A full run ends with the busy-neighbour scenario (bench/threads.py), which ``--quick`` leaves
+out; ``--only threads`` runs it alone and writes bench/results/threads.json.
 """
 
 from __future__ import annotations
@@ -42,6 +42,23 @@ def _machine() -> dict[str, object]:
     }
 
 
+def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The results and the table of the run the arguments ask for."""
+    result: dict[str, Any]
+    if args.only == "threads":
+        alone = threads.ThreadsWork.quick() if args.quick else threads.ThreadsWork()
+        result = {"threads": threads.run(alone, args.logs, engine=args.engine)}
+        text = report.threads_table(result)
+        return {**result, "targets": threads.targets(result["threads"])}, text
+    from .run import run
+
+    work = Workload.quick() if args.quick else Workload()
+    result = run(work, engine=args.engine, peer_wanted=not args.no_peer, logs=args.logs)
+    if not args.quick:  # --quick stays short; --quick --only threads is the scenario's own
+        result["threads"] = threads.run(threads.ThreadsWork(), args.logs, engine=args.engine)
+    return {**result, "targets": report.targets(result)}, report.table(result)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="shorter streams, one round")
@@ -61,21 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so every process the run started is stopped by its pid
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     started = time.monotonic()
-    threads_work = threads.ThreadsWork.quick() if args.quick else threads.ThreadsWork()
-    result: dict[str, Any]
-    if args.only == "threads":
-        result = {"threads": threads.run(threads_work, args.logs, engine=args.engine)}
-        text = report.threads_table(result)
-    else:
-        from .run import run
-
-        work = Workload.quick() if args.quick else Workload()
-        result = run(work, engine=args.engine, peer_wanted=not args.no_peer, logs=args.logs)
-        result["threads"] = threads.run(threads_work, args.logs, engine=args.engine)
-        text = report.table(result)
+    result, text = _measure(args)
     result["machine"] = _machine()
     result["wall_s"] = time.monotonic() - started
-    result["targets"] = threads.targets(result["threads"]) if args.only else report.targets(result)
     print(text)
     results = ROOT / "bench" / "results"
     path = args.json or results / ("threads.json" if args.only else "latest.json")
