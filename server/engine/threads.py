@@ -10,9 +10,10 @@ leaves out one for each core that other processes keep busy, re-read from ``/pro
 half second while the engine works (``python -m bench --only threads`` measures it against fixed
 counts). Where ``/proc/stat`` cannot be read it keeps every usable core.
 
-torch's thread count is per thread (OpenMP's setting is), so each worker applies it itself:
-``ThreadPolicy.apply`` at the start of a worker and before each pass. It reads the count back in
-the worker, which ``/metrics`` reports as ``wschat_engine_threads``.
+torch's thread count is per thread (OpenMP's setting is), so each worker applies it itself with
+``ThreadPolicy.apply``: the batched engine's worker before each pass, a ``generate`` thread when
+its reply starts. It reads the count back in the worker; ``/metrics`` reports it as
+``wschat_engine_threads``.
 """
 
 from __future__ import annotations
