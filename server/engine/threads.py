@@ -31,8 +31,10 @@ import torch
 log = logging.getLogger("wschat.engine.threads")
 
 SAMPLE_INTERVAL_S = 0.5
-# A reading over a longer window (the engine sat idle) says little about now: start a new one.
+# A reading over a longer window (the engine sat idle) says little about now: start a new one,
+# and read it after the first pass or so, not a whole interval of passes at a stale count.
 STALE_WINDOW_S = 2.0
+FIRST_WINDOW_S = 0.1
 # Other processes' load below this share of a core leaves every core to us: a busy client or
 # daemon costs two threads less than a core given up would.
 SPARE_CORE = 0.35
@@ -174,8 +176,7 @@ class ThreadPolicy:
 
     def _read(self, load: Callable[[], float | None]) -> None:
         others = load()
-        # after an idle spell (a reading that says nothing) the next one comes sooner
-        wait = SAMPLE_INTERVAL_S if others is not None else SAMPLE_INTERVAL_S / 2
+        wait = SAMPLE_INTERVAL_S if others is not None else FIRST_WINDOW_S
         self._next_sample = self._clock() + wait
         if others is None:
             return

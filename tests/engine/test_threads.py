@@ -12,6 +12,7 @@ import torch
 from wschat.server.engine import GenerationRequest, SamplingParams
 from wschat.server.engine.batched import BatchedEngine
 from wschat.server.engine.threads import (
+    FIRST_WINDOW_S,
     SAMPLE_INTERVAL_S,
     OthersLoad,
     ThreadPolicy,
@@ -109,9 +110,12 @@ def test_auto_keeps_its_count_when_a_reading_says_nothing() -> None:
     assert in_a_worker(policy) == (1, 1)
     clock.now += SAMPLE_INTERVAL_S
     assert in_a_worker(policy) == (1, 1)
-    clock.now += SAMPLE_INTERVAL_S / 2  # after a reading that said nothing, the next comes sooner
+    clock.now += FIRST_WINDOW_S  # after a reading that said nothing, the next comes sooner
     assert in_a_worker(policy) == (2, 2)
     assert readings.reads == 3
+    clock.now += FIRST_WINDOW_S
+    assert in_a_worker(policy) == (2, 2)
+    assert readings.reads == 3  # then a whole interval again
 
 
 class RecordingPolicy(ThreadPolicy):
