@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,9 +56,11 @@ def _wait_healthy(running: Running, path: str) -> None:
 
 
 @contextlib.contextmanager
-def _run(command: list[str], path: str, port: int, log: Path) -> Iterator[Running]:
+def _run(
+    command: list[str], path: str, port: int, log: Path, env: Mapping[str, str] | None = None
+) -> Iterator[Running]:
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     running = Running(process, f"http://127.0.0.1:{port}", log)
@@ -76,9 +78,11 @@ def wschat(
     sessions: int = 1100,
     extra: Sequence[str] = (),
     name: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Iterator[Running]:
     """``python -m wschat.server`` on the embedded model; ``sessions`` connections allowed;
-    ``extra`` options after ours; its log is ``logs/<name or wschat-engine>.log``."""
+    ``extra`` options after ours, ``env`` added to its environment; its log is
+    ``logs/<name or wschat-engine>.log``."""
     port = free_port()
     command = [
         sys.executable, "-m", "wschat.server",
@@ -92,7 +96,8 @@ def wschat(
         "--log-level", "warning",
         *extra,
     ]  # fmt: skip
-    with _run(command, "/readyz", port, logs / f"{name or f'wschat-{engine}'}.log") as running:
+    log = logs / f"{name or f'wschat-{engine}'}.log"
+    with _run(command, "/readyz", port, log, env) as running:
         yield running
 
 
