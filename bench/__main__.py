@@ -2,6 +2,8 @@
 in-process ceiling of the same run (and optionally against ``transformers serve``).
 
 Prints a table of figures and ratios, writes bench/results/latest.json and draws docs/bench.png.
+A full run ends with the busy-neighbour scenario (bench/threads.py), which ``--quick`` leaves
+out; ``--only threads`` runs it alone and writes bench/results/threads.json.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import json
 import logging
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from . import chart, report
+from . import chart, report, threads
 from .workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,12 +42,32 @@ def _machine() -> dict[str, object]:
     }
 
 
+def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The results and the table of the run the arguments ask for."""
+    result: dict[str, Any]
+    if args.only == "threads":
+        alone = threads.ThreadsWork.quick() if args.quick else threads.ThreadsWork()
+        result = {"threads": threads.run(alone, args.logs, engine=args.engine)}
+        text = report.threads_table(result)
+        return {**result, "targets": threads.targets(result["threads"])}, text
+    from .run import run
+
+    work = Workload.quick() if args.quick else Workload()
+    result = run(work, engine=args.engine, peer_wanted=not args.no_peer, logs=args.logs)
+    if not args.quick:  # --quick stays short; --quick --only threads is the scenario's own
+        result["threads"] = threads.run(threads.ThreadsWork(), args.logs, engine=args.engine)
+    return {**result, "targets": report.targets(result)}, report.table(result)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="shorter streams, one round")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers serve")
     parser.add_argument("--engine", default="batched", help="the wschat engine measured")
-    parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "latest.json")
+    parser.add_argument(
+        "--only", choices=["threads"], help="run one scenario alone: 'threads' (a busy neighbour)"
+    )
+    parser.add_argument("--json", type=Path, help="where the results go (default: by scenario)")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "bench.png")
     parser.add_argument(
         "--logs", type=Path, default=Path(tempfile.gettempdir()) / "wschat-bench", help="logs"
@@ -51,20 +75,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from .run import run
-
-    work = Workload.quick() if args.quick else Workload()
+    # SIGTERM unwinds like Ctrl-C, so every process the run started is stopped by its pid
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     started = time.monotonic()
-    result = run(work, engine=args.engine, peer_wanted=not args.no_peer, logs=args.logs)
+    result, text = _measure(args)
     result["machine"] = _machine()
     result["wall_s"] = time.monotonic() - started
-    result["targets"] = report.targets(result)
-    print(report.table(result))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(f"\nwrote {args.json}")
-    why_not = chart.draw(result, args.png)
-    print(f"no chart: {why_not}" if why_not else f"wrote {args.png}")
+    print(text)
+    results = ROOT / "bench" / "results"
+    path = args.json or results / ("threads.json" if args.only else "latest.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(f"\nwrote {path}")
+    if not args.only:
+        why_not = chart.draw(result, args.png)
+        print(f"no chart: {why_not}" if why_not else f"wrote {args.png}")
     print(f"{result['wall_s']:.0f} s in all")
     return 0
 

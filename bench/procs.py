@@ -1,5 +1,6 @@
-"""The servers under test, each in its own subprocess: wschat (``python -m wschat.server``) and the
-peer, ``transformers serve``."""
+"""The processes a run starts, each stopped by its pid: the servers under test (wschat, ``python -m
+wschat.server``, and the peer, ``transformers serve``) and a busy neighbour (a CPU-bound process
+pinned to one core)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,9 +56,11 @@ def _wait_healthy(running: Running, path: str) -> None:
 
 
 @contextlib.contextmanager
-def _run(command: list[str], path: str, port: int, log: Path) -> Iterator[Running]:
+def _run(
+    command: list[str], path: str, port: int, log: Path, env: Mapping[str, str] | None = None
+) -> Iterator[Running]:
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     running = Running(process, f"http://127.0.0.1:{port}", log)
@@ -65,17 +68,21 @@ def _run(command: list[str], path: str, port: int, log: Path) -> Iterator[Runnin
         _wait_healthy(running, path)
         yield running
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        _stop(process)
 
 
 @contextlib.contextmanager
-def wschat(engine: str, logs: Path, sessions: int = 1100) -> Iterator[Running]:
-    """``python -m wschat.server`` on the embedded model; ``sessions`` connections allowed."""
+def wschat(
+    engine: str,
+    logs: Path,
+    sessions: int = 1100,
+    extra: Sequence[str] = (),
+    name: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Iterator[Running]:
+    """``python -m wschat.server`` on the embedded model; ``sessions`` connections allowed;
+    ``extra`` options after ours, ``env`` added to its environment; its log is
+    ``logs/<name or wschat-engine>.log``."""
     port = free_port()
     command = [
         sys.executable, "-m", "wschat.server",
@@ -87,9 +94,48 @@ def wschat(engine: str, logs: Path, sessions: int = 1100) -> Iterator[Running]:
         "--max-connections", str(sessions),
         "--max-connections-per-client", str(sessions),
         "--log-level", "warning",
+        *extra,
     ]  # fmt: skip
-    with _run(command, "/readyz", port, logs / f"wschat-{engine}.log") as running:
+    log = logs / f"{name or f'wschat-{engine}'}.log"
+    with _run(command, "/readyz", port, log, env) as running:
         yield running
+
+
+# Spins on one core until stopped; exits by itself once its parent is gone (the parent died
+# without stopping it), so no neighbour outlives a run.
+_BUSY_LOOP = """
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+parent = int(sys.argv[2])  # passed in: the parent may be gone before this line runs
+while os.getppid() == parent:
+    for _ in range(100_000):
+        pass
+"""
+
+
+def neighbour_core() -> int:
+    """The core a busy neighbour takes: the last this process may run on."""
+    return max(os.sched_getaffinity(0))
+
+
+@contextlib.contextmanager
+def busy_neighbour(core: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A CPU-bound process pinned to ``core`` while in the block; stopped by its pid after,
+    whatever happens in the block."""
+    process = subprocess.Popen([sys.executable, "-c", _BUSY_LOOP, str(core), str(os.getpid())])
+    try:
+        yield process
+    finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
 
 
 def peer_available() -> str | None:

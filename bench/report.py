@@ -6,6 +6,8 @@ import math
 import statistics
 from typing import Any
 
+from . import threads
+
 
 def _get(result: dict[str, Any], *path: Any) -> Any:
     node: Any = result
@@ -76,6 +78,8 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             {"target": name, "value": value, "against": against, "unit": unit, "ratio": ratio,
              "ratio_unit": ratio_unit, "limit": limit, "op": op, "met": met}
         )  # fmt: skip
+    if "threads" in result:
+        out += threads.targets(result["threads"])
     return out
 
 
@@ -125,14 +129,26 @@ def table(result: dict[str, Any]) -> str:
         f"RSS: {m['rss_none_mb']:.0f} MB with no session, {m['rss_idle_mb']:.0f} MB with "
         f"{m['sessions']} idle sessions (+{m['delta_mb']:.1f} MB)"
     )
-    lines.append("")
+    if "threads" in result:
+        lines += ["", threads.table(result["threads"], _fmt)]
+    lines += ["", *target_lines(targets(result))]
+    return "\n".join(lines)
+
+
+def threads_table(result: dict[str, Any]) -> str:
+    """``--only threads``: the busy-neighbour table and its targets."""
+    rows = threads.targets(result["threads"])
+    return "\n".join([threads.table(result["threads"], _fmt), "", *target_lines(rows)])
+
+
+def target_lines(rows: list[dict[str, Any]]) -> list[str]:
     head = f"{'target':<62}{'measured':>12}{'against':>12}{'ratio/diff':>12}  met"
-    lines += [head, "-" * len(head)]
-    for t in targets(result):
+    lines = [head, "-" * len(head)]
+    for t in rows:
         unit = t["unit"]
         met = {True: "yes", False: "NO", None: "-"}[t["met"]]
         lines.append(
             f"{t['target']:<62}{_fmt(t['value'], unit):>12}{_fmt(t['against'], unit):>12}"
             f"{_fmt(t['ratio'], t['ratio_unit']):>12}  {met}"
         )
-    return "\n".join(lines)
+    return lines

@@ -51,6 +51,22 @@ def _env(name: str, default: Any) -> Any:
     return os.environ.get(f"WSCHAT_{name.upper()}", default)
 
 
+def thread_count(value: str) -> int | None:
+    """``--threads``: 'auto' (None) or a whole number of threads, 1 or more."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto' or a whole number of threads, 1 or more "
+            f"(from the flag or WSCHAT_THREADS); got {value!r}"
+        )
+    return count
+
+
 def _env_list(name: str) -> list[str]:
     raw = os.environ.get(f"WSCHAT_{name.upper()}", "")
     return [item.strip() for item in raw.split(",") if item.strip()]
@@ -97,6 +113,12 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "generations running at once across all sessions (the batched engine's batch width)",
     ),
     ("prefill_chunk_tokens", int, "prompt tokens the batched engine prefills per pass"),
+    (
+        "threads",
+        thread_count,
+        "CPU threads torch uses to generate: a number, or 'auto' (the default): one per usable "
+        "core while the cores are free, one fewer for each core other processes keep busy",
+    ),
     ("max_queue", int, "prompts waiting for a slot before new ones get 'overloaded'"),
     ("max_new_tokens", int, "the most tokens one reply may ask for"),
     ("default_max_new_tokens", int, "reply length when a prompt does not say"),

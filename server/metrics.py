@@ -114,6 +114,13 @@ class _HubCollector(Collector):
         yield _gauge("wschat_generations_running", "Generations decoding now.", hub.slots.running)
         yield _gauge("wschat_generations_queued", "Prompts waiting for a slot.", hub.slots.queued)
         yield _gauge("wschat_sessions_active", "Connected chat sessions.", len(hub.sessions.live))
+        threads = _engine_threads(hub)
+        if threads is not None:
+            yield _gauge(
+                "wschat_engine_threads",
+                "CPU threads torch used in the engine's last generation step (read in its worker).",
+                threads,
+            )
         info = GaugeMetricFamily(
             "wschat_model_info",
             "The model being served (value 1).",
@@ -123,6 +130,13 @@ class _HubCollector(Collector):
             e = hub.engine.info
             info.add_metric([e.model, e.device, e.dtype], 1)
         yield info
+
+
+def _engine_threads(hub: Hub) -> int | None:
+    """What the engine's workers last read back from torch, when it keeps a thread policy."""
+    policy = getattr(hub.engine, "threads", None)
+    threads = getattr(policy, "in_worker", None)
+    return threads if isinstance(threads, int) else None
 
 
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:

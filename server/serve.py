@@ -49,8 +49,11 @@ def make_engine(settings: Settings) -> Engine:
 
 
 def _build_engine(settings: Settings) -> Engine:
+    from .engine.threads import ThreadPolicy
     from .loader import load_model
 
+    threads = ThreadPolicy(settings.threads)
+    log.info("CPU threads: %s", threads.reason)
     loaded = load_model(
         settings.model, cache_dir=settings.cache_dir, device=settings.device, dtype=settings.dtype
     )
@@ -68,12 +71,13 @@ def _build_engine(settings: Settings) -> Engine:
             loaded,
             width=settings.max_concurrent,
             prefill_tokens=settings.prefill_chunk_tokens,
+            threads=threads,
             **common,
         )
     else:
         from .engine.hf import HFEngine
 
-        engine = HFEngine(loaded, **common)
+        engine = HFEngine(loaded, threads=threads, **common)
     info = engine.info
     log.info(
         "engine %s: %s on %s (%s), %d generations at once, prompt format %s",

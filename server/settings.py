@@ -27,6 +27,9 @@ class Settings:
     max_concurrent: int = 8
     # prompt tokens the batched engine prefills per pass, so decoding rows never wait long
     prefill_chunk_tokens: int = 512
+    # CPU threads torch uses in the engine's worker; None: auto (every usable core while the
+    # cores are free, fewer while other processes keep some busy: engine/threads.py says why)
+    threads: int | None = None
     max_queue: int = 64
     max_new_tokens: int = 1024
     default_max_new_tokens: int = 256

@@ -51,6 +51,7 @@ from .kvstore import KVStore
 from .rows import BatchRow
 from .sampling import RowSampler, pick_tokens
 from .slotkv import KVState, LayerLayout, SlotKV
+from .threads import ThreadPolicy
 
 log = logging.getLogger("wschat.engine.batched")
 
@@ -68,14 +69,17 @@ class BatchedEngine:
         kv_budget_bytes: int = 1 << 30,
         prefill_tokens: int = 512,
         prompt_format: str = "auto",
+        threads: ThreadPolicy | None = None,
     ) -> None:
         self.kv = KVStore(kv_budget_bytes)  # one budget: the image path keeps its state here too
+        self.threads = threads or ThreadPolicy()
         self.single = HFEngine(
             loaded,
             context_tokens=context_tokens,
             max_images=max_images,
             kv=self.kv,
             prompt_format=prompt_format,
+            threads=self.threads,
         )
         self.info = replace(self.single.info, name=self.name)
         self.prompt_format = self.single.prompt_format
@@ -186,6 +190,7 @@ class BatchedEngine:
         return len(self._decoding) + len(self._prefilling)
 
     def _pass(self) -> None:
+        self.threads.apply()  # auto: follows what other processes leave free
         self._end_cancelled()
         self._admit()
         if self._prefilling:

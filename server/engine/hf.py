@@ -40,6 +40,7 @@ from .formats import build_format
 from .kvstore import CachedPrefix, KVStore, held_bytes
 from .sampling import penalize, tempered
 from .streamer import TokenStreamer, cancel_or_stop
+from .threads import ThreadPolicy
 
 log = logging.getLogger("wschat.engine")
 
@@ -58,8 +59,10 @@ class HFEngine:
         kv_budget_bytes: int = 1 << 30,
         kv: KVStore | None = None,
         prompt_format: str = "auto",
+        threads: ThreadPolicy | None = None,
     ) -> None:
         self.loaded = loaded
+        self.threads = threads or ThreadPolicy()
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self._backend = self.tokenizer.backend_tokenizer
@@ -159,6 +162,7 @@ class HFEngine:
         finished = Finished(FinishReason.ERROR, error=RuntimeError("generation ended early"))
         streamer = self.streamer(bridge, request)
         try:
+            self.threads.apply()
             cache = prefix.cache if prefix else DynamicCache(config=self.model.config)
             cached = len(prefix.ids) if prefix else 0
             ids = self._generate(request, generation, streamer, cache, cached)
