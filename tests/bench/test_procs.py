@@ -75,6 +75,8 @@ def test_the_neighbour_exits_by_itself_when_the_bench_dies() -> None:
     finally:
         bench.kill()  # no finally runs in it: the neighbour must notice on its own
         bench.wait(WAIT_S)
+        if bench.stdout is not None:
+            bench.stdout.close()
     try:
         wait_for(lambda: gone(pid), "the orphaned neighbour exited")
     finally:

@@ -1,5 +1,5 @@
 """The README's commands and the files that repeat them agree: the test command is ``tests/run``,
-``.ci/run`` runs exactly it, and one torch pin serves the README, tests/run and the server's
+``.ci/run`` runs exactly it (then the gates), and one torch pin serves the README, tests/run and the server's
 message."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def test_the_readme_test_command_is_tests_run() -> None:
     assert readme_test_command() == "tests/run"
 
 
-def test_ci_runs_exactly_the_readme_test_command() -> None:
-    assert shell_lines(ROOT / ".ci/run")[-1] == f"exec {readme_test_command()}"
+def test_ci_runs_exactly_the_readme_test_command_then_the_gates() -> None:
+    assert shell_lines(ROOT / ".ci/run")[-2:] == [readme_test_command(), ".ci/gates"]
 
 
 def test_tests_run_ends_in_pytest_with_its_arguments() -> None:

@@ -27,7 +27,13 @@ def env_actions() -> list[argparse.Action]:
     return [a for a in build_parser()._actions if a.option_strings and a.dest not in skip]
 
 
+# Options whose values are checked by a parser of their own: a valid one other than the default.
+VALID_SAMPLES = {"threads": "3"}
+
+
 def value_other_than_default(action: argparse.Action) -> str:
+    if action.dest in VALID_SAMPLES:
+        return VALID_SAMPLES[action.dest]
     if action.choices:
         return next(c for c in action.choices if c != action.default)
     if action.type is int:
