@@ -7,6 +7,8 @@ import asyncio
 import dataclasses
 import json
 import time
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -18,16 +20,16 @@ from wschat.server.engine.openai import OpenAIEngine, connect
 from wschat.server.engine.openai.tokenizer import TokenizerError, embedded_tokenizer
 
 from tests.openai.llama import SLOT_CONTEXT, LlamaServer
-from tests.support import collect, http_base, raw_peer, running_server, wait_until
+from tests.support import RawPeer, collect, http_base, raw_peer, running_server, wait_until
 
 # One line of many tokens: long enough to be cancelled mid-reply.
 LONG = "Write the numbers from 1 to 200 separated by spaces."
 IDLE_WITHIN_S = 1.0
 
 
-async def prompt(peer: object, frame_id: str, text: str, **params: object) -> list[dict]:  # type: ignore[type-arg]
-    await peer.send({"type": "prompt", "id": frame_id, "text": text, "params": params})  # type: ignore[attr-defined]
-    return await peer.recv_until("done")  # type: ignore[attr-defined,no-any-return]
+async def prompt(peer: RawPeer, frame_id: str, text: str, **params: Any) -> list[dict[str, Any]]:
+    await peer.send({"type": "prompt", "id": frame_id, "text": text, "params": params})
+    return await peer.recv_until("done")
 
 
 async def test_reply_streams_from_llama_cpp_and_greedy_equals_its_own_greedy(
@@ -145,19 +147,15 @@ async def test_an_engine_killed_mid_reply_gives_error_then_the_session_goes_on(
 
 async def test_readyz_waits_for_an_engine_that_is_down_at_start(live_llama: LlamaServer) -> None:
     await asyncio.to_thread(live_llama.stop)
-    async with running_server(lambda: connect(live_llama.config())) as url:
-        async with httpx.AsyncClient(timeout=5) as http:
-            readyz = f"{http_base(url)}/readyz"
-            assert (await http.get(readyz)).status_code == 503
-            await asyncio.to_thread(live_llama.start)
-
-            async def ready() -> bool:
-                return (await http.get(readyz)).status_code == 200
-
-            async with asyncio.timeout(30):
-                while not await ready():
-                    await asyncio.sleep(0.1)
-            body = (await http.get(readyz)).json()
+    factory = lambda: connect(live_llama.config())  # noqa: E731
+    async with running_server(factory) as url, httpx.AsyncClient(timeout=5) as http:
+        readyz = f"{http_base(url)}/readyz"
+        assert (await http.get(readyz)).status_code == 503
+        await asyncio.to_thread(live_llama.start)
+        async with asyncio.timeout(30):  # another process: nothing to await but its answer
+            while (await http.get(readyz)).status_code != 200:
+                await asyncio.sleep(0.1)
+        body = (await http.get(readyz)).json()
     assert body["engine"] == "openai" and body["ready"] is True
 
 
@@ -175,11 +173,11 @@ async def test_a_prompt_over_the_engines_context_is_context_overflow(
 
 
 async def test_a_tokenizer_that_differs_from_the_engines_is_refused_at_start(
-    live_llama: LlamaServer, tmp_path: object
+    live_llama: LlamaServer, tmp_path: Path
 ) -> None:
     spec = json.loads(embedded_tokenizer(live_llama.config().cache_dir).read_text())
     spec["model"]["merges"] = spec["model"]["merges"][:1000]  # most words split otherwise
-    wrong = tmp_path / "tokenizer.json"  # type: ignore[operator]
+    wrong = tmp_path / "tokenizer.json"
     wrong.write_text(json.dumps(spec))
     with pytest.raises(TokenizerError, match="does not match the engine"):
         await asyncio.to_thread(connect, live_llama.config(tokenizer=str(wrong)))
