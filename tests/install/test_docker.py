@@ -45,9 +45,19 @@ async def run_healthcheck(service: dict[str, Any], port: int) -> int:
 
 
 def test_compose_up_runs_the_cpu_service_and_the_gpu_one_needs_its_profile() -> None:
-    assert set(SERVICES) == {"wschat", "wschat-gpu"}
+    assert set(SERVICES) == {
+        "wschat",
+        "wschat-gpu",
+        *("vllm", "wschat-vllm"),
+        *("llamacpp", "wschat-llamacpp"),
+    }
     assert "profiles" not in SERVICES["wschat"]
     assert SERVICES["wschat-gpu"]["profiles"] == ["gpu"]
+    for engine in ("vllm", "llamacpp"):  # an engine and wschat in front of it, together
+        assert SERVICES[engine]["profiles"] == SERVICES[f"wschat-{engine}"]["profiles"] == [engine]
+        assert SERVICES[f"wschat-{engine}"]["environment"]["WSCHAT_ENGINE_URL"].startswith(
+            f"http://{engine}:"
+        )
     assert build_args(SERVICES["wschat"]) == {}  # the Dockerfile's default: the CPU build
 
 
@@ -80,6 +90,8 @@ def test_no_service_turns_batching_off() -> None:
 
 async def test_the_healthcheck_passes_on_a_ready_server_and_fails_without_one() -> None:
     for name, service in SERVICES.items():
+        if not name.startswith("wschat"):  # the engines behind a gateway
+            continue
         async with running_server(ScriptedEngine()) as url:
             port = int(url.split(":")[2].split("/")[0])
             assert await run_healthcheck(service, port) == 0, name

@@ -1,6 +1,6 @@
 """The README's commands and the files that repeat them agree: the test command is ``tests/run``,
-``.ci/run`` runs exactly it (then the gates), and one torch pin serves the README, tests/run and the server's
-message."""
+``.ci/run`` runs exactly it (then the gates), and one torch pin serves the README, tests/run and
+the server's message."""
 
 from __future__ import annotations
 

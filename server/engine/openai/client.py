@@ -1,0 +1,109 @@
+"""The HTTP side of the openai engine: one ``httpx`` client per engine, server-sent events in,
+failures out as ``EngineFailure`` (``errors``).
+
+``api_url`` is the OpenAI base (``http://host:port/v1``); ``/tokenize`` and ``/health`` live at
+the server's root on both llama.cpp's server and vLLM. The API key travels in a header and is
+never logged (not even its length).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from .errors import failure_from_status, overloaded
+
+log = logging.getLogger("wschat.engine.openai")
+
+CONNECT_TIMEOUT_S = 5.0
+# a reply may pause this long between chunks (a long prefill on a busy engine) before it is lost
+READ_TIMEOUT_S = 300.0
+HEALTH_TIMEOUT_S = 2.0
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """(the API base, the server root): ``http://h:p/v1`` gives both; ``http://h:p`` too."""
+    base = url.rstrip("/")
+    root = base.removesuffix("/v1")
+    return f"{root}/v1", root
+
+
+class EngineHttp:
+    def __init__(self, url: str, api_key: str | None) -> None:
+        self.api_url, self.root_url = split_url(url)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._async: httpx.AsyncClient | None = None
+
+    def __repr__(self) -> str:  # the key stays out of every repr and log line
+        return f"EngineHttp({self.api_url!r})"
+
+    # -- at start, from the loading thread -------------------------------------------------
+
+    def get_json(self, path: str, *, root: bool = False) -> Any:
+        with httpx.Client(headers=self._headers, timeout=CONNECT_TIMEOUT_S) as client:
+            response = client.get(f"{self.root_url if root else self.api_url}{path}")
+            response.raise_for_status()
+            return response.json()
+
+    def post_json(self, path: str, body: dict[str, Any], *, root: bool = False) -> Any:
+        with httpx.Client(headers=self._headers, timeout=CONNECT_TIMEOUT_S) as client:
+            response = client.post(f"{self.root_url if root else self.api_url}{path}", json=body)
+            response.raise_for_status()
+            return response.json()
+
+    # -- on the event loop ----------------------------------------------------------------
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._async is None:
+            self._async = httpx.AsyncClient(
+                headers=self._headers,
+                timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+                # one connection per running reply; idle ones are kept for the next turn
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            )
+        return self._async
+
+    async def healthy(self) -> bool:
+        try:
+            response = await self.client.get(f"{self.root_url}/health", timeout=HEALTH_TIMEOUT_S)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def stream(
+        self, path: str, body: dict[str, Any], session_key: str | None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The chunks of a streamed reply; leaving the iteration early (cancel) closes the
+        connection, which the engine takes as the request's abort."""
+        headers = {"X-Session-ID": session_key} if session_key else {}
+        try:
+            async with self.client.stream(
+                "POST", f"{self.api_url}{path}", json=body, headers=headers
+            ) as response:
+                if response.status_code != 200:
+                    raw = await response.aread()
+                    raise failure_from_status(
+                        response.status_code, raw, response.headers.get("retry-after")
+                    )
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        return
+                    chunk = json.loads(data)
+                    if "error" in chunk:  # an error after the stream began
+                        raise failure_from_status(500, data.encode())
+                    yield chunk
+        except httpx.ConnectError as error:
+            raise overloaded(f"cannot reach {self.api_url}: {error}") from error
+
+    async def aclose(self) -> None:
+        if self._async is not None:
+            await self._async.aclose()
+            self._async = None

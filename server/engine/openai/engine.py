@@ -1,0 +1,311 @@
+"""``OpenAIEngine``: replies streamed from an OpenAI-compatible server (vLLM, llama.cpp's server)
+behind the engine interface (``engine/base.py``).
+
+The gateway renders every prompt itself, as token ids in the model's prompt format, with a
+torch-free tokenizer (``tokenizer``), and sends them to ``/v1/completions``: user text stays
+text, and each turn's ids extend the last turn's exactly, which is what the engine's prefix cache
+matches on. Cancel, reset, disconnect and shutdown close the HTTP stream, which the engine takes
+as the request's abort. This class is the adapter; the HTTP client (``client``), the engines'
+spellings (``dialect``) and the error mapping (``errors``) do not depend on the interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from wschat.protocol import FinishReason
+
+from ..base import EngineInfo, Finished, Generation, GenerationRequest, TokenPiece
+from ..failures import EngineFailure
+from ..formats import (
+    FormatHints,
+    GemmaTurns,
+    PromptFormat,
+    Transcript,
+    choose_format,
+    looks_instruction_tuned,
+)
+from .client import EngineHttp
+from .dialect import Dialect
+from .errors import lost
+from .tokenizer import GatewayTokenizer, TokenizerError, load_tokenizer
+
+log = logging.getLogger("wschat.engine.openai")
+
+NAME = "openai"
+# A probe with spaces, digits, accents, CJK, an emoji, code and markup-looking text: a tokenizer
+# that differs from the engine's almost surely splits one of these differently.
+PROBE = "Hello, world! 12345 café 日本語 😀 def f(x): return x  <start_of_turn>user\n\tEnd."
+_WAIT_LOG_EVERY_S = 10.0
+_REACHABLE_TTL_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIEngineConfig:
+    url: str
+    tokenizer: str
+    cache_dir: Path
+    model: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    prompt_format: str = "auto"
+    context_tokens: int = 8192
+
+
+class HttpGeneration(Generation):
+    """A generation whose cancel also stops the task that reads the engine's stream."""
+
+    _task: asyncio.Task[None] | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
+        self._loop, self._task = loop, task
+
+    def cancel(self) -> None:
+        super().cancel()
+        if self._loop is not None and self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+
+
+class OpenAIEngine:
+    name = NAME
+
+    def __init__(
+        self,
+        http: EngineHttp,
+        dialect: Dialect,
+        model: str,
+        tokenizer: GatewayTokenizer,
+        prompt_format: PromptFormat,
+        context_tokens: int,
+    ) -> None:
+        self.http = http
+        self.dialect = dialect
+        self.model = model
+        self.tokenizer = tokenizer
+        self.prompt_format = prompt_format
+        self.info = EngineInfo(
+            NAME,
+            model,
+            dialect.name,
+            "remote",
+            context_tokens,
+            False,
+            0,
+            prompt_format=prompt_format.name,
+        )
+        ends = sorted(prompt_format.end_ids)
+        # End tokens that are line breaks (a transcript's) stop as the text "\n" on every
+        # engine; the others as ids where the engine reads stop_token_ids, else as its own
+        # end-of-generation tokens.
+        self._newline_end = any("\n" in tokenizer.decode([i]) for i in ends)
+        self._stop_token_ids = [i for i in ends if "\n" not in tokenizer.decode([i])]
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reachable: tuple[float, bool] = (0.0, True)
+
+    # -- the engine interface -------------------------------------------------------------
+
+    def tokenize_text(self, text: str) -> list[int]:
+        return self.tokenizer.tokenize_text(text)
+
+    def token_id(self, token: str) -> int:
+        return self.tokenizer.token_id(token)
+
+    def forget(self, session_key: str) -> None:
+        """Nothing to drop: the engine's prefix cache is keyed by the ids, not the session."""
+
+    def start(self, request: GenerationRequest) -> Generation:
+        loop = asyncio.get_running_loop()
+        generation = HttpGeneration()
+        task = loop.create_task(self._run(request, generation), name="wschat-openai-stream")
+        generation.bind(loop, task)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return generation
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)
+        await self.http.aclose()
+
+    # -- beyond the interface ---------------------------------------------------------------
+
+    async def reachable(self) -> bool:
+        """Whether the engine answers its health check (asked at most once a second)."""
+        checked_at, answer = self._reachable
+        if time.monotonic() - checked_at >= _REACHABLE_TTL_S:
+            answer = await self.http.healthy()
+            self._reachable = (time.monotonic(), answer)
+        return answer
+
+    def completion_body(self, request: GenerationRequest) -> dict[str, Any]:
+        params = request.params
+        room = self.info.context_tokens - len(request.prompt_ids)
+        stop = list(params.stop) + (["\n"] if self._newline_end else [])
+        return {
+            "model": self.model,
+            "prompt": request.prompt_ids,
+            # never more than the context holds: vLLM refuses such a request outright
+            "max_tokens": max(1, min(params.max_new_tokens, room)),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **self.dialect.sampling(params, stop=stop, stop_token_ids=self._stop_token_ids),
+            **self.dialect.ids_request(),
+        }
+
+    async def _run(self, request: GenerationRequest, generation: Generation) -> None:
+        ids: list[int] = []
+        reason: str | None = None
+        strip = self.prompt_format.strips_leading_space
+        finished: Finished
+        try:
+            body = self.completion_body(request)
+            async for chunk in self.http.stream("/completions", body, request.session_key):
+                usage = chunk.get("usage")
+                if usage:
+                    details = usage.get("prompt_tokens_details") or {}
+                    generation.cached_tokens = int(details.get("cached_tokens") or 0)
+                for choice in chunk.get("choices") or []:
+                    text = str(choice.get("text") or "")
+                    new_ids = self.dialect.chunk_ids(choice)
+                    if strip and text and not ids:
+                        text = text.removeprefix(" ")
+                    ids += new_ids
+                    if text or new_ids:
+                        generation.push(TokenPiece(text, tuple(new_ids)))
+                    reason = choice.get("finish_reason") or reason
+            if reason is None:
+                raise lost("the stream ended without a finish reason")
+            kind = FinishReason.LENGTH if reason == "length" else FinishReason.STOP
+            finished = Finished(kind, tuple(ids), generation.cached_tokens)
+        except asyncio.CancelledError:
+            # the stream is closed by now (leaving ``async with`` closed the connection)
+            finished = Finished(FinishReason.CANCELLED, tuple(ids), generation.cached_tokens)
+        except EngineFailure as error:
+            finished = Finished(FinishReason.ERROR, tuple(ids), error=error)
+        except httpx.HTTPError as error:
+            finished = Finished(FinishReason.ERROR, tuple(ids), error=lost(repr(error)))
+        except Exception as error:
+            finished = Finished(FinishReason.ERROR, tuple(ids), error=error)
+        generation.push(finished)
+
+
+# -- building one ----------------------------------------------------------------------------
+
+
+def connect(config: OpenAIEngineConfig) -> OpenAIEngine:
+    """Load the tokenizer, wait for the engine, check it tokenizes as we do; in the loading
+    thread (blocking calls)."""
+    tokenizer = load_tokenizer(config.tokenizer, config.cache_dir)
+    http = EngineHttp(config.url, config.api_key)
+    models = _wait_for_engine(http)
+    data = models.get("data") or []
+    if not data:
+        raise RuntimeError(f"{http.api_url}/models lists no model")
+    entry = (
+        next((m for m in data if m.get("id") == config.model), None) if config.model else data[0]
+    )
+    if entry is None:
+        served = ", ".join(str(m.get("id")) for m in data)
+        raise RuntimeError(f"the engine does not serve {config.model!r} (it serves {served})")
+    model = str(entry["id"])
+    dialect = Dialect.detect(models)
+    check_tokenizer(http, dialect, model, tokenizer)
+    engine_context = dialect.context_tokens(entry)
+    context = min(config.context_tokens, engine_context or config.context_tokens)
+    fmt = gateway_format(config.prompt_format, tokenizer, model)
+    log.info(
+        "engine openai: %s at %s (%s), context %d tokens (engine's %s), prompt format %s",
+        model,
+        http.api_url,
+        dialect.name,
+        context,
+        engine_context or "unknown",
+        fmt.name,
+    )
+    return OpenAIEngine(http, dialect, model, tokenizer, fmt, context)
+
+
+def _wait_for_engine(http: EngineHttp) -> dict[str, Any]:
+    """``/v1/models``, once the engine answers. A start with the engine down waits (readyz says
+    loading meanwhile); it gives up once the main thread has ended (the server is exiting)."""
+    started = last_log = time.monotonic()
+    while True:
+        try:
+            models: dict[str, Any] = http.get_json("/models")
+            return models
+        except httpx.HTTPStatusError as error:
+            if error.response.status_code in (401, 403):
+                raise RuntimeError(f"the engine refused our API key ({error})") from None
+            problem = str(error)
+        except httpx.HTTPError as error:
+            problem = str(error) or type(error).__name__
+        if not threading.main_thread().is_alive():
+            raise RuntimeError("the server stopped while waiting for the engine")
+        if time.monotonic() - last_log >= _WAIT_LOG_EVERY_S:
+            last_log = time.monotonic()
+            log.info(
+                "waiting for the engine at %s (%.0f s): %s",
+                http.api_url,
+                last_log - started,
+                problem,
+            )
+        time.sleep(0.5)
+
+
+def check_tokenizer(
+    http: EngineHttp, dialect: Dialect, model: str, tokenizer: GatewayTokenizer
+) -> None:
+    """Refuse to start when the engine tokenizes the probe otherwise than we do: every prompt
+    would then mean something else to the model."""
+    ours = tokenizer.tokenize_text(PROBE)
+    if dialect.is_llama_cpp:
+        body: dict[str, Any] = {"content": PROBE, "add_special": False, "parse_special": False}
+    else:
+        body = {"model": model, "prompt": PROBE, "add_special_tokens": False}
+    try:
+        answer = http.post_json("/tokenize", body, root=True)
+    except httpx.HTTPStatusError as error:
+        log.warning("cannot check the tokenizer against the engine's: %s", error)
+        return
+    theirs = [int(i) for i in answer.get("tokens", [])]
+    if theirs != ours:
+        raise TokenizerError(
+            f"the tokenizer {tokenizer.name!r} does not match the engine's for {model!r}: "
+            f"a probe text gives {_head(ours)} here and {_head(theirs)} there; pass the "
+            "model's own tokenizer.json with --tokenizer"
+        )
+
+
+def _head(ids: Sequence[int]) -> str:
+    return f"{len(ids)} ids {list(ids[:8])}{'...' if len(ids) > 8 else ''}"
+
+
+def gateway_format(requested: str, tokenizer: GatewayTokenizer, model: str) -> PromptFormat:
+    """The prompt format (engine/formats.py) from the vocabulary and the model's name; the
+    chat template needs transformers' renderer, which the gateway does not carry."""
+    vocab = tokenizer.vocab()
+    hints = FormatHints(
+        has_chat_template=False,
+        has_gemma_turns="<start_of_turn>" in vocab and "<end_of_turn>" in vocab,
+        instruction_tuned=looks_instruction_tuned(model.rsplit("/", 1)[-1]),
+    )
+    name = choose_format(requested, hints)
+    eos = frozenset(vocab[t] for t in ("<eos>", "<end_of_turn>") if t in vocab)
+    if name == "chat-template":
+        raise ValueError("--engine openai renders 'gemma-turns' or 'transcript', not templates")
+    if name == "gemma-turns":
+        if not hints.has_gemma_turns:
+            raise ValueError("the vocabulary has no Gemma turn markers: pick another format")
+        return GemmaTurns(tokenizer, eos)
+    bos = "<bos>" if "<bos>" in vocab else None
+    return Transcript(tokenizer, eos, tokenizer.newline_ids(), bos=bos)

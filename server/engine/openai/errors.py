@@ -1,0 +1,79 @@
+"""An engine's HTTP failures as our error codes (PROTOCOL.md "Errors").
+
+- a prompt the engine's context cannot hold: ``context_overflow``;
+- 429, 503, or an engine that cannot be reached: ``overloaded``, with when to retry;
+- anything else: ``internal``. The engine's own message is logged, never sent to clients.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from wschat.protocol import ErrorCode
+
+from ..failures import EngineFailure
+
+DEFAULT_RETRY_S = 1.0
+_OVERLOAD_STATUSES = frozenset({429, 503})
+
+
+def engine_message(body: bytes) -> str:
+    """What the engine said, from an OpenAI-style error body (``{"error": {"message"}}``,
+    vLLM's older ``{"message"}``) or the raw text."""
+    text = body.decode(errors="replace")[:2000]
+    try:
+        decoded: Any = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(decoded, dict):
+        error = decoded.get("error", decoded)
+        if isinstance(error, dict):
+            kind = error.get("type")
+            message = str(error.get("message", text))
+            return f"{kind}: {message}" if kind else message
+    return text
+
+
+def _is_context_overflow(status: int, message: str) -> bool:
+    lowered = message.lower()
+    return status == 400 and (
+        "exceed_context_size" in lowered  # llama.cpp's server
+        or "maximum context length" in lowered  # vLLM
+        or ("context" in lowered and ("exceed" in lowered or "too long" in lowered))
+    )
+
+
+def retry_after_s(header: str | None) -> float:
+    try:
+        return max(float(header), 0.0) if header else DEFAULT_RETRY_S
+    except ValueError:
+        return DEFAULT_RETRY_S
+
+
+def failure_from_status(status: int, body: bytes, retry_after: str | None = None) -> EngineFailure:
+    message = engine_message(body)
+    if _is_context_overflow(status, message):
+        return EngineFailure(
+            ErrorCode.CONTEXT_OVERFLOW,
+            "the conversation does not fit the engine's context (reset to start afresh)",
+            detail=f"HTTP {status}: {message}",
+        )
+    if status in _OVERLOAD_STATUSES:
+        return overloaded(f"HTTP {status}: {message}", retry_after_s(retry_after))
+    return EngineFailure(
+        ErrorCode.INTERNAL, "the engine failed to generate", detail=f"HTTP {status}: {message}"
+    )
+
+
+def overloaded(detail: str, retry_s: float = DEFAULT_RETRY_S) -> EngineFailure:
+    return EngineFailure(
+        ErrorCode.OVERLOADED,
+        f"the engine is busy or unreachable; retry in {retry_s:g} s",
+        detail=detail,
+    )
+
+
+def lost(detail: str) -> EngineFailure:
+    """The engine went away mid-reply."""
+    return EngineFailure(ErrorCode.INTERNAL, "the engine stopped mid-reply", detail=detail)
