@@ -17,10 +17,9 @@ from typing import Any
 
 from wschat.protocol import (
     Done,
-    Error,
-    ErrorCode,
     FinishReason,
     Frame,
+    Internal,
     Queued,
     Start,
     Timing,
@@ -29,6 +28,7 @@ from wschat.protocol import (
 )
 
 from .engine import Engine, Finished, Generation, GenerationRequest, TokenPiece
+from .error_boundary import error_frame
 from .scheduler import GenerationSlots, Ticket
 
 log = logging.getLogger("wschat.run")
@@ -119,7 +119,7 @@ class GenerationRun:
                 self.finished = finished
                 if finished.reason is FinishReason.ERROR:
                     log.error("generation %s failed: %r", self.id, finished.error)
-                    await send(Error(ErrorCode.INTERNAL, "generation failed", self.id))
+                    await send(error_frame(Internal("generation failed"), self.id))
                 return finished.reason
 
     def _merge(self, items: list[Any]) -> tuple[str, list[int], Finished | None]:
@@ -143,9 +143,8 @@ class GenerationRun:
         assert self.generation is not None
         self.generation.cancel()
         log.error("generation %s made no progress for %.0f s", self.id, self.stall_timeout_s)
-        await send(
-            Error(ErrorCode.INTERNAL, "generation made no progress and was stopped", self.id)
-        )
+        stopped = Internal("generation made no progress and was stopped")
+        await send(error_frame(stopped, self.id))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5):
                 async for item in self.generation.items():

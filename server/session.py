@@ -18,23 +18,27 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from wschat.protocol import (
+    Busy,
     Cancel,
     ClientFrame,
     Configure,
     Configured,
-    ErrorCode,
+    ContextOverflow,
     FinishReason,
     Frame,
     GenerationParams,
     Image,
     ImageOk,
     InvalidParams,
+    NotRunning,
     Ping,
     Pong,
     Prompt,
     ProtocolError,
     Reset,
     ResetOk,
+    TooLarge,
+    Unsupported,
 )
 
 from .conversation import Conversation
@@ -70,10 +74,8 @@ _TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
 }
 
 
-def busy(frame_id: str | None = None) -> ProtocolError:
-    return ProtocolError(
-        "a generation is already running in this session", id=frame_id, code=ErrorCode.BUSY
-    )
+def busy(frame_id: str | None = None) -> Busy:
+    return Busy("a generation is already running in this session", id=frame_id)
 
 
 class Session:
@@ -148,10 +150,9 @@ class Session:
         markup = self.conversation.first_turn_tokens(ids) - len(ids)
         longest = context - MIN_TURN_TOKENS - markup
         if len(ids) > longest:
-            raise ProtocolError(
+            raise TooLarge(
                 f"the system prompt is {len(ids)} tokens; a context of {context} holds at most"
-                f" {max(longest, 0)} with room for a turn",
-                code=ErrorCode.TOO_LARGE,
+                f" {max(longest, 0)} with room for a turn"
             )
         return ids
 
@@ -160,11 +161,7 @@ class Session:
         if run is not None and frame.id in (None, run.id):
             run.cancel()
         elif frame.id is not None and frame.id not in self._ids:
-            raise ProtocolError(
-                f"no generation {frame.id!r} in this session",
-                id=frame.id,
-                code=ErrorCode.NOT_RUNNING,
-            )
+            raise NotRunning(f"no generation {frame.id!r} in this session", id=frame.id)
         # PROTOCOL.md "cancel": silent for one that has already finished
 
     async def _on_reset(self, frame: Reset) -> None:
@@ -177,11 +174,7 @@ class Session:
     async def _on_image(self, frame: Image) -> None:
         self._require_images(frame.id)
         if len(self._staged) + 1 > self.max_images:
-            raise ProtocolError(
-                f"at most {self.max_images} images per prompt",
-                id=frame.id,
-                code=ErrorCode.TOO_LARGE,
-            )
+            raise TooLarge(f"at most {self.max_images} images per prompt", id=frame.id)
         (image,) = await self._check_images([frame.data], frame.id)
         self._staged.append(image)
         await self.send(ImageOk(frame.id, image.width, image.height))
@@ -194,20 +187,14 @@ class Session:
         if not frame.text and not frame.images and not self._staged:
             raise InvalidParams("a prompt needs text or images", id=frame.id)
         if len(frame.text.encode()) > self.settings.max_prompt_bytes:
-            raise ProtocolError(
-                f"prompt text is over {self.settings.max_prompt_bytes} bytes",
-                id=frame.id,
-                code=ErrorCode.TOO_LARGE,
+            raise TooLarge(
+                f"prompt text is over {self.settings.max_prompt_bytes} bytes", id=frame.id
             )
         merged = self._merged_params(frame)
         images = await self._prompt_images(frame)
         user_ids = await self.tokenizer.tokenize(self.conversation.tokenize_user, frame.text)
         if len(user_ids) > self.settings.max_prompt_tokens:
-            raise ProtocolError(
-                f"prompt is over {self.settings.max_prompt_tokens} tokens",
-                id=frame.id,
-                code=ErrorCode.TOO_LARGE,
-            )
+            raise TooLarge(f"prompt is over {self.settings.max_prompt_tokens} tokens", id=frame.id)
         image_ids = [self._image_placeholder() for _ in images]
         prompt_ids = self.conversation.prompt_ids(user_ids, image_ids)
         context = self.engine.info.context_tokens
@@ -215,11 +202,10 @@ class Session:
             fresh = self.conversation.prompt_ids(user_ids, image_ids, fresh=True)
             # advise a reset only where one makes room: never a loop of resets
             advice = "reset to start afresh" if len(fresh) < context else "shorten the prompt"
-            raise ProtocolError(
+            raise ContextOverflow(
                 f"the conversation needs {len(prompt_ids)} tokens; the context holds {context}"
                 f" ({advice})",
                 id=frame.id,
-                code=ErrorCode.CONTEXT_OVERFLOW,
             )
         ticket = self.slots.enqueue()
         self._ids.add(frame.id)
@@ -314,10 +300,8 @@ class Session:
 
     def _require_images(self, frame_id: str) -> None:
         if not self.engine.info.images:
-            raise ProtocolError(
-                f"the model {self.engine.info.model!r} does not read images",
-                id=frame_id,
-                code=ErrorCode.UNSUPPORTED,
+            raise Unsupported(
+                f"the model {self.engine.info.model!r} does not read images", id=frame_id
             )
 
     async def _prompt_images(self, frame: Prompt) -> list[CheckedImage]:
@@ -326,11 +310,7 @@ class Session:
         self._require_images(frame.id)
         total = len(self._staged) + len(frame.images)
         if total > self.max_images:
-            raise ProtocolError(
-                f"{total} images; at most {self.max_images} per prompt",
-                id=frame.id,
-                code=ErrorCode.TOO_LARGE,
-            )
+            raise TooLarge(f"{total} images; at most {self.max_images} per prompt", id=frame.id)
         return [*self._staged, *await self._check_images(list(frame.images), frame.id)]
 
     async def _check_images(self, blobs: list[bytes], frame_id: str) -> list[CheckedImage]:
@@ -363,17 +343,16 @@ class Session:
         held = self.image_bytes + sum(image_bytes(c.image) for c in new)
         limit = self.settings.max_session_image_bytes
         if held > limit:
-            raise ProtocolError(
+            raise TooLarge(
                 f"this session's images would hold {held} bytes; max_session_image_bytes is"
                 f" {limit} (reset to start afresh)",
                 id=frame_id,
-                code=ErrorCode.TOO_LARGE,
             )
 
     def _image_placeholder(self) -> list[int]:
         placeholder = getattr(self.engine, "image_placeholder_ids", None)
         if placeholder is None:
-            raise ProtocolError("this engine does not read images", code=ErrorCode.UNSUPPORTED)
+            raise Unsupported("this engine does not read images")
         return list(placeholder())
 
 

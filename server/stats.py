@@ -13,7 +13,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from wschat.protocol import Done, FinishReason
+from wschat.protocol import Done, ErrorCode, FinishReason
 
 from .run import GenerationRun
 
@@ -67,8 +67,8 @@ class ServerStats:
             self._ttft.append((now, done.timing.ttft_ms))
             self._prune_ttft(now, TTFT_WINDOW_S)
 
-    def count_error(self, code: str) -> None:
-        self.errors[code] += 1
+    def count_error(self, code: ErrorCode) -> None:
+        self.errors[code.value] += 1
 
     def tokens_per_s(self, window: float = TOKENS_WINDOW_S) -> float:
         now = self._clock()

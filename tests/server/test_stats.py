@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import pytest
-from wschat.protocol import Done, FinishReason, Timing, Usage
+from wschat.protocol import Done, ErrorCode, FinishReason, Timing, Usage
 from wschat.server.run import GenerationRun
 from wschat.server.stats import ServerStats
 
@@ -73,8 +73,8 @@ def test_done_adds_usage_cancellations_and_reaches_listeners() -> None:
     stats.listeners.append(lambda run, event, value: seen.append((event, value)))
     stats.on_run_event(RUN, "done", done())
     stats.on_run_event(RUN, "done", done(FinishReason.CANCELLED))
-    stats.count_error("busy")
-    stats.count_error("busy")
+    stats.count_error(ErrorCode.BUSY)
+    stats.count_error(ErrorCode.BUSY)
     assert (stats.generations, stats.cancellations) == (2, 1)
     assert (stats.prompt_tokens, stats.cached_tokens, stats.generation_tokens) == (20, 6, 8)
     assert stats.errors == {"busy": 2}
