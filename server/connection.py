@@ -109,7 +109,7 @@ class Connection:
         while True:
             if limit <= 0:
                 return await self.ws.receive()
-            busy_until = time.monotonic() if self.session.run else self.session.last_active_at
+            busy_until = time.monotonic() if self.session.busy else self.session.last_active_at
             left = max(self.last_frame_at, busy_until) + limit - time.monotonic()
             if left > 0:
                 try:

@@ -29,6 +29,7 @@ from wschat.protocol import (
 
 from .engine import Engine, Finished, Generation, GenerationRequest, TokenPiece
 from .error_boundary import error_frame
+from .events import RunDone, RunEvent, RunListener, RunStarted, TokensSent
 from .scheduler import GenerationSlots, Ticket
 
 log = logging.getLogger("wschat.run")
@@ -52,7 +53,7 @@ class GenerationRun:
     started_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
-    listeners: list[Callable[[GenerationRun, str, Any], None]] = field(default_factory=list)
+    listeners: list[RunListener] = field(default_factory=list)
 
     def cancel(self) -> None:
         self.cancel_requested.set()
@@ -68,7 +69,7 @@ class GenerationRun:
                 if self.cancel_requested.is_set():
                     self.generation.cancel()
                 await send(self._start_frame())
-                self._notify("start", None)
+                self._notify(RunStarted(self))
                 reason = await self._stream(send)
         except BaseException:
             reason = FinishReason.ERROR
@@ -111,7 +112,7 @@ class GenerationRun:
                     self.id, text, self.completion_tokens, tuple(ids) if self.token_ids else None
                 )
                 self.text.append(text)
-                self._notify("token", len(ids))
+                self._notify(TokensSent(self, len(ids)))
                 await send(frame)
             else:
                 self.completion_tokens += len(ids)
@@ -154,7 +155,7 @@ class GenerationRun:
 
     async def _finish(self, send: Send, reason: FinishReason) -> None:
         done = self.done_frame(reason)
-        self._notify("done", done)
+        self._notify(RunDone(self, done))
         await send(done)
 
     def done_frame(self, reason: FinishReason) -> Done:
@@ -191,9 +192,9 @@ class GenerationRun:
             self.id, len(self.request.prompt_ids), self.generation.cached_tokens, self.queued_ms
         )
 
-    def _notify(self, event: str, value: Any) -> None:
+    def _notify(self, event: RunEvent) -> None:
         for listener in self.listeners:
-            listener(self, event, value)
+            listener(event)
 
 
 def _ms(start: float, end: float | None) -> float | None:

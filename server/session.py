@@ -1,10 +1,18 @@
-"""``Session``: one connection's conversation, defaults and state machine.
+"""``Session``: one connection's conversation, defaults and rules.
 
-    IDLE --prompt--> QUEUED --slot granted--> RUNNING --done--> IDLE
-    any --close--> CLOSED
+The rules are two tables, read top to bottom: ``TRANSITIONS`` (what moves the state) and, at the
+end of this module, ``Session.RULES`` (which handler each frame type gets in each state). Whether
+the session is busy is its state and nothing else.
 
-Frames are dispatched through a table; a frame that its state does not allow raises a typed
-``ProtocolError`` (``busy``), which the connection turns into an ``error`` frame.
+    IDLE --prompt accepted--> QUEUED --slot granted--> RUNNING --run ended--> IDLE
+    QUEUED --run ended (cancelled while queued)--> IDLE
+    IDLE, QUEUED, RUNNING --close--> CLOSED   (no resume window, detach expiry, shutdown)
+
+The session does no I/O of its own: the connection feeds it decoded frames (``handle``) and
+every frame it sends, its generation's included, goes out through ``send``, the connection's
+outbox (error_boundary.py). A frame its state refuses raises a typed ``ProtocolError``
+(``busy``), which the connection turns into an ``error`` frame; a state change the table does
+not list is our bug (``SessionMisuse``).
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from wschat.protocol import (
     Busy,
@@ -37,12 +45,14 @@ from wschat.protocol import (
     ProtocolError,
     Reset,
     ResetOk,
+    SessionMisuse,
     TooLarge,
     Unsupported,
 )
 
 from .conversation import Conversation
 from .engine import Engine, GenerationRequest, SamplingParams
+from .events import RunEvent, RunListener, RunStarted
 from .run import GenerationRun
 from .scheduler import GenerationSlots
 from .settings import Settings
@@ -54,6 +64,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("wschat.session")
 
 Send = Callable[[Frame], Awaitable[None]]
+Handler = Callable[["Session", Any], Awaitable[None]]
 
 # PROTOCOL.md "configure": the context a system prompt must leave for the user's text and reply
 MIN_TURN_TOKENS = 32
@@ -66,16 +77,25 @@ class SessionState(Enum):
     CLOSED = "closed"
 
 
-_TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
-    SessionState.IDLE: frozenset({SessionState.QUEUED, SessionState.CLOSED}),
-    SessionState.QUEUED: frozenset({SessionState.RUNNING, SessionState.IDLE, SessionState.CLOSED}),
-    SessionState.RUNNING: frozenset({SessionState.IDLE, SessionState.CLOSED}),
-    SessionState.CLOSED: frozenset(),
+class Change(Enum):
+    """What moves a session from one state to another."""
+
+    ACCEPTED = "prompt accepted"
+    STARTED = "slot granted"
+    ENDED = "run ended"
+    CLOSE = "close"
+
+
+IDLE, QUEUED, RUNNING, CLOSED = SessionState
+
+# (state, change) -> next state; a pair not listed is our bug, never the peer's.
+TRANSITIONS: dict[SessionState, dict[Change, SessionState]] = {
+    IDLE: {Change.ACCEPTED: QUEUED, Change.CLOSE: CLOSED},
+    QUEUED: {Change.STARTED: RUNNING, Change.ENDED: IDLE, Change.CLOSE: CLOSED},
+    RUNNING: {Change.ENDED: IDLE, Change.CLOSE: CLOSED},
+    CLOSED: {Change.CLOSE: CLOSED},
 }
-
-
-def busy(frame_id: str | None = None) -> Busy:
-    return Busy("a generation is already running in this session", id=frame_id)
+BUSY_STATES = frozenset({QUEUED, RUNNING})
 
 
 class Session:
@@ -101,36 +121,44 @@ class Session:
         self._task: asyncio.Task[None] | None = None
         self._staged: list[CheckedImage] = []
         self._ids: set[str] = set()  # every generation id this session has had
-        self.send: Send = _discard
-        self.listeners: list[Callable[[GenerationRun, str, Any], None]] = []
-        self._handlers: dict[type[Frame], Callable[[Any], Awaitable[None]]] = {
-            Prompt: self._on_prompt,
-            Image: self._on_image,
-            Cancel: self._on_cancel,
-            Reset: self._on_reset,
-            Ping: self._on_ping,
-            Configure: self._on_configure,
-        }
+        self.send: Send = _discard  # the connection's outbox
+        self.listeners: list[RunListener] = []
 
-    def _set_state(self, new: SessionState) -> None:
-        if new is self.state:
-            return
-        if new not in _TRANSITIONS[self.state]:
-            raise RuntimeError(f"illegal session transition {self.state.value} -> {new.value}")
-        log.debug("session %s: %s -> %s", self.key, self.state.value, new.value)
-        self.state = new
+    RULES: ClassVar[dict[SessionState, dict[type[ClientFrame], Handler]]]
 
     async def handle(self, frame: ClientFrame) -> None:
-        await self._handlers[type(frame)](frame)
+        """Answer one frame as the table says for the current state."""
+        await self.RULES[self.state][type(frame)](self, frame)
+
+    @property
+    def busy(self) -> bool:
+        """A generation runs or waits for a slot."""
+        return self.state in BUSY_STATES
+
+    def _change(self, change: Change) -> None:
+        new = TRANSITIONS[self.state].get(change)
+        if new is None:
+            raise SessionMisuse(f"session {self.state.value}: {change.value} is not allowed")
+        if new is not self.state:
+            log.debug("session %s: %s -> %s", self.key, self.state.value, new.value)
+        self.state = new
 
     # -- frames --------------------------------------------------------------------------
 
     async def _on_ping(self, frame: Ping) -> None:
         await self.send(Pong(frame.t))
 
+    async def _refuse_busy(self, frame: Prompt | Configure) -> None:
+        raise Busy(
+            "a generation is already running in this session",
+            id=frame.id if isinstance(frame, Prompt) else None,
+        )
+
+    async def _drop(self, frame: ClientFrame) -> None:
+        """A closed session answers nothing: its connection is gone or closing."""
+        log.debug("session %s: %s after close, dropped", self.key, type(frame).__name__)
+
     async def _on_configure(self, frame: Configure) -> None:
-        if self.run is not None:
-            raise busy()
         if frame.params is not None:
             self._check_limits(frame.params)
         system_ids = await self._system_ids(frame.system) if frame.system else []
@@ -156,11 +184,15 @@ class Session:
             )
         return ids
 
-    async def _on_cancel(self, frame: Cancel) -> None:
-        run = self.run
-        if run is not None and frame.id in (None, run.id):
-            run.cancel()
-        elif frame.id is not None and frame.id not in self._ids:
+    async def _cancel_run(self, frame: Cancel) -> None:
+        assert self.run is not None  # QUEUED and RUNNING have one
+        if frame.id in (None, self.run.id):
+            self.run.cancel()
+        else:
+            await self._cancel_finished(frame)
+
+    async def _cancel_finished(self, frame: Cancel) -> None:
+        if frame.id is not None and frame.id not in self._ids:
             raise NotRunning(f"no generation {frame.id!r} in this session", id=frame.id)
         # PROTOCOL.md "cancel": silent for one that has already finished
 
@@ -180,8 +212,6 @@ class Session:
         await self.send(ImageOk(frame.id, image.width, image.height))
 
     async def _on_prompt(self, frame: Prompt) -> None:
-        if self.run is not None:
-            raise busy(frame.id)
         if frame.id in self._ids:
             raise InvalidParams(f"id {frame.id!r} was already used in this session", id=frame.id)
         if not frame.text and not frame.images and not self._staged:
@@ -221,15 +251,15 @@ class Session:
             listeners=list(self.listeners),
         )
         self.run = run
-        self._set_state(SessionState.QUEUED)
+        self._change(Change.ACCEPTED)
         run.listeners.append(self._on_run_event)
         self._task = asyncio.create_task(self._drive(run, user_ids, image_ids, images))
 
     # -- generation lifecycle ------------------------------------------------------------
 
-    def _on_run_event(self, run: GenerationRun, event: str, value: Any) -> None:
-        if event == "start" and self.state is SessionState.QUEUED:
-            self._set_state(SessionState.RUNNING)
+    def _on_run_event(self, event: RunEvent) -> None:
+        if isinstance(event, RunStarted):
+            self._change(Change.STARTED)
 
     async def _drive(
         self,
@@ -246,11 +276,9 @@ class Session:
                 self.conversation.add_exchange(
                     user_ids, image_ids, [i.image for i in images], finished.completion_ids
                 )
-            if self.run is run:
-                self.run = None
-                self.last_active_at = time.monotonic()
-                if self.state is not SessionState.CLOSED:
-                    self._set_state(SessionState.IDLE)
+            self.run = None
+            self.last_active_at = time.monotonic()
+            self._change(Change.ENDED)
 
     @property
     def generation_task(self) -> asyncio.Task[None] | None:
@@ -266,8 +294,9 @@ class Session:
             await asyncio.shield(task)
 
     async def close(self) -> None:
+        """For good: the generation is stopped, later frames are dropped. Idempotent."""
         await self.stop_generation()
-        self._set_state(SessionState.CLOSED)
+        self._change(Change.CLOSE)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -358,3 +387,40 @@ class Session:
 
 async def _discard(frame: Frame) -> None:
     return None
+
+
+# (state, frame type) -> handler: the session's rules, one row per state.
+Session.RULES = {
+    IDLE: {
+        Prompt: Session._on_prompt,
+        Image: Session._on_image,
+        Cancel: Session._cancel_finished,
+        Reset: Session._on_reset,
+        Ping: Session._on_ping,
+        Configure: Session._on_configure,
+    },
+    QUEUED: {
+        Prompt: Session._refuse_busy,
+        Image: Session._on_image,
+        Cancel: Session._cancel_run,
+        Reset: Session._on_reset,
+        Ping: Session._on_ping,
+        Configure: Session._refuse_busy,
+    },
+    RUNNING: {
+        Prompt: Session._refuse_busy,
+        Image: Session._on_image,
+        Cancel: Session._cancel_run,
+        Reset: Session._on_reset,
+        Ping: Session._on_ping,
+        Configure: Session._refuse_busy,
+    },
+    CLOSED: {
+        Prompt: Session._drop,
+        Image: Session._drop,
+        Cancel: Session._drop,
+        Reset: Session._drop,
+        Ping: Session._drop,
+        Configure: Session._drop,
+    },
+}
