@@ -23,7 +23,6 @@ from .errors import (
     NotRunningError,
     OverloadedError,
     TooLargeError,
-    UnauthorizedError,
     UnsupportedError,
     error_from_frame,
 )
@@ -51,7 +50,6 @@ __all__ = [
     "OverloadedError",
     "Reply",
     "TooLargeError",
-    "UnauthorizedError",
     "UnsupportedError",
     "connect",
     "error_from_frame",

@@ -62,7 +62,7 @@ class FrameRouter:
         self.replies: dict[str, Reply] = {}
         self.goaway: GoAway | None = None
         self.closed: ConnectionClosedError | None = None
-        # The last ``error`` that nothing claimed (e.g. ``unauthorized`` before a close 1008).
+        # The last ``error`` that nothing claimed (e.g. a flood's ``overloaded`` before close 1008).
         self.unclaimed_error: ChatError | None = None
         # Frames that matched nothing live (late frames of a finished reply): for inspection.
         self.unrouted: deque[ServerFrame] = deque(maxlen=UNROUTED_KEPT)

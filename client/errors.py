@@ -11,7 +11,6 @@
     │   ├── UnsupportedError         unsupported
     │   ├── ContextOverflowError     context_overflow
     │   ├── OverloadedError          overloaded
-    │   ├── UnauthorizedError        unauthorized
     │   └── InternalError            internal
     ├── ConnectionClosedError        the WebSocket closed (close code and reason)
     └── ConnectError                 the connection could not be opened (refused, HTTP 401/403...)
@@ -87,10 +86,6 @@ class OverloadedError(ChatError):
     code = ErrorCode.OVERLOADED
 
 
-class UnauthorizedError(ChatError):
-    code = ErrorCode.UNAUTHORIZED
-
-
 class InternalError(ChatError):
     code = ErrorCode.INTERNAL
 
@@ -107,7 +102,6 @@ ERRORS: dict[ErrorCode, type[ChatError]] = {
         UnsupportedError,
         ContextOverflowError,
         OverloadedError,
-        UnauthorizedError,
         InternalError,
     )
 }
@@ -124,7 +118,7 @@ class ConnectionClosedError(ClientError):
 
     ``code`` and ``reason`` are the close frame's (``code`` is 1006 when the connection dropped
     without one); ``error`` is the last ``error`` frame that no request claimed, such as the
-    ``unauthorized`` sent just before a close 1008.
+    ``overloaded`` sent just before the close 1008 of a frame flood.
     """
 
     def __init__(

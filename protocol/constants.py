@@ -61,7 +61,6 @@ class ErrorCode(StrEnum):
     UNSUPPORTED = "unsupported"
     CONTEXT_OVERFLOW = "context_overflow"
     OVERLOADED = "overloaded"
-    UNAUTHORIZED = "unauthorized"
     INTERNAL = "internal"
 
 

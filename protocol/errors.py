@@ -1,15 +1,30 @@
-"""The one exception type of the protocol layer.
+"""Every failure the server answers with an ``error`` frame: one class per wire code.
 
-    ProtocolError(code)            a frame broke the wire contract; the session goes on
-    ├── BadFrame                   code bad_frame: not msgpack, not a map, wrong type/id/text
-    ├── InvalidParams              code invalid_params: a field's value is wrong
-    └── FrameTooLarge              code too_large: over a size limit
+    ProtocolError                  has a stable ``code``; the session goes on (PROTOCOL.md "Errors")
+    ├── the peer's fault: what it sent breaks a rule, and sending it again fails again
+    │   ├── BadFrame               bad_frame: not msgpack, not a map, wrong type/id/text
+    │   ├── InvalidParams          invalid_params: a field's value is wrong, an id is reused
+    │   ├── TooLarge               too_large: over a size limit
+    │   ├── BadImage               bad_image: not an image the server decodes
+    │   ├── Unsupported            unsupported: the model cannot do it (images)
+    │   ├── ContextOverflow        context_overflow: the conversation would not fit the context
+    │   ├── Busy                   busy: a generation runs or waits in this session
+    │   └── NotRunning             not_running: cancel of an id this session never had
+    ├── capacity: the same frame may succeed later
+    │   └── Overloaded             overloaded: the queue is full, or the server is shutting down
+    └── ours: the server failed the peer
+        └── Internal               internal: a generation failed or stalled (generic message)
 
-Server-side failures (busy, overloaded, ...) reuse ``ProtocolError`` with their own code, so one
-handler turns every known failure into an ``error`` frame (PROTOCOL.md "Errors").
+    SessionMisuse                  not a ProtocolError: our own code broke a rule of ours (an
+                                   illegal state change); the peer sees a generic ``internal``
+
+``ProtocolError`` itself has no code, so every failure names its class; a bug raises whatever
+it raises (or ``SessionMisuse``) and is never mistaken for the peer's fault.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar
 
 from .constants import ErrorCode
 
@@ -17,17 +32,20 @@ from .constants import ErrorCode
 class ProtocolError(Exception):
     """A failure with a stable wire code; ``id`` names the client frame that caused it."""
 
-    code: ErrorCode = ErrorCode.INTERNAL
+    code: ClassVar[ErrorCode]
 
-    def __init__(self, message: str, *, id: str | None = None, code: ErrorCode | None = None):
+    def __init__(self, message: str, *, id: str | None = None) -> None:
+        if not hasattr(type(self), "code"):
+            raise TypeError("raise a subclass of ProtocolError: its class names the code")
         super().__init__(message)
         self.message = message
         self.id = id
-        if code is not None:
-            self.code = code
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code.value!r}, message={self.message!r})"
+
+
+# -- the peer's fault ---------------------------------------------------------------------
 
 
 class BadFrame(ProtocolError):
@@ -38,5 +56,45 @@ class InvalidParams(ProtocolError):
     code = ErrorCode.INVALID_PARAMS
 
 
-class FrameTooLarge(ProtocolError):
+class TooLarge(ProtocolError):
     code = ErrorCode.TOO_LARGE
+
+
+class BadImage(ProtocolError):
+    code = ErrorCode.BAD_IMAGE
+
+
+class Unsupported(ProtocolError):
+    code = ErrorCode.UNSUPPORTED
+
+
+class ContextOverflow(ProtocolError):
+    code = ErrorCode.CONTEXT_OVERFLOW
+
+
+class Busy(ProtocolError):
+    code = ErrorCode.BUSY
+
+
+class NotRunning(ProtocolError):
+    code = ErrorCode.NOT_RUNNING
+
+
+# -- capacity -----------------------------------------------------------------------------
+
+
+class Overloaded(ProtocolError):
+    code = ErrorCode.OVERLOADED
+
+
+# -- ours ---------------------------------------------------------------------------------
+
+
+class Internal(ProtocolError):
+    """The server failed a request; the message is generic (details go to the log only)."""
+
+    code = ErrorCode.INTERNAL
+
+
+class SessionMisuse(Exception):
+    """Our own code broke a rule of ours (an illegal state change): a bug, never the peer's."""

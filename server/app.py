@@ -85,9 +85,7 @@ async def _serve_session(websocket: WebSocket, hub: Hub) -> None:
         await connection.serve(session, resume_token)
     finally:
         hub.connections.discard(connection)
-        hub.sessions.detach(session)
-        for expired in hub.sessions.expire():
-            hub.forget(expired)
+        await hub.end_connection(session)
 
 
 def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:

@@ -1,10 +1,10 @@
 """``Connection``: the WebSocket glue around one ``Session``.
 
 It reads frames while a generation streams (so ``cancel`` and ``ping`` work mid-reply), decodes
-them with the protocol's limits, and is the one place where exceptions become ``error`` frames:
-a ``ProtocolError`` keeps its code, anything else is logged and sent as ``internal`` with a
-generic message (PROTOCOL.md "Errors": the session goes on). It also enforces what is per
-connection (PROTOCOL.md "Limits"): the frame rate (a flood is closed with 1008) and the idle
+them with the protocol's limits and feeds them to the session; what the session sends, and the
+``error`` frame of whatever a frame raised, leave through one ``Outbox`` (error_boundary.py),
+which counts every ``error`` (PROTOCOL.md "Errors": the session goes on). It also enforces what
+is per connection (PROTOCOL.md "Limits"): the frame rate (a flood is closed with 1008) and the idle
 timeout (no frame and no generation: close 1000).
 """
 
@@ -24,10 +24,9 @@ from wschat.protocol import (
     ClientFrame,
     CloseCode,
     DecodeLimits,
-    Error,
-    ErrorCode,
     Frame,
     Limits,
+    Overloaded,
     ProtocolError,
     Ready,
     decode_client_frame,
@@ -35,6 +34,7 @@ from wschat.protocol import (
 )
 
 from .caps import FrameRate
+from .error_boundary import Outbox
 from .hub import Hub
 from .session import Session
 
@@ -47,6 +47,7 @@ class Connection:
         self.hub = hub
         self.closed = False
         self._send_lock = asyncio.Lock()  # one frame at a time on the socket, in order
+        self.outbox = Outbox(self._send_now, hub.stats.count_error)
         s = hub.settings
         self.rate = FrameRate(s.frames_per_second)
         self.last_frame_at = time.monotonic()
@@ -59,6 +60,10 @@ class Connection:
         )
 
     async def send(self, frame: Frame) -> None:
+        """Send through the outbox (an ``error`` is counted)."""
+        await self.outbox(frame)
+
+    async def _send_now(self, frame: Frame) -> None:
         """Send, or do nothing once the peer is gone: senders never fail on a dead socket."""
         if self.closed:
             return
@@ -70,7 +75,7 @@ class Connection:
 
     async def serve(self, session: Session, resume_token: str) -> None:
         self.session = session
-        session.send = self.send
+        session.send = self.outbox
         await self.send(self._ready(session, resume_token))
         try:
             while not self.closed and await self._handle_next():
@@ -104,7 +109,7 @@ class Connection:
         while True:
             if limit <= 0:
                 return await self.ws.receive()
-            busy_until = time.monotonic() if self.session.run else self.session.last_active_at
+            busy_until = time.monotonic() if self.session.busy else self.session.last_active_at
             left = max(self.last_frame_at, busy_until) + limit - time.monotonic()
             if left > 0:
                 try:
@@ -117,7 +122,7 @@ class Connection:
 
     async def _flooded(self) -> None:
         per_s = self.hub.settings.frames_per_second
-        await self.report(ErrorCode.OVERLOADED, f"more than {per_s} frames in a second", None)
+        await self.outbox.error(Overloaded(f"more than {per_s} frames in a second"))
         await self.close(CloseCode.POLICY_VIOLATION, "too many frames")
 
     async def close(self, code: CloseCode, reason: str) -> None:
@@ -141,22 +146,20 @@ class Connection:
             return error  # a bug: where it happened goes to the log
 
     async def _dispatch(self, decoded: ClientFrame | Exception) -> None:
-        frame: ClientFrame | None = None
+        if isinstance(decoded, ProtocolError):
+            await self.outbox.error(decoded)
+            return
+        if isinstance(decoded, Exception):
+            log.error("decoding a frame failed", exc_info=decoded)
+            await self.outbox.error(decoded)
+            return
         try:
-            if isinstance(decoded, Exception):
-                raise decoded
-            frame = decoded
-            await self.session.handle(frame)
-        except ProtocolError as e:
+            await self.session.handle(decoded)
+        except Exception as error:
+            if not isinstance(error, ProtocolError):
+                log.exception("session code failed on %s", type(decoded).__name__)
             # PROTOCOL.md "Errors": the id of the frame that caused it (e.g. a prompt's overloaded)
-            await self.report(e.code, e.message, e.id or getattr(frame, "id", None))
-        except Exception:
-            log.exception("session code failed on %s", type(frame).__name__)
-            await self.report(ErrorCode.INTERNAL, "internal error", getattr(frame, "id", None))
-
-    async def report(self, code: ErrorCode, message: str, frame_id: str | None) -> None:
-        self.hub.stats.count_error(code.value)
-        await self.send(Error(code, message, frame_id))
+            await self.outbox.error(error, getattr(decoded, "id", None))
 
     def _ready(self, session: Session, resume_token: str) -> Ready:
         info = session.engine.info

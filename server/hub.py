@@ -13,7 +13,7 @@ from .caps import ConnectionCaps
 from .engine import Engine
 from .live import StatsFeed
 from .scheduler import GenerationSlots
-from .session import Session
+from .session import Session, SessionState
 from .settings import Settings
 from .stats import ServerStats
 from .tokenizing import TextTokenizer
@@ -54,12 +54,15 @@ class SessionStore:
         self._tokens[session.key] = token
         return token
 
-    def detach(self, session: Session) -> None:
-        """Keep the conversation for resumption; the generation was already stopped."""
+    def detach(self, session: Session) -> bool:
+        """Keep the conversation for resumption (the generation was already stopped); False
+        when it is not kept: no resume window, or the session was closed (shutdown)."""
         self.live.pop(session.key, None)
         token = self._tokens.pop(session.key, None)
-        if token is not None and self.resume_window_s > 0:
-            self._detached[token] = _Detached(session, self.clock() + self.resume_window_s)
+        if token is None or self.resume_window_s <= 0 or session.state is SessionState.CLOSED:
+            return False
+        self._detached[token] = _Detached(session, self.clock() + self.resume_window_s)
+        return True
 
     def claim(self, token: str) -> Session | None:
         """The detached session of ``token`` while its window is open (``expire`` drops the
@@ -118,6 +121,14 @@ class Hub:
         )
         session.listeners.append(self.stats.on_run_event)
         return session
+
+    async def end_connection(self, session: Session) -> None:
+        """After its connection is over: keep ``session`` for resumption, or close it and
+        forget its engine state; the same for detached sessions past their window."""
+        gone = [] if self.sessions.detach(session) else [session]
+        for ended in [*gone, *self.sessions.expire()]:
+            await ended.close()
+            self.forget(ended)
 
     def forget(self, session: Session) -> None:
         if self.engine is not None:

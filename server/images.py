@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
-from wschat.protocol import ErrorCode, ProtocolError
+from wschat.protocol import BadImage, TooLarge
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 # What Pillow's decoders raise on hostile or damaged input (its fuzzers expect the same set).
@@ -54,23 +54,15 @@ def image_bytes(image: Any) -> int:
     return int(image.nbytes)
 
 
-def _bad_image(message: str) -> ProtocolError:
-    return ProtocolError(message, code=ErrorCode.BAD_IMAGE)
-
-
-def _too_large(message: str) -> ProtocolError:
-    return ProtocolError(message, code=ErrorCode.TOO_LARGE)
-
-
 def check_image(
     data: bytes, limits: ImageLimits, fit: Callable[[Image.Image], Any] | None = None
 ) -> CheckedImage:
-    """The image as ``fit`` makes it (or decoded), or ``ProtocolError`` (``bad_image`` /
-    ``too_large``) naming the rule."""
+    """The image as ``fit`` makes it (or decoded), or ``BadImage`` / ``TooLarge`` naming
+    the rule."""
     if not data:
-        raise _bad_image("the image is empty")
+        raise BadImage("the image is empty")
     if len(data) > limits.max_bytes:
-        raise _too_large(f"the image is {len(data)} bytes; max_image_bytes is {limits.max_bytes}")
+        raise TooLarge(f"the image is {len(data)} bytes; max_image_bytes is {limits.max_bytes}")
     if ImageFile.LOAD_TRUNCATED_IMAGES:  # it would pad a truncated file with grey and accept it
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES must stay False")
     im = _open(data, limits)
@@ -80,7 +72,7 @@ def check_image(
             im.load()  # the first frame only: later frames of an animation are never decoded
             upright = ImageOps.exif_transpose(im)
         except _DECODE_ERRORS as e:
-            raise _bad_image(f"the {im.format} image does not decode (truncated or corrupt)") from e
+            raise BadImage(f"the {im.format} image does not decode (truncated or corrupt)") from e
         rgb = _to_rgb(upright)
         return CheckedImage(rgb if fit is None else fit(rgb), rgb.width, rgb.height, str(im.format))
     finally:
@@ -93,11 +85,11 @@ def _open(data: bytes, limits: ImageLimits) -> Image.Image:
         return Image.open(io.BytesIO(data), formats=FORMATS)
     except Image.DecompressionBombError as e:
         # Over twice Pillow's own MAX_IMAGE_PIXELS: refused by open() itself, before decoding.
-        raise _too_large(f"the image is over max_image_pixels ({limits.max_pixels})") from e
+        raise TooLarge(f"the image is over max_image_pixels ({limits.max_pixels})") from e
     except UnidentifiedImageError as e:
-        raise _bad_image("the image is not a PNG, JPEG, WebP or GIF") from e
+        raise BadImage("the image is not a PNG, JPEG, WebP or GIF") from e
     except _DECODE_ERRORS as e:
-        raise _bad_image("the image header does not decode") from e
+        raise BadImage("the image header does not decode") from e
 
 
 def _check_pixels(size: tuple[int, int], limits: ImageLimits) -> None:
@@ -109,7 +101,7 @@ def _check_pixels(size: tuple[int, int], limits: ImageLimits) -> None:
     width, height = size
     limit = min(limits.max_pixels, Image.MAX_IMAGE_PIXELS or limits.max_pixels)
     if width * height > limit:
-        raise _too_large(
+        raise TooLarge(
             f"the image is {width}x{height} = {width * height} pixels; max_image_pixels is {limit}"
         )
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from wschat.protocol import Done
 
+from .events import RunDone, RunEvent, RunStarted, TokensSent
 from .run import GenerationRun
 
 if TYPE_CHECKING:
@@ -59,13 +60,13 @@ class Metrics:
         )
         hub.stats.listeners.append(self.on_run_event)
 
-    def on_run_event(self, run: GenerationRun, event: str, value: Any) -> None:
-        if event == "start":
-            self.queue.observe(run.queued_ms / 1000)
-        elif event == "token":
-            self._on_tokens(run, int(value))
-        elif event == "done":
-            self._on_done(run, value)
+    def on_run_event(self, event: RunEvent) -> None:
+        if isinstance(event, RunStarted):
+            self.queue.observe(event.run.queued_ms / 1000)
+        elif isinstance(event, TokensSent):
+            self._on_tokens(event.run, event.count)
+        elif isinstance(event, RunDone):
+            self._on_done(event.run, event.done)
 
     def _on_tokens(self, run: GenerationRun, n: int) -> None:
         now = run.last_token_at or time.perf_counter()

@@ -17,10 +17,9 @@ from typing import Any
 
 from wschat.protocol import (
     Done,
-    Error,
-    ErrorCode,
     FinishReason,
     Frame,
+    Internal,
     Queued,
     Start,
     Timing,
@@ -30,6 +29,8 @@ from wschat.protocol import (
 
 from .engine import Engine, Finished, Generation, GenerationRequest, TokenPiece
 from .engine.failures import EngineFailure
+from .error_boundary import error_frame
+from .events import RunDone, RunEvent, RunListener, RunStarted, TokensSent
 from .scheduler import GenerationSlots, Ticket
 
 log = logging.getLogger("wschat.run")
@@ -53,7 +54,7 @@ class GenerationRun:
     started_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
-    listeners: list[Callable[[GenerationRun, str, Any], None]] = field(default_factory=list)
+    listeners: list[RunListener] = field(default_factory=list)
 
     def cancel(self) -> None:
         self.cancel_requested.set()
@@ -69,7 +70,7 @@ class GenerationRun:
                 if self.cancel_requested.is_set():
                     self.generation.cancel()
                 await send(self._start_frame())
-                self._notify("start", None)
+                self._notify(RunStarted(self))
                 reason = await self._stream(send)
         except BaseException:
             reason = FinishReason.ERROR
@@ -112,23 +113,19 @@ class GenerationRun:
                     self.id, text, self.completion_tokens, tuple(ids) if self.token_ids else None
                 )
                 self.text.append(text)
-                self._notify("token", len(ids))
+                self._notify(TokensSent(self, len(ids)))
                 await send(frame)
             else:
                 self.completion_tokens += len(ids)
             if finished is not None:
                 self.finished = finished
                 if finished.reason is FinishReason.ERROR:
-                    await send(self._error_frame(finished.error))
+                    error = finished.error
+                    log.error("generation %s failed: %s", self.id, error or "no reason given")
+                    # the engine's own words only when it wrote them for clients
+                    told = error if isinstance(error, EngineFailure) else None
+                    await send(error_frame(told or Internal("generation failed"), self.id))
                 return finished.reason
-
-    def _error_frame(self, error: BaseException | None) -> Error:
-        """``internal`` with a fixed message, unless the engine said what the client may know
-        (an engine over HTTP: ``overloaded``, ``context_overflow``)."""
-        log.error("generation %s failed: %s", self.id, error if error else "no reason given")
-        if isinstance(error, EngineFailure):
-            return Error(error.code, error.message, self.id)
-        return Error(ErrorCode.INTERNAL, "generation failed", self.id)
 
     def _merge(self, items: list[Any]) -> tuple[str, list[int], Finished | None]:
         parts: list[str] = []
@@ -151,9 +148,8 @@ class GenerationRun:
         assert self.generation is not None
         self.generation.cancel()
         log.error("generation %s made no progress for %.0f s", self.id, self.stall_timeout_s)
-        await send(
-            Error(ErrorCode.INTERNAL, "generation made no progress and was stopped", self.id)
-        )
+        stopped = Internal("generation made no progress and was stopped")
+        await send(error_frame(stopped, self.id))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5):
                 async for item in self.generation.items():
@@ -163,7 +159,7 @@ class GenerationRun:
 
     async def _finish(self, send: Send, reason: FinishReason) -> None:
         done = self.done_frame(reason)
-        self._notify("done", done)
+        self._notify(RunDone(self, done))
         await send(done)
 
     def done_frame(self, reason: FinishReason) -> Done:
@@ -200,9 +196,9 @@ class GenerationRun:
             self.id, len(self.request.prompt_ids), self.generation.cached_tokens, self.queued_ms
         )
 
-    def _notify(self, event: str, value: Any) -> None:
+    def _notify(self, event: RunEvent) -> None:
         for listener in self.listeners:
-            listener(self, event, value)
+            listener(event)
 
 
 def _ms(start: float, end: float | None) -> float | None:

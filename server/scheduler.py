@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from wschat.protocol import ErrorCode, ProtocolError
+from wschat.protocol import Overloaded
 
 
 class Ticket:
@@ -35,16 +35,15 @@ class GenerationSlots:
     def enqueue(self) -> Ticket:
         """A ticket, granted at once when a slot is free; ``overloaded`` when the queue is full."""
         if self.closed_reason is not None:
-            raise ProtocolError(self.closed_reason, code=ErrorCode.OVERLOADED)
+            raise Overloaded(self.closed_reason)
         ticket = Ticket()
         if self.running < self.max_concurrent and not self._waiting:
             self.running += 1
             ticket.granted.set_result(None)
             return ticket
         if len(self._waiting) >= self.max_queue:
-            raise ProtocolError(
-                f"the server is at capacity ({self.max_queue} prompts already waiting)",
-                code=ErrorCode.OVERLOADED,
+            raise Overloaded(
+                f"the server is at capacity ({self.max_queue} prompts already waiting)"
             )
         self._waiting.append(ticket)
         ticket.position = len(self._waiting)

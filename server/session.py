@@ -1,10 +1,18 @@
-"""``Session``: one connection's conversation, defaults and state machine.
+"""``Session``: one connection's conversation, defaults and rules.
 
-    IDLE --prompt--> QUEUED --slot granted--> RUNNING --done--> IDLE
-    any --close--> CLOSED
+The rules are two tables, read top to bottom: ``TRANSITIONS`` (what moves the state) and, at the
+end of this module, ``Session.RULES`` (which handler each frame type gets in each state). Whether
+the session is busy is its state and nothing else.
 
-Frames are dispatched through a table; a frame that its state does not allow raises a typed
-``ProtocolError`` (``busy``), which the connection turns into an ``error`` frame.
+    IDLE --prompt accepted--> QUEUED --slot granted--> RUNNING --run ended--> IDLE
+    QUEUED --run ended (cancelled while queued)--> IDLE
+    IDLE, QUEUED, RUNNING --close--> CLOSED   (no resume window, detach expiry, shutdown)
+
+The session does no I/O of its own: the connection feeds it decoded frames (``handle``) and
+every frame it sends, its generation's included, goes out through ``send``, the connection's
+outbox (error_boundary.py). A frame its state refuses raises a typed ``ProtocolError``
+(``busy``), which the connection turns into an ``error`` frame; a state change the table does
+not list is our bug (``SessionMisuse``).
 """
 
 from __future__ import annotations
@@ -15,30 +23,36 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from wschat.protocol import (
+    Busy,
     Cancel,
     ClientFrame,
     Configure,
     Configured,
-    ErrorCode,
+    ContextOverflow,
     FinishReason,
     Frame,
     GenerationParams,
     Image,
     ImageOk,
     InvalidParams,
+    NotRunning,
     Ping,
     Pong,
     Prompt,
     ProtocolError,
     Reset,
     ResetOk,
+    SessionMisuse,
+    TooLarge,
+    Unsupported,
 )
 
 from .conversation import Conversation
 from .engine import Engine, GenerationRequest, SamplingParams
+from .events import RunEvent, RunListener, RunStarted
 from .run import GenerationRun
 from .scheduler import GenerationSlots
 from .settings import Settings
@@ -50,6 +64,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("wschat.session")
 
 Send = Callable[[Frame], Awaitable[None]]
+Handler = Callable[["Session", Any], Awaitable[None]]
 
 # PROTOCOL.md "configure": the context a system prompt must leave for the user's text and reply
 MIN_TURN_TOKENS = 32
@@ -62,18 +77,25 @@ class SessionState(Enum):
     CLOSED = "closed"
 
 
-_TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
-    SessionState.IDLE: frozenset({SessionState.QUEUED, SessionState.CLOSED}),
-    SessionState.QUEUED: frozenset({SessionState.RUNNING, SessionState.IDLE, SessionState.CLOSED}),
-    SessionState.RUNNING: frozenset({SessionState.IDLE, SessionState.CLOSED}),
-    SessionState.CLOSED: frozenset(),
+class Change(Enum):
+    """What moves a session from one state to another."""
+
+    ACCEPTED = "prompt accepted"
+    STARTED = "slot granted"
+    ENDED = "run ended"
+    CLOSE = "close"
+
+
+IDLE, QUEUED, RUNNING, CLOSED = SessionState
+
+# (state, change) -> next state; a pair not listed is our bug, never the peer's.
+TRANSITIONS: dict[SessionState, dict[Change, SessionState]] = {
+    IDLE: {Change.ACCEPTED: QUEUED, Change.CLOSE: CLOSED},
+    QUEUED: {Change.STARTED: RUNNING, Change.ENDED: IDLE, Change.CLOSE: CLOSED},
+    RUNNING: {Change.ENDED: IDLE, Change.CLOSE: CLOSED},
+    CLOSED: {Change.CLOSE: CLOSED},
 }
-
-
-def busy(frame_id: str | None = None) -> ProtocolError:
-    return ProtocolError(
-        "a generation is already running in this session", id=frame_id, code=ErrorCode.BUSY
-    )
+BUSY_STATES = frozenset({QUEUED, RUNNING})
 
 
 class Session:
@@ -99,36 +121,44 @@ class Session:
         self._task: asyncio.Task[None] | None = None
         self._staged: list[CheckedImage] = []
         self._ids: set[str] = set()  # every generation id this session has had
-        self.send: Send = _discard
-        self.listeners: list[Callable[[GenerationRun, str, Any], None]] = []
-        self._handlers: dict[type[Frame], Callable[[Any], Awaitable[None]]] = {
-            Prompt: self._on_prompt,
-            Image: self._on_image,
-            Cancel: self._on_cancel,
-            Reset: self._on_reset,
-            Ping: self._on_ping,
-            Configure: self._on_configure,
-        }
+        self.send: Send = _discard  # the connection's outbox
+        self.listeners: list[RunListener] = []
 
-    def _set_state(self, new: SessionState) -> None:
-        if new is self.state:
-            return
-        if new not in _TRANSITIONS[self.state]:
-            raise RuntimeError(f"illegal session transition {self.state.value} -> {new.value}")
-        log.debug("session %s: %s -> %s", self.key, self.state.value, new.value)
-        self.state = new
+    RULES: ClassVar[dict[SessionState, dict[type[ClientFrame], Handler]]]
 
     async def handle(self, frame: ClientFrame) -> None:
-        await self._handlers[type(frame)](frame)
+        """Answer one frame as the table says for the current state."""
+        await self.RULES[self.state][type(frame)](self, frame)
+
+    @property
+    def busy(self) -> bool:
+        """A generation runs or waits for a slot."""
+        return self.state in BUSY_STATES
+
+    def _change(self, change: Change) -> None:
+        new = TRANSITIONS[self.state].get(change)
+        if new is None:
+            raise SessionMisuse(f"session {self.state.value}: {change.value} is not allowed")
+        if new is not self.state:
+            log.debug("session %s: %s -> %s", self.key, self.state.value, new.value)
+        self.state = new
 
     # -- frames --------------------------------------------------------------------------
 
     async def _on_ping(self, frame: Ping) -> None:
         await self.send(Pong(frame.t))
 
+    async def _refuse_busy(self, frame: Prompt | Configure) -> None:
+        raise Busy(
+            "a generation is already running in this session",
+            id=frame.id if isinstance(frame, Prompt) else None,
+        )
+
+    async def _drop(self, frame: ClientFrame) -> None:
+        """A closed session answers nothing: its connection is gone or closing."""
+        log.debug("session %s: %s after close, dropped", self.key, type(frame).__name__)
+
     async def _on_configure(self, frame: Configure) -> None:
-        if self.run is not None:
-            raise busy()
         if frame.params is not None:
             self._check_limits(frame.params)
         system_ids = await self._system_ids(frame.system) if frame.system else []
@@ -148,23 +178,22 @@ class Session:
         markup = self.conversation.first_turn_tokens(ids) - len(ids)
         longest = context - MIN_TURN_TOKENS - markup
         if len(ids) > longest:
-            raise ProtocolError(
+            raise TooLarge(
                 f"the system prompt is {len(ids)} tokens; a context of {context} holds at most"
-                f" {max(longest, 0)} with room for a turn",
-                code=ErrorCode.TOO_LARGE,
+                f" {max(longest, 0)} with room for a turn"
             )
         return ids
 
-    async def _on_cancel(self, frame: Cancel) -> None:
-        run = self.run
-        if run is not None and frame.id in (None, run.id):
-            run.cancel()
-        elif frame.id is not None and frame.id not in self._ids:
-            raise ProtocolError(
-                f"no generation {frame.id!r} in this session",
-                id=frame.id,
-                code=ErrorCode.NOT_RUNNING,
-            )
+    async def _cancel_run(self, frame: Cancel) -> None:
+        assert self.run is not None  # QUEUED and RUNNING have one
+        if frame.id in (None, self.run.id):
+            self.run.cancel()
+        else:
+            await self._cancel_finished(frame)
+
+    async def _cancel_finished(self, frame: Cancel) -> None:
+        if frame.id is not None and frame.id not in self._ids:
+            raise NotRunning(f"no generation {frame.id!r} in this session", id=frame.id)
         # PROTOCOL.md "cancel": silent for one that has already finished
 
     async def _on_reset(self, frame: Reset) -> None:
@@ -177,37 +206,25 @@ class Session:
     async def _on_image(self, frame: Image) -> None:
         self._require_images(frame.id)
         if len(self._staged) + 1 > self.max_images:
-            raise ProtocolError(
-                f"at most {self.max_images} images per prompt",
-                id=frame.id,
-                code=ErrorCode.TOO_LARGE,
-            )
+            raise TooLarge(f"at most {self.max_images} images per prompt", id=frame.id)
         (image,) = await self._check_images([frame.data], frame.id)
         self._staged.append(image)
         await self.send(ImageOk(frame.id, image.width, image.height))
 
     async def _on_prompt(self, frame: Prompt) -> None:
-        if self.run is not None:
-            raise busy(frame.id)
         if frame.id in self._ids:
             raise InvalidParams(f"id {frame.id!r} was already used in this session", id=frame.id)
         if not frame.text and not frame.images and not self._staged:
             raise InvalidParams("a prompt needs text or images", id=frame.id)
         if len(frame.text.encode()) > self.settings.max_prompt_bytes:
-            raise ProtocolError(
-                f"prompt text is over {self.settings.max_prompt_bytes} bytes",
-                id=frame.id,
-                code=ErrorCode.TOO_LARGE,
+            raise TooLarge(
+                f"prompt text is over {self.settings.max_prompt_bytes} bytes", id=frame.id
             )
         merged = self._merged_params(frame)
         images = await self._prompt_images(frame)
         user_ids = await self.tokenizer.tokenize(self.conversation.tokenize_user, frame.text)
         if len(user_ids) > self.settings.max_prompt_tokens:
-            raise ProtocolError(
-                f"prompt is over {self.settings.max_prompt_tokens} tokens",
-                id=frame.id,
-                code=ErrorCode.TOO_LARGE,
-            )
+            raise TooLarge(f"prompt is over {self.settings.max_prompt_tokens} tokens", id=frame.id)
         image_ids = [self._image_placeholder() for _ in images]
         prompt_ids = self.conversation.prompt_ids(user_ids, image_ids)
         context = self.engine.info.context_tokens
@@ -215,11 +232,10 @@ class Session:
             fresh = self.conversation.prompt_ids(user_ids, image_ids, fresh=True)
             # advise a reset only where one makes room: never a loop of resets
             advice = "reset to start afresh" if len(fresh) < context else "shorten the prompt"
-            raise ProtocolError(
+            raise ContextOverflow(
                 f"the conversation needs {len(prompt_ids)} tokens; the context holds {context}"
                 f" ({advice})",
                 id=frame.id,
-                code=ErrorCode.CONTEXT_OVERFLOW,
             )
         ticket = self.slots.enqueue()
         self._ids.add(frame.id)
@@ -235,15 +251,15 @@ class Session:
             listeners=list(self.listeners),
         )
         self.run = run
-        self._set_state(SessionState.QUEUED)
+        self._change(Change.ACCEPTED)
         run.listeners.append(self._on_run_event)
         self._task = asyncio.create_task(self._drive(run, user_ids, image_ids, images))
 
     # -- generation lifecycle ------------------------------------------------------------
 
-    def _on_run_event(self, run: GenerationRun, event: str, value: Any) -> None:
-        if event == "start" and self.state is SessionState.QUEUED:
-            self._set_state(SessionState.RUNNING)
+    def _on_run_event(self, event: RunEvent) -> None:
+        if isinstance(event, RunStarted):
+            self._change(Change.STARTED)
 
     async def _drive(
         self,
@@ -260,11 +276,9 @@ class Session:
                 self.conversation.add_exchange(
                     user_ids, image_ids, [i.image for i in images], finished.completion_ids
                 )
-            if self.run is run:
-                self.run = None
-                self.last_active_at = time.monotonic()
-                if self.state is not SessionState.CLOSED:
-                    self._set_state(SessionState.IDLE)
+            self.run = None
+            self.last_active_at = time.monotonic()
+            self._change(Change.ENDED)
 
     @property
     def generation_task(self) -> asyncio.Task[None] | None:
@@ -280,8 +294,9 @@ class Session:
             await asyncio.shield(task)
 
     async def close(self) -> None:
+        """For good: the generation is stopped, later frames are dropped. Idempotent."""
         await self.stop_generation()
-        self._set_state(SessionState.CLOSED)
+        self._change(Change.CLOSE)
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -314,10 +329,8 @@ class Session:
 
     def _require_images(self, frame_id: str) -> None:
         if not self.engine.info.images:
-            raise ProtocolError(
-                f"the model {self.engine.info.model!r} does not read images",
-                id=frame_id,
-                code=ErrorCode.UNSUPPORTED,
+            raise Unsupported(
+                f"the model {self.engine.info.model!r} does not read images", id=frame_id
             )
 
     async def _prompt_images(self, frame: Prompt) -> list[CheckedImage]:
@@ -326,11 +339,7 @@ class Session:
         self._require_images(frame.id)
         total = len(self._staged) + len(frame.images)
         if total > self.max_images:
-            raise ProtocolError(
-                f"{total} images; at most {self.max_images} per prompt",
-                id=frame.id,
-                code=ErrorCode.TOO_LARGE,
-            )
+            raise TooLarge(f"{total} images; at most {self.max_images} per prompt", id=frame.id)
         return [*self._staged, *await self._check_images(list(frame.images), frame.id)]
 
     async def _check_images(self, blobs: list[bytes], frame_id: str) -> list[CheckedImage]:
@@ -363,19 +372,55 @@ class Session:
         held = self.image_bytes + sum(image_bytes(c.image) for c in new)
         limit = self.settings.max_session_image_bytes
         if held > limit:
-            raise ProtocolError(
+            raise TooLarge(
                 f"this session's images would hold {held} bytes; max_session_image_bytes is"
                 f" {limit} (reset to start afresh)",
                 id=frame_id,
-                code=ErrorCode.TOO_LARGE,
             )
 
     def _image_placeholder(self) -> list[int]:
         placeholder = getattr(self.engine, "image_placeholder_ids", None)
         if placeholder is None:
-            raise ProtocolError("this engine does not read images", code=ErrorCode.UNSUPPORTED)
+            raise Unsupported("this engine does not read images")
         return list(placeholder())
 
 
 async def _discard(frame: Frame) -> None:
     return None
+
+
+# (state, frame type) -> handler: the session's rules, one row per state.
+Session.RULES = {
+    IDLE: {
+        Prompt: Session._on_prompt,
+        Image: Session._on_image,
+        Cancel: Session._cancel_finished,
+        Reset: Session._on_reset,
+        Ping: Session._on_ping,
+        Configure: Session._on_configure,
+    },
+    QUEUED: {
+        Prompt: Session._refuse_busy,
+        Image: Session._on_image,
+        Cancel: Session._cancel_run,
+        Reset: Session._on_reset,
+        Ping: Session._on_ping,
+        Configure: Session._refuse_busy,
+    },
+    RUNNING: {
+        Prompt: Session._refuse_busy,
+        Image: Session._on_image,
+        Cancel: Session._cancel_run,
+        Reset: Session._on_reset,
+        Ping: Session._on_ping,
+        Configure: Session._refuse_busy,
+    },
+    CLOSED: {
+        Prompt: Session._drop,
+        Image: Session._drop,
+        Cancel: Session._drop,
+        Reset: Session._drop,
+        Ping: Session._drop,
+        Configure: Session._drop,
+    },
+}

@@ -21,6 +21,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from wschat.protocol import CloseCode, GoAway
 
 from .hub import Hub
+from .session import SessionState
 from .transport import handle_loop_exception
 
 if TYPE_CHECKING:
@@ -42,8 +43,8 @@ async def drain(hub: Hub, grace_s: float) -> None:
     notices = [asyncio.create_task(c.send(GoAway(int(grace_s * 1000)))) for c in connections]
     sessions = [c.session for c in connections if getattr(c, "session", None)]
     for session in sessions:
-        if session.run is not None and session.run.started_at is None:
-            session.run.cancel()  # still queued: it would start after the deadline anyway
+        if session.state is SessionState.QUEUED and session.run is not None:
+            session.run.cancel()  # it would start after the deadline anyway
     running = {t for s in sessions if (t := session_task(s)) is not None}
     if running:
         _, late = await asyncio.wait(running, timeout=grace_s)
@@ -62,7 +63,7 @@ async def drain(hub: Hub, grace_s: float) -> None:
 async def _end(connection: Connection) -> None:
     session = getattr(connection, "session", None)
     if session is not None:
-        await session.stop_generation()
+        await session.close()
     await connection.close(CloseCode.GOING_AWAY, "server shutting down")
 
 

@@ -11,18 +11,15 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any
 
-from wschat.protocol import Done, FinishReason
+from wschat.protocol import Done, ErrorCode, FinishReason
 
-from .run import GenerationRun
+from .events import RunDone, RunEvent, RunListener, TokensSent
 
 TOKENS_WINDOW_S = 10.0
 TTFT_WINDOW_S = 60.0
 _BUCKET_S = 0.1
 _MAX_TTFT_SAMPLES = 10_000
-
-RunListener = Callable[[GenerationRun, str, Any], None]
 
 
 class ServerStats:
@@ -39,14 +36,14 @@ class ServerStats:
         self._ttft: deque[tuple[float, float]] = deque(maxlen=_MAX_TTFT_SAMPLES)  # (time, ms)
         self.listeners: list[RunListener] = []
 
-    def on_run_event(self, run: GenerationRun, event: str, value: Any) -> None:
+    def on_run_event(self, event: RunEvent) -> None:
         now = self._clock()
-        if event == "token":
-            self._add_tokens(now, int(value))
-        elif event == "done":
-            self._on_done(now, value)
+        if isinstance(event, TokensSent):
+            self._add_tokens(now, event.count)
+        elif isinstance(event, RunDone):
+            self._on_done(now, event.done)
         for listener in self.listeners:
-            listener(run, event, value)
+            listener(event)
 
     def _add_tokens(self, now: float, n: int) -> None:
         bucket = int(now / _BUCKET_S)
@@ -67,8 +64,8 @@ class ServerStats:
             self._ttft.append((now, done.timing.ttft_ms))
             self._prune_ttft(now, TTFT_WINDOW_S)
 
-    def count_error(self, code: str) -> None:
-        self.errors[code] += 1
+    def count_error(self, code: ErrorCode) -> None:
+        self.errors[code.value] += 1
 
     def tokens_per_s(self, window: float = TOKENS_WINDOW_S) -> float:
         now = self._clock()

@@ -32,7 +32,7 @@ from transformers import (
     LogitsProcessorList,
     StoppingCriteriaList,
 )
-from wschat.protocol import ErrorCode, FinishReason, ProtocolError
+from wschat.protocol import FinishReason, Unsupported
 
 from ..loader import LoadedModel
 from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, SamplingParams
@@ -111,18 +111,14 @@ class HFEngine:
     def image_placeholder_ids(self) -> list[int]:
         """The prompt ids one image occupies (session.py puts one run per image in the turn)."""
         if self._images is None:
-            raise ProtocolError(
-                f"the model {self.info.model!r} does not read images", code=ErrorCode.UNSUPPORTED
-            )
+            raise Unsupported(f"the model {self.info.model!r} does not read images")
         return list(self._images.placeholder)
 
     def prepare_image(self, image: Image) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """A checked image (upright RGB) as the session keeps it: at the processor's input size
         (Gemma 3: 896x896, 2.4 MB), whatever size it was uploaded at (images.py)."""
         if self._images is None:
-            raise ProtocolError(
-                f"the model {self.info.model!r} does not read images", code=ErrorCode.UNSUPPORTED
-            )
+            raise Unsupported(f"the model {self.info.model!r} does not read images")
         return self._images.input_form(image)
 
     def start(self, request: GenerationRequest) -> Generation:

@@ -20,7 +20,6 @@ const ERROR_HINTS = {
   overloaded: "The server is at capacity. Try again in a moment.",
   busy: "A reply is still being generated. Stop it or wait for it to finish.",
   context_overflow: "The conversation no longer fits the model's context. Start a new conversation.",
-  unauthorized: "The access token is no longer valid.",
 };
 
 const state = {
@@ -33,7 +32,6 @@ const state = {
   counter: 0,
   backoff: new Backoff(),
   retryTimer: 0,
-  lastError: null,
   goingAway: false,
   waitForUser: false, // reconnect on the next user action rather than on a timer
 };
@@ -81,7 +79,6 @@ function connect() {
   clearTimeout(state.retryTimer);
   state.waitForUser = false;
   state.ready = null;
-  state.lastError = null;
   state.goingAway = false;
   setConnection(ui.conn, "connecting", state.session ? "Reconnecting…" : "Connecting…");
   const ws = openSocket("/v1/chat", { token: getToken(), query: { resume: state.resume } });
@@ -113,7 +110,6 @@ function onClose(event, opened) {
     return;
   }
   if (event.code === 1008) {
-    if (state.lastError === "unauthorized") return askForToken("The server no longer accepts this token.");
     setConnection(ui.conn, "disconnected", "Disconnected");
     notice(`The server closed the connection: ${event.reason || "policy violation"}. Send a message to reconnect.`, "error");
     state.waitForUser = true;
@@ -229,7 +225,6 @@ const handlers = {
     updateControls();
   },
   error(f) {
-    state.lastError = f.code;
     const message = ERROR_HINTS[f.code] ? `${f.message}. ${ERROR_HINTS[f.code]}` : f.message;
     if (f.id && attachments.has(f.id)) attachments.refuse(f.id, f.message);
     else if (f.id && state.reply && state.reply.id === f.id) {

@@ -7,8 +7,8 @@ from wschat.client import (
     BusyError,
     ConnectionClosedError,
     NotRunningError,
+    OverloadedError,
     Reply,
-    UnauthorizedError,
 )
 from wschat.client.connection import FrameRouter
 from wschat.protocol import (
@@ -98,12 +98,13 @@ async def test_unclaimed_error_is_kept_for_the_close_that_follows() -> None:
     router = FrameRouter()
     r = reply()
     router.add_reply(r)
-    router.route(Error(ErrorCode.UNAUTHORIZED, "token revoked"))
-    assert isinstance(router.unclaimed_error, UnauthorizedError)
-    closed = ConnectionClosedError(1008, "policy", error=router.unclaimed_error)
+    router.route(Error(ErrorCode.OVERLOADED, "more than 50 frames in a second"))
+    assert isinstance(router.unclaimed_error, OverloadedError)
+    closed = ConnectionClosedError(1008, "too many frames", error=router.unclaimed_error)
     router.close(closed)
     assert r.error is closed and str(closed) == (
-        "connection closed (code 1008): policy after error unauthorized: token revoked"
+        "connection closed (code 1008): too many frames after error overloaded:"
+        " more than 50 frames in a second"
     )
 
 

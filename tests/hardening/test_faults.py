@@ -6,13 +6,24 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import httpx
 import pytest
 import wschat.server.images
 from wschat.server.conversation import Conversation
 from wschat.server.engine import GenerationRequest
 from wschat.server.engine.scripted import Script, ScriptedEngine
 
-from tests.support import TIMEOUT, generation_threads, raw_peer, running_server, wait_until
+from tests.prometheus import samples
+from tests.support import (
+    TIMEOUT,
+    generation_threads,
+    http_base,
+    next_stats,
+    raw_peer,
+    running_server,
+    stats_socket,
+    wait_until,
+)
 
 SECRET = "/srv/internal/path secret-detail"
 
@@ -72,6 +83,28 @@ async def test_a_stalled_generation_is_cancelled_with_an_error_and_frees_its_slo
         assert (frames[-1]["reason"], frames[-1]["text"]) == ("error", " a")
         await still_chats(peer)  # max_concurrent=1: it would queue forever if the slot leaked
         engine.unstall()
+
+
+async def test_failed_and_stalled_generations_are_counted_as_internal_errors() -> None:
+    engine = ScriptedEngine(script)
+    async with (
+        running_server(engine, stall_timeout_s=0.5) as url,
+        raw_peer(url) as (peer, _),
+        stats_socket(url) as ws,
+        httpx.AsyncClient(timeout=TIMEOUT) as http,
+    ):
+        counted: list[float] = []
+        for frame_id, text in (("failed", "F"), ("stalled", "S")):
+            await peer.send({"type": "prompt", "id": frame_id, "text": text})
+            errors = [f for f in await peer.recv_until("done") if f["type"] == "error"]
+            assert [(e["code"], e["id"]) for e in errors] == [("internal", frame_id)]
+            metrics = samples((await http.get(http_base(url) + "/metrics")).text)
+            counted.append(metrics["wschat_errors_total{code=internal}"])
+        engine.unstall()
+        assert counted == [1, 2]
+        async with asyncio.timeout(TIMEOUT):
+            while (stats := await next_stats(ws)).errors != {"internal": 2}:
+                assert set(stats.errors) <= {"internal"}
 
 
 async def test_an_exception_in_session_code_is_an_internal_error_without_details(

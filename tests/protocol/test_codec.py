@@ -14,10 +14,10 @@ from wschat.protocol import (
     BadFrame,
     DecodeLimits,
     ErrorCode,
-    FrameTooLarge,
     Ping,
     Prompt,
     ProtocolError,
+    TooLarge,
     decode_client_frame,
     decode_server_frame,
     encode,
@@ -97,7 +97,7 @@ def test_a_million_entry_map_present_in_full_is_too_large_in_bounded_memory() ->
     entries = b"".join(msgpack.packb(f"k{i}") + b"\xc0" for i in range(1_000_000))
     data = b"\xdf" + struct.pack(">I", 1_000_001) + b"\xa4type\xa4ping" + entries
     limits = DecodeLimits(max_frame_bytes=len(data))
-    with pytest.raises(FrameTooLarge, match="map of 1000001 entries is over the limit of 64"):
+    with pytest.raises(TooLarge, match="map of 1000001 entries is over the limit of 64"):
         decode_client_frame(data, limits)
     assert peak_bytes(lambda: decode_client_frame(data, limits)) < 2 * len(data)
 
@@ -133,7 +133,7 @@ def tree(levels: int) -> bytes:
 def test_a_frame_packing_a_million_values_is_refused_having_built_few_of_them() -> None:
     data = tree(4)  # 734 kB: 69,905 arrays holding 655,360 ints
     limits = DecodeLimits(max_array_len=16, max_ping_bytes=len(data))
-    with pytest.raises(FrameTooLarge, match="more than 64 arrays and maps in one frame"):
+    with pytest.raises(TooLarge, match="more than 64 arrays and maps in one frame"):
         decode_client_frame(data, limits)
     everything = DecodeLimits(max_containers=70_000, max_ping_bytes=len(data))
     assert peak_bytes(lambda: decode_client_frame(data, everything)) > 5 * MiB
@@ -143,7 +143,7 @@ def test_a_frame_packing_a_million_values_is_refused_having_built_few_of_them() 
 def test_a_ping_over_max_ping_bytes_is_too_large_as_it_would_be_echoed() -> None:
     data = encode(Ping("x" * 100))
     assert decode_client_frame(data, DecodeLimits(max_ping_bytes=len(data))).t == "x" * 100
-    with pytest.raises(FrameTooLarge) as raised:
+    with pytest.raises(TooLarge) as raised:
         decode_client_frame(data, DecodeLimits(max_ping_bytes=len(data) - 1))
     assert raised.value.message == f"a ping of {len(data)} bytes is over {len(data) - 1}"
     big_prompt = encode(Prompt("p", "x" * 10_000))  # the cap is for pings alone
@@ -196,7 +196,7 @@ def test_non_string_keys_are_bad_frame_at_any_depth(key: bytes, nested: bool) ->
 
 def test_frame_over_max_frame_bytes_is_too_large_before_unpacking() -> None:
     data = b"\xc1" * 101  # not msgpack at all: the size check must come first
-    with pytest.raises(FrameTooLarge, match="frame of 101 bytes is over 100"):
+    with pytest.raises(TooLarge, match="frame of 101 bytes is over 100"):
         decode_client_frame(data, DecodeLimits(max_frame_bytes=100))
 
 
@@ -215,7 +215,7 @@ def test_frame_over_max_frame_bytes_is_too_large_before_unpacking() -> None:
 )
 def test_value_over_a_per_type_limit_is_too_large(frame: Any, message: str) -> None:
     limits = DecodeLimits(max_str_len=10, max_bin_len=10, max_array_len=10, max_map_len=10)
-    with pytest.raises(FrameTooLarge) as raised:
+    with pytest.raises(TooLarge) as raised:
         decode_client_frame(encode(frame), limits)
     assert raised.value.message == message
 

@@ -7,8 +7,8 @@ is checked: at most one generation open at a time, at most one ``start`` and one
 (exactly one ``done`` per accepted prompt at the end), no frame of a generation after its
 ``done``, ``concat(tokens) == done.text`` and the text its script implies, ``busy`` exactly when
 a generation runs or waits, and every other answer with its exact code. Errors are recorded the
-way ``Connection`` sends them. It runs twice: against a text-only engine (images are
-``unsupported``) and against one that reads images (staging up to ``MAX_IMAGES``).
+way ``Connection`` sends them (``error_frame``). It runs twice: against a text-only engine
+(images are ``unsupported``) and against one that reads images (staging up to ``MAX_IMAGES``).
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from wschat.protocol import (
 )
 from wschat.server.engine.base import GenerationRequest
 from wschat.server.engine.scripted import Script, ScriptedEngine
+from wschat.server.error_boundary import error_frame
 from wschat.server.scheduler import GenerationSlots, Ticket
 from wschat.server.session import Session
 from wschat.server.settings import Settings
@@ -136,7 +137,7 @@ class SessionMachine(RuleBasedStateMachine):
             try:
                 await self.session.handle(frame)
             except ProtocolError as e:
-                await self._record(Error(e.code, e.message, e.id or getattr(frame, "id", None)))
+                await self._record(error_frame(e, getattr(frame, "id", None)))
             return expected, self.frames[start:]
 
         return self.run(handle())  # type: ignore[no-any-return]
@@ -338,6 +339,7 @@ class SessionMachine(RuleBasedStateMachine):
     def at_most_one_generation_uses_a_slot(self) -> None:
         assert self.slots.running <= 1
         assert (self.session.run is None) == (self.active is None)
+        assert self.session.busy == (self.active is not None)
 
     @invariant()
     def frame_log_keeps_the_generation_contract(self) -> None:

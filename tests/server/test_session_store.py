@@ -1,22 +1,22 @@
-"""``SessionStore``: detached sessions are kept for resumption, bounded in time and number."""
+"""``SessionStore``: detached sessions are kept for resumption, bounded in time and number;
+``Hub.end_connection`` closes the sessions it does not keep."""
 
 from __future__ import annotations
 
-from typing import cast
+from wschat.server.engine.scripted import ScriptedEngine
+from wschat.server.hub import Hub, SessionStore
+from wschat.server.scheduler import GenerationSlots
+from wschat.server.session import Session, SessionState
+from wschat.server.settings import Settings
 
-from wschat.server.hub import SessionStore
-from wschat.server.session import Session
 
-
-class FakeSession:
-    def __init__(self, key: str) -> None:
-        self.key = key
+def session(key: str) -> Session:
+    return Session(key, ScriptedEngine(), GenerationSlots(1, 1), Settings())
 
 
 def detached(store: SessionStore, key: str) -> str:
-    session = cast(Session, FakeSession(key))
-    token = store.add(session)
-    store.detach(session)
+    token = store.add(session(key))
+    store.detach(store.live[key])
     return token
 
 
@@ -47,3 +47,36 @@ def test_without_a_window_nothing_is_kept() -> None:
     store = SessionStore(resume_window_s=0.0)
     assert store.claim(detached(store, "s")) is None
     assert store.detached_count == 0
+
+
+def test_a_closed_session_is_not_kept_for_resumption() -> None:
+    store = SessionStore(resume_window_s=120)
+    closed = session("s")
+    closed.state = SessionState.CLOSED  # as a shutdown leaves it
+    store.add(closed)
+    assert store.detach(closed) is False
+    assert store.detached_count == 0
+
+
+async def test_ending_a_connection_without_a_resume_window_closes_its_session() -> None:
+    hub = Hub(Settings(resume_window_s=0.0))
+    hub.set_engine(ScriptedEngine())
+    ended = hub.new_session()
+    hub.sessions.add(ended)
+    await hub.end_connection(ended)
+    assert ended.state is SessionState.CLOSED
+
+
+async def test_a_detached_session_is_closed_when_its_window_expires() -> None:
+    hub = Hub(Settings(resume_window_s=10.0))
+    hub.set_engine(ScriptedEngine())
+    now = [1000.0]
+    hub.sessions.clock = lambda: now[0]
+    first, second = hub.new_session(), hub.new_session()
+    for s in (first, second):
+        hub.sessions.add(s)
+    await hub.end_connection(first)
+    assert first.state is SessionState.IDLE  # kept for a resume
+    now[0] += 10.0
+    await hub.end_connection(second)  # any connection's end expires the old ones
+    assert (first.state, second.state) == (SessionState.CLOSED, SessionState.IDLE)
