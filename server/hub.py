@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 from .caps import ConnectionCaps
 from .engine import Engine
+from .engine.tokenizing import TextTokenizer
 from .live import StatsFeed
 from .scheduler import GenerationSlots
 from .session import Session
 from .settings import Settings
 from .stats import ServerStats
-from .tokenizing import TextTokenizer
 
 if TYPE_CHECKING:
     from .connection import Connection

@@ -49,8 +49,8 @@ def make_engine(settings: Settings) -> Engine:
 
 
 def _build_engine(settings: Settings) -> Engine:
-    from .engine.threads import ThreadPolicy
-    from .loader import load_model
+    from .engine.local.loader import load_model
+    from .engine.local.threads import ThreadPolicy
 
     threads = ThreadPolicy(settings.threads)
     log.info("CPU threads: %s", threads.reason)
@@ -65,7 +65,7 @@ def _build_engine(settings: Settings) -> Engine:
     }
     engine: Engine
     if settings.engine == "batched":
-        from .engine.batched import BatchedEngine
+        from .engine.local.batched import BatchedEngine
 
         engine = BatchedEngine(
             loaded,
@@ -75,7 +75,7 @@ def _build_engine(settings: Settings) -> Engine:
             **common,
         )
     else:
-        from .engine.hf import HFEngine
+        from .engine.local.hf import HFEngine
 
         engine = HFEngine(loaded, threads=threads, **common)
     info = engine.info

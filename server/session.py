@@ -37,12 +37,12 @@ from wschat.protocol import (
     ResetOk,
 )
 
-from .conversation import Conversation
 from .engine import Engine, GenerationRequest, SamplingParams
+from .engine.history import Conversation
+from .engine.tokenizing import TextTokenizer
 from .run import GenerationRun
 from .scheduler import GenerationSlots
 from .settings import Settings
-from .tokenizing import TextTokenizer
 
 if TYPE_CHECKING:
     from .images import CheckedImage

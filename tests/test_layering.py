@@ -21,14 +21,6 @@ ENGINE = "wschat.server.engine"
 CLIENT = "wschat.client"
 PROTOCOL_MAY_IMPORT = frozenset(sys.stdlib_module_names) | {"msgpack"}
 
-# Engine imports of the rest of the server that exist today, each a (module, import) pair. The
-# loader (and what it builds) belongs to the engine, and moves there with the layout's
-# reorganisation; until then these two are known, and any other one fails.
-ENGINE_VIOLATIONS_ALLOWED = {
-    # HFEngine and BatchedEngine are built from a LoadedModel (server/loader.py).
-    ("wschat.server.engine.hf", "wschat.server.loader"),
-    ("wschat.server.engine.batched", "wschat.server.loader"),
-}
 
 Edge = tuple[str, str]
 
@@ -126,12 +118,7 @@ def test_the_engine_imports_nothing_else_from_the_server() -> None:
         for m, target in import_graph()
         if within(m, ENGINE) and within(target, SERVER) and not within(target, ENGINE)
     )
-    assert sorted(set(bad) - ENGINE_VIOLATIONS_ALLOWED) == []
-
-
-def test_every_allowed_engine_violation_still_exists() -> None:
-    """A violation that was fixed leaves the allow-list, so it cannot come back unnoticed."""
-    assert sorted(ENGINE_VIOLATIONS_ALLOWED - import_graph()) == []
+    assert bad == []
 
 
 def test_the_client_imports_nothing_from_the_server() -> None:

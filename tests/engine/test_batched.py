@@ -19,11 +19,11 @@ from wschat.server.engine.base import (
     SamplingParams,
     TokenPiece,
 )
-from wschat.server.engine.batched import BatchedEngine
-from wschat.server.engine.hf import HFEngine
-from wschat.server.engine.rows import BatchRow
-from wschat.server.engine.sampling import RowSampler
-from wschat.server.loader import LoadedModel
+from wschat.server.engine.local.batched import BatchedEngine
+from wschat.server.engine.local.hf import HFEngine
+from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.rows import BatchRow
+from wschat.server.engine.local.sampling import RowSampler
 
 from tests.engine.hostile import HOSTILE_PARAMS
 from tests.images import samples

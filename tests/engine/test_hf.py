@@ -1,7 +1,7 @@
 """``HFEngine`` on the tiny random Gemma 3 (real loader, real generate) over a real server.
 
-The tiny model never ends a greedy reply by chance (server/devmodel.py), so replies run until
-``max_new_tokens``, a stop string or a cancel.
+The tiny model never ends a greedy reply by chance (engine/local/devmodel.py), so replies run
+until ``max_new_tokens``, a stop string or a cancel.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 from wschat.server.engine.base import CancelFlag, Generation, GenerationRequest, SamplingParams
-from wschat.server.engine.hf import HFEngine
-from wschat.server.engine.streamer import TokenStreamer
+from wschat.server.engine.local.hf import HFEngine
+from wschat.server.engine.local.streamer import TokenStreamer
 
 from tests.engine.hostile import HOSTILE_PARAMS
 from tests.support import RawPeer, collect, raw_peer, running_server

@@ -12,11 +12,11 @@ from typing import Any
 
 import PIL.Image
 import pytest
-from wschat.server.conversation import Conversation
 from wschat.server.engine.base import Finished, Generation, GenerationRequest, SamplingParams
-from wschat.server.engine.batched import BatchedEngine
-from wschat.server.engine.hf import HFEngine
-from wschat.server.loader import LoadedModel
+from wschat.server.engine.history import Conversation
+from wschat.server.engine.local.batched import BatchedEngine
+from wschat.server.engine.local.hf import HFEngine
+from wschat.server.engine.local.loader import LoadedModel
 
 from tests.engine.test_formats import GEMMA_TEMPLATE
 from tests.support import RawPeer, collect, next_stats, raw_peer, running_server, stats_socket

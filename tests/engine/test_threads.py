@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from wschat.server.engine import GenerationRequest, SamplingParams
-from wschat.server.engine.batched import BatchedEngine
-from wschat.server.engine.threads import (
+from wschat.server.engine.local.batched import BatchedEngine
+from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.threads import (
     FIRST_WINDOW_S,
     SAMPLE_INTERVAL_S,
     OthersLoad,
@@ -19,7 +20,6 @@ from wschat.server.engine.threads import (
     _cgroup_cpu_limit,
     threads_for,
 )
-from wschat.server.loader import LoadedModel
 
 from tests.support import collect
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 import wschat.server.images
-from wschat.server.conversation import Conversation
 from wschat.server.engine import GenerationRequest
+from wschat.server.engine.history import Conversation
 from wschat.server.engine.scripted import Script, ScriptedEngine
 
 from tests.support import TIMEOUT, generation_threads, raw_peer, running_server, wait_until

@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image as PILImage
 from wschat.protocol import ErrorCode, GenerationParams, Image, Prompt, ProtocolError
-from wschat.server.conversation import Conversation
 from wschat.server.engine.base import GenerationRequest, SamplingParams
-from wschat.server.engine.hf import HFEngine
+from wschat.server.engine.history import Conversation
+from wschat.server.engine.local.hf import HFEngine
 from wschat.server.images import ImageLimits, check_image
 from wschat.server.session import Session
 

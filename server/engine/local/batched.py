@@ -44,10 +44,10 @@ import torch
 from PIL.Image import Image
 from wschat.protocol import FinishReason
 
-from ..loader import LoadedModel
-from .base import Generation, GenerationRequest, LoopBridge
+from ..base import Generation, GenerationRequest, LoopBridge
 from .hf import HFEngine
 from .kvstore import KVStore
+from .loader import LoadedModel
 from .rows import BatchRow
 from .sampling import RowSampler, pick_tokens
 from .slotkv import KVState, LayerLayout, SlotKV

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .engine.formats import Exchange, PromptFormat, UserTurn
+from .formats import Exchange, PromptFormat, UserTurn
 
 
 class Conversation:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from wschat.protocol import FinishReason
 
-from .base import Finished, Generation, GenerationRequest, LoopBridge
+from ..base import Finished, Generation, GenerationRequest, LoopBridge
 from .kvstore import CachedPrefix, KVStore
 from .sampling import RowSampler
 from .slotkv import KVState

@@ -34,10 +34,10 @@ from transformers import (
 )
 from wschat.protocol import ErrorCode, FinishReason, ProtocolError
 
-from ..loader import LoadedModel
-from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, SamplingParams
-from .formats import build_format
+from ..base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, SamplingParams
+from ..formats import build_format
 from .kvstore import CachedPrefix, KVStore, held_bytes
+from .loader import LoadedModel
 from .sampling import penalize, tempered
 from .streamer import TokenStreamer, cancel_or_stop
 from .threads import ThreadPolicy
