@@ -77,7 +77,7 @@ async def run_mix(
 
     with PassClock(engine) as clock:
         generations = [
-            engine.start(GenerationRequest(ids, SamplingParams(tokens, seed=i, **params)))
+            engine.generate(GenerationRequest(ids, SamplingParams(tokens, seed=i, **params)))
             for i, (ids, params) in enumerate(zip(prompts, mix, strict=True))
         ]
         for generation in generations:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 from .caps import ConnectionCaps
 from .engine import Engine
-from .engine.tokenizing import TextTokenizer
 from .live import StatsFeed
 from .scheduler import GenerationSlots
 from .session import Session
@@ -94,8 +93,6 @@ class Hub:
     caps: ConnectionCaps = field(init=False)
     stats_feed: StatsFeed = field(init=False)
     connections: set[Connection] = field(default_factory=set)
-    # one for all sessions: long texts are tokenized in one worker thread (tokenizing.py)
-    tokenizer: TextTokenizer = field(default_factory=TextTokenizer)
     load_error: BaseException | None = None  # set once, when the engine factory raised
     shutting_down: bool = False
 
@@ -113,12 +110,9 @@ class Hub:
 
     def new_session(self) -> Session:
         assert self.engine is not None
-        session = Session(
-            secrets.token_hex(8), self.engine, self.slots, self.settings, self.tokenizer
-        )
+        session = Session(secrets.token_hex(8), self.engine, self.slots, self.settings)
         session.listeners.append(self.stats.on_run_event)
         return session
 
     def forget(self, session: Session) -> None:
-        if self.engine is not None:
-            self.engine.forget(session.key)
+        session.chat.close()

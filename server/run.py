@@ -28,7 +28,7 @@ from wschat.protocol import (
     Usage,
 )
 
-from .engine import Engine, Finished, Generation, GenerationRequest, TokenPiece
+from .engine import Chat, Finished, Generation, PreparedTurn, TokenPiece
 from .scheduler import GenerationSlots, Ticket
 
 log = logging.getLogger("wschat.run")
@@ -39,7 +39,7 @@ Send = Callable[[Frame], Awaitable[None]]
 @dataclass(eq=False)
 class GenerationRun:
     id: str
-    request: GenerationRequest
+    prepared: PreparedTurn
     ticket: Ticket
     token_ids: bool = False
     stall_timeout_s: float = 120.0
@@ -59,12 +59,12 @@ class GenerationRun:
         if self.generation is not None:
             self.generation.cancel()
 
-    async def drive(self, engine: Engine, slots: GenerationSlots, send: Send) -> None:
+    async def drive(self, chat: Chat, slots: GenerationSlots, send: Send) -> None:
         reason = FinishReason.CANCELLED
         try:
             if await self._wait_for_slot(send):
                 self.started_at = time.perf_counter()
-                self.generation = engine.start(self.request)
+                self.generation = chat.start(self.prepared)
                 if self.cancel_requested.is_set():
                     self.generation.cancel()
                 await send(self._start_frame())
@@ -146,11 +146,10 @@ class GenerationRun:
         await send(
             Error(ErrorCode.INTERNAL, "generation made no progress and was stopped", self.id)
         )
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(TimeoutError):  # its end, so the chat keeps the exchange
             async with asyncio.timeout(5):
-                async for item in self.generation.items():
-                    if isinstance(item, Finished):
-                        self.finished = item
+                async for _ in self.generation.items():
+                    pass
         return FinishReason.ERROR
 
     async def _finish(self, send: Send, reason: FinishReason) -> None:
@@ -160,13 +159,10 @@ class GenerationRun:
 
     def done_frame(self, reason: FinishReason) -> Done:
         now = time.perf_counter()
-        prompt_tokens = len(self.request.prompt_ids) if self.started_at else 0
-        cached = self.generation.cached_tokens if self.generation else 0
         return Done(
             self.id,
             reason,
-            "".join(self.text),
-            Usage(prompt_tokens, self.completion_tokens, cached),
+            *self._reply(),
             Timing(
                 queued_ms=self.queued_ms,
                 ttft_ms=_ms(self.received_at, self.first_token_at),
@@ -174,6 +170,16 @@ class GenerationRun:
                 total_ms=(now - self.received_at) * 1000,
             ),
         )
+
+    def _reply(self) -> tuple[str, Usage]:
+        """The engine's text and usage once its ``Finished`` was streamed; else what was sent."""
+        finished = self.finished
+        if finished is not None and finished.usage is not None:
+            return finished.text, finished.usage
+        generation = self.generation
+        prompt_tokens = generation.prompt_tokens if generation else 0
+        cached = generation.cached_tokens if generation else 0
+        return "".join(self.text), Usage(prompt_tokens, self.completion_tokens, cached)
 
     @property
     def queued_ms(self) -> float:
@@ -188,9 +194,8 @@ class GenerationRun:
 
     def _start_frame(self) -> Start:
         assert self.generation is not None
-        return Start(
-            self.id, len(self.request.prompt_ids), self.generation.cached_tokens, self.queued_ms
-        )
+        generation = self.generation
+        return Start(self.id, generation.prompt_tokens, generation.cached_tokens, self.queued_ms)
 
     def _notify(self, event: str, value: Any) -> None:
         for listener in self.listeners:

@@ -23,7 +23,6 @@ from wschat.protocol import (
     Configure,
     Configured,
     ErrorCode,
-    FinishReason,
     Frame,
     GenerationParams,
     Image,
@@ -37,9 +36,15 @@ from wschat.protocol import (
     ResetOk,
 )
 
-from .engine import Engine, GenerationRequest, SamplingParams
-from .engine.history import Conversation
-from .engine.tokenizing import TextTokenizer
+from .engine import (
+    ContextOverflow,
+    Engine,
+    EngineError,
+    ImagesUnsupported,
+    SamplingParams,
+    TooLarge,
+    Turn,
+)
 from .run import GenerationRun
 from .scheduler import GenerationSlots
 from .settings import Settings
@@ -70,6 +75,19 @@ _TRANSITIONS: dict[SessionState, frozenset[SessionState]] = {
 }
 
 
+# What each refusal of the engine's is on the wire (engine/errors.py draws the tree).
+_ENGINE_CODES: tuple[tuple[type[EngineError], ErrorCode], ...] = (
+    (ImagesUnsupported, ErrorCode.UNSUPPORTED),
+    (TooLarge, ErrorCode.TOO_LARGE),
+    (ContextOverflow, ErrorCode.CONTEXT_OVERFLOW),
+)
+
+
+def refused(error: EngineError, frame_id: str | None = None) -> ProtocolError:
+    code = next((c for kind, c in _ENGINE_CODES if isinstance(error, kind)), ErrorCode.INTERNAL)
+    return ProtocolError(str(error), id=frame_id, code=code)
+
+
 def busy(frame_id: str | None = None) -> ProtocolError:
     return ProtocolError(
         "a generation is already running in this session", id=frame_id, code=ErrorCode.BUSY
@@ -83,14 +101,12 @@ class Session:
         engine: Engine,
         slots: GenerationSlots,
         settings: Settings,
-        tokenizer: TextTokenizer | None = None,
     ) -> None:
         self.key = key
         self.engine = engine
         self.slots = slots
         self.settings = settings
-        self.conversation = Conversation(engine.prompt_format)
-        self.tokenizer = tokenizer or TextTokenizer()
+        self.chat = engine.chat(key)  # the conversation, in the engine's own form
         self.defaults = GenerationParams()
         self.state = SessionState.IDLE
         self.run: GenerationRun | None = None
@@ -131,29 +147,16 @@ class Session:
             raise busy()
         if frame.params is not None:
             self._check_limits(frame.params)
-        system_ids = await self._system_ids(frame.system) if frame.system else []
-        # every check passed: nothing changed before this point (PROTOCOL.md "configure")
+        if frame.system is not None:
+            # checked before it changes anything, and nothing after it can fail
+            # (PROTOCOL.md "configure": a refused configure changes nothing)
+            try:
+                await self.chat.set_system(frame.system, min_turn_tokens=MIN_TURN_TOKENS)
+            except EngineError as e:
+                raise refused(e) from e
         if frame.params is not None:
             self.defaults = frame.params.merged_over(self.defaults)
-        if frame.system is not None:
-            self.conversation.set_system(frame.system, system_ids)
-            self.engine.forget(self.key)
         await self.send(Configured())
-
-    async def _system_ids(self, system: str) -> list[int]:
-        """The system prompt's tokens; too_large when they leave no room for a turn, which no
-        reset could ever make (PROTOCOL.md "configure")."""
-        ids = await self.tokenizer.tokenize(self.conversation.tokenize_system, system)
-        context = self.engine.info.context_tokens
-        markup = self.conversation.first_turn_tokens(ids) - len(ids)
-        longest = context - MIN_TURN_TOKENS - markup
-        if len(ids) > longest:
-            raise ProtocolError(
-                f"the system prompt is {len(ids)} tokens; a context of {context} holds at most"
-                f" {max(longest, 0)} with room for a turn",
-                code=ErrorCode.TOO_LARGE,
-            )
-        return ids
 
     async def _on_cancel(self, frame: Cancel) -> None:
         run = self.run
@@ -169,9 +172,8 @@ class Session:
 
     async def _on_reset(self, frame: Reset) -> None:
         await self.stop_generation()
-        self.conversation.clear()
+        self.chat.reset()
         self._staged.clear()
-        self.engine.forget(self.key)
         await self.send(ResetOk())
 
     async def _on_image(self, frame: Image) -> None:
@@ -201,34 +203,19 @@ class Session:
             )
         merged = self._merged_params(frame)
         images = await self._prompt_images(frame)
-        user_ids = await self.tokenizer.tokenize(self.conversation.tokenize_user, frame.text)
-        if len(user_ids) > self.settings.max_prompt_tokens:
-            raise ProtocolError(
-                f"prompt is over {self.settings.max_prompt_tokens} tokens",
-                id=frame.id,
-                code=ErrorCode.TOO_LARGE,
+        turn = Turn(frame.text, self._sampling(merged), [i.image for i in images])
+        try:
+            prepared = await self.chat.prepare(
+                turn, max_user_tokens=self.settings.max_prompt_tokens
             )
-        image_ids = [self._image_placeholder() for _ in images]
-        prompt_ids = self.conversation.prompt_ids(user_ids, image_ids)
-        context = self.engine.info.context_tokens
-        if len(prompt_ids) >= context:
-            fresh = self.conversation.prompt_ids(user_ids, image_ids, fresh=True)
-            # advise a reset only where one makes room: never a loop of resets
-            advice = "reset to start afresh" if len(fresh) < context else "shorten the prompt"
-            raise ProtocolError(
-                f"the conversation needs {len(prompt_ids)} tokens; the context holds {context}"
-                f" ({advice})",
-                id=frame.id,
-                code=ErrorCode.CONTEXT_OVERFLOW,
-            )
+        except EngineError as e:
+            raise refused(e, frame.id) from e
         ticket = self.slots.enqueue()
         self._ids.add(frame.id)
         self._staged.clear()
-        all_images = [*self.conversation.images, *(i.image for i in images)]
-        request = GenerationRequest(prompt_ids, self._sampling(merged), all_images, self.key)
         run = GenerationRun(
             frame.id,
-            request,
+            prepared,
             ticket,
             bool(merged.token_ids),
             self.settings.stall_timeout_s,
@@ -237,7 +224,7 @@ class Session:
         self.run = run
         self._set_state(SessionState.QUEUED)
         run.listeners.append(self._on_run_event)
-        self._task = asyncio.create_task(self._drive(run, user_ids, image_ids, images))
+        self._task = asyncio.create_task(self._drive(run))
 
     # -- generation lifecycle ------------------------------------------------------------
 
@@ -245,21 +232,10 @@ class Session:
         if event == "start" and self.state is SessionState.QUEUED:
             self._set_state(SessionState.RUNNING)
 
-    async def _drive(
-        self,
-        run: GenerationRun,
-        user_ids: list[int],
-        image_ids: list[list[int]],
-        images: list[CheckedImage],
-    ) -> None:
+    async def _drive(self, run: GenerationRun) -> None:
         try:
-            await run.drive(self.engine, self.slots, self.send)
+            await run.drive(self.chat, self.slots, self.send)
         finally:
-            finished = run.finished
-            if finished is not None and finished.reason is not FinishReason.ERROR:
-                self.conversation.add_exchange(
-                    user_ids, image_ids, [i.image for i in images], finished.completion_ids
-                )
             if self.run is run:
                 self.run = None
                 self.last_active_at = time.monotonic()
@@ -339,7 +315,7 @@ class Session:
         from .images import ImageLimits, check_image  # Pillow loads only for image prompts
 
         limits = ImageLimits(self.settings.max_image_bytes, self.settings.max_image_pixels)
-        fit = getattr(self.engine, "prepare_image", None)
+        fit = self.engine.prepare_image
         try:
             checked = await asyncio.to_thread(lambda: [check_image(b, limits, fit) for b in blobs])
         except ProtocolError as e:
@@ -350,11 +326,14 @@ class Session:
 
     @property
     def image_bytes(self) -> int:
-        """What the images this session keeps hold: its conversation's (with a running
-        prompt's) and the staged ones."""
+        """What the images this session keeps hold: its conversation's (with a running or
+        queued prompt's) and the staged ones."""
         from .images import image_bytes
 
-        held = self.run.request.images if self.run is not None else self.conversation.images
+        held = self.chat.images
+        run = self.run
+        if run is not None and run.generation is None:  # queued: the chat has not seen it
+            held = [*held, *run.prepared.turn.images]
         return sum(image_bytes(i) for i in [*held, *(c.image for c in self._staged)])
 
     def _check_image_budget(self, new: list[CheckedImage], frame_id: str) -> None:
@@ -369,12 +348,6 @@ class Session:
                 id=frame_id,
                 code=ErrorCode.TOO_LARGE,
             )
-
-    def _image_placeholder(self) -> list[int]:
-        placeholder = getattr(self.engine, "image_placeholder_ids", None)
-        if placeholder is None:
-            raise ProtocolError("this engine does not read images", code=ErrorCode.UNSUPPORTED)
-        return list(placeholder())
 
 
 async def _discard(frame: Frame) -> None:

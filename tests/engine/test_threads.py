@@ -139,7 +139,7 @@ async def test_the_batched_worker_applies_the_policy_on_every_pass(
     policy = RecordingPolicy(Clock())
     engine = BatchedEngine(tiny_text_loaded, threads=policy)
     request = GenerationRequest([2, 10, 11, 12], SamplingParams(max_new_tokens=6), session_key="s")
-    _, finished = await collect(engine.start(request))
+    _, finished = await collect(engine.generate(request))
     await engine.aclose()
     assert finished.reason.value == "length"
     assert len(policy.by_pass) >= 5  # a pass per token (the prefill pass decodes one too)
