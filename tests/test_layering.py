@@ -2,7 +2,10 @@
 statement counts, at module level or inside a function, so a lazy import cannot slip past.
 
 - ``wschat.protocol`` imports nothing of ours and nothing but the stdlib and msgpack;
-- ``wschat.server.engine`` imports nothing from the rest of ``wschat.server``;
+- ``wschat.server.engine`` imports nothing from the rest of ``wschat.server`` (the web and
+  session layers);
+- torch and transformers are imported only in ``wschat.server.engine.local``: the engine
+  interface and the conversation as token ids serve engines without them;
 - ``wschat.client`` imports nothing from ``wschat.server``.
 """
 
@@ -18,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PROTOCOL = "wschat.protocol"
 SERVER = "wschat.server"
 ENGINE = "wschat.server.engine"
+LOCAL_ENGINES = "wschat.server.engine.local"
+HEAVY = ("torch", "transformers")
 CLIENT = "wschat.client"
 PROTOCOL_MAY_IMPORT = frozenset(sys.stdlib_module_names) | {"msgpack"}
 
@@ -117,6 +122,17 @@ def test_the_engine_imports_nothing_else_from_the_server() -> None:
         (m, target)
         for m, target in import_graph()
         if within(m, ENGINE) and within(target, SERVER) and not within(target, ENGINE)
+    )
+    assert bad == []
+
+
+def test_only_the_local_engines_import_torch_or_transformers() -> None:
+    bad = sorted(
+        (m, target)
+        for m, target in import_graph()
+        if within(m, SERVER)
+        and not within(m, LOCAL_ENGINES)
+        and any(within(target, heavy) for heavy in HEAVY)
     )
     assert bad == []
 
