@@ -16,26 +16,26 @@ PROMPT_FORMAT = "gemma-turns"
 
 @dataclass(slots=True)
 class InProcess:
-    loaded: Any  # server.loader.LoadedModel
+    loaded: Any  # server.engine.local.loader.LoadedModel
     engine: Any  # an HFEngine over it: the tokenizer and turn markup the server uses
 
     @classmethod
     def load(cls) -> InProcess:
-        from wschat.server.engine.hf import HFEngine
-        from wschat.server.loader import load_model
+        from wschat.server.engine.local.hf import HFEngine
+        from wschat.server.engine.local.loader import load_model
 
         loaded = load_model("embedded")
         return cls(loaded, HFEngine(loaded, prompt_format=PROMPT_FORMAT))
 
     @staticmethod
     def model_dir() -> str:
-        from wschat.server.loader import embedded_model_dir
+        from wschat.server.engine.local.loader import embedded_model_dir
 
         return str(embedded_model_dir())
 
     def prompt_ids(self, text: str) -> list[int]:
         """The first turn of a session whose user says ``text``, id for id as the server has it."""
-        from wschat.server.conversation import Conversation
+        from wschat.server.engine.history import Conversation
 
         conversation = Conversation(self.engine.prompt_format)
         return conversation.prompt_ids(conversation.tokenize_user(text))

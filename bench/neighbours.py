@@ -77,7 +77,7 @@ async def run_mix(
 
     with PassClock(engine) as clock:
         generations = [
-            engine.start(GenerationRequest(ids, SamplingParams(tokens, seed=i, **params)))
+            engine.generate(GenerationRequest(ids, SamplingParams(tokens, seed=i, **params)))
             for i, (ids, params) in enumerate(zip(prompts, mix, strict=True))
         ]
         for generation in generations:
@@ -87,9 +87,9 @@ async def run_mix(
 
 
 async def measure(model: str, tokens: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
-    from wschat.server.conversation import Conversation
-    from wschat.server.engine.batched import BatchedEngine
-    from wschat.server.loader import load_model
+    from wschat.server.engine.history import Conversation
+    from wschat.server.engine.local.batched import BatchedEngine
+    from wschat.server.engine.local.loader import load_model
 
     from .inprocess import PROMPT_FORMAT
 

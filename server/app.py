@@ -52,8 +52,7 @@ async def readyz(request: Request) -> Response:
         status = "failed" if hub.load_error else "loading"
         return JSONResponse({"ready": False, "status": status}, status_code=503)
     info = hub.engine.info
-    reachable = getattr(hub.engine, "reachable", None)
-    if reachable is not None and not await reachable():  # an engine over HTTP (engine/openai)
+    if not await hub.engine.reachable():  # an engine over HTTP (engine/openai)
         return JSONResponse(
             {"ready": False, "status": "engine unreachable", "engine": info.name},
             status_code=503,

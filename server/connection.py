@@ -34,7 +34,7 @@ from wschat.protocol import (
 )
 
 from .caps import FrameRate
-from .error_boundary import Outbox
+from .error_boundary import Outbox, expected
 from .hub import Hub
 from .session import Session
 
@@ -156,7 +156,7 @@ class Connection:
         try:
             await self.session.handle(decoded)
         except Exception as error:
-            if not isinstance(error, ProtocolError):
+            if not expected(error):
                 log.exception("session code failed on %s", type(decoded).__name__)
             # PROTOCOL.md "Errors": the id of the frame that caused it (e.g. a prompt's overloaded)
             await self.outbox.error(error, getattr(decoded, "id", None))

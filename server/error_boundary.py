@@ -2,17 +2,28 @@
 connection leaves by, which counts each ``error`` by code (``/v1/stats`` errors,
 ``wschat_errors_total``).
 
-A ``ProtocolError`` or an engine's ``EngineFailure`` keeps its code and message (PROTOCOL.md
-"Errors"); anything else is a bug of ours, sent as ``internal`` with a generic message (the
-details go to the log, never to the peer).
+A ``ProtocolError`` keeps its code and message (PROTOCOL.md "Errors"); an engine's refusal
+(``EngineError``, engine/errors.py) or failure worded for clients (``EngineFailure``) gets the
+code the table below gives it; anything else is a bug of ours, sent as ``internal`` with a
+generic message (the details go to the log, never to the peer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from wschat.protocol import Error, ErrorCode, Frame, ProtocolError
+from wschat.protocol import (
+    ContextOverflow,
+    Error,
+    ErrorCode,
+    Frame,
+    Internal,
+    ProtocolError,
+    TooLarge,
+    Unsupported,
+)
 
+from . import engine
 from .engine.failures import EngineFailure
 
 Send = Callable[[Frame], Awaitable[None]]
@@ -20,9 +31,29 @@ Send = Callable[[Frame], Awaitable[None]]
 GENERIC_MESSAGE = "internal error"
 
 
+# What each refusal of an engine's is on the wire.
+ENGINE_REFUSALS: tuple[tuple[type[engine.EngineError], type[ProtocolError]], ...] = (
+    (engine.ImagesUnsupported, Unsupported),
+    (engine.TooLarge, TooLarge),
+    (engine.ContextOverflow, ContextOverflow),
+)
+
+
+def refused(error: engine.EngineError, frame_id: str | None = None) -> ProtocolError:
+    wire = next((w for kind, w in ENGINE_REFUSALS if isinstance(error, kind)), Internal)
+    return wire(str(error), id=frame_id)
+
+
+def expected(error: BaseException) -> bool:
+    """A failure the peer is told about as it is (not a bug of ours, which goes to the log)."""
+    return isinstance(error, ProtocolError | engine.EngineError | EngineFailure)
+
+
 def error_frame(error: BaseException, frame_id: str | None = None) -> Error:
     """The ``error`` frame for ``error``: its id is the one the error names, else ``frame_id``
     (the client frame that caused it)."""
+    if isinstance(error, engine.EngineError):
+        error = refused(error, frame_id)
     if isinstance(error, ProtocolError):
         return Error(error.code, error.message, error.id or frame_id)
     if isinstance(error, EngineFailure):  # an engine's refusal, worded for clients

@@ -16,7 +16,6 @@ from .scheduler import GenerationSlots
 from .session import Session, SessionState
 from .settings import Settings
 from .stats import ServerStats
-from .tokenizing import TextTokenizer
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -97,8 +96,6 @@ class Hub:
     caps: ConnectionCaps = field(init=False)
     stats_feed: StatsFeed = field(init=False)
     connections: set[Connection] = field(default_factory=set)
-    # one for all sessions: long texts are tokenized in one worker thread (tokenizing.py)
-    tokenizer: TextTokenizer = field(default_factory=TextTokenizer)
     load_error: BaseException | None = None  # set once, when the engine factory raised
     shutting_down: bool = False
 
@@ -116,9 +113,7 @@ class Hub:
 
     def new_session(self) -> Session:
         assert self.engine is not None
-        session = Session(
-            secrets.token_hex(8), self.engine, self.slots, self.settings, self.tokenizer
-        )
+        session = Session(secrets.token_hex(8), self.engine, self.slots, self.settings)
         session.listeners.append(self.stats.on_run_event)
         return session
 
@@ -131,5 +126,4 @@ class Hub:
             self.forget(ended)
 
     def forget(self, session: Session) -> None:
-        if self.engine is not None:
-            self.engine.forget(session.key)
+        session.chat.close()

@@ -33,8 +33,8 @@ def anonymous_id(session_key: str) -> str:
 
 def session_row(session: Session) -> dict[str, Any]:
     """One row of the dashboard's table: tokens generated in the conversation so far."""
-    conversation = session.conversation
-    generated = conversation.generated_tokens
+    chat = session.chat
+    generated = chat.generated_tokens
     run = session.run
     if run is not None:
         generated += run.completion_tokens
@@ -42,7 +42,7 @@ def session_row(session: Session) -> dict[str, Any]:
         "id": anonymous_id(session.key),
         "state": session.state.value,
         "tokens": generated,
-        "turns": len(conversation.exchanges),
+        "turns": chat.turns,
     }
 
 
@@ -54,6 +54,8 @@ def snapshot(hub: Hub) -> Stats:
         key=lambda r: (_STATE_ORDER.get(r["state"], 9), -r["tokens"]),
     )
     info = hub.engine.info if hub.engine is not None else None
+    # what the engine keeps across idle sessions, every path of it (engine/local/kvstore.py)
+    kv = hub.engine.kv_usage() if hub.engine is not None else None
     return Stats(
         sessions=len(hub.sessions.live),
         running=hub.slots.running,
@@ -63,22 +65,14 @@ def snapshot(hub: Hub) -> Stats:
         ttft_p95_ms=p95,
         cancellations=stats.cancellations,
         errors=dict(stats.errors),
-        kv_tokens=_kv_figure(hub, "tokens"),
+        kv_tokens=kv.tokens if kv else None,
         model=info.model if info else "",
         device=info.device if info else "",
         uptime_s=stats.uptime_s,
         live=tuple(rows[:MAX_TABLE_ROWS]),
-        kv_bytes=_kv_figure(hub, "bytes"),
-        kv_budget_bytes=_kv_figure(hub, "budget_bytes"),
+        kv_bytes=kv.bytes if kv else None,
+        kv_budget_bytes=kv.budget_bytes if kv else None,
     )
-
-
-def _kv_figure(hub: Hub, name: str) -> int | None:
-    """``tokens``, ``bytes`` or ``budget_bytes`` of the KV state the engine holds across idle
-    sessions, when it keeps such a store (one for all its paths: engine/kvstore.py)."""
-    store = getattr(hub.engine, "kv", None)
-    value = getattr(store, name, None)
-    return value if isinstance(value, int) else None
 
 
 class StatsFeed:

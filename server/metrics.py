@@ -135,9 +135,7 @@ class _HubCollector(Collector):
 
 def _engine_threads(hub: Hub) -> int | None:
     """What the engine's workers last read back from torch, when it keeps a thread policy."""
-    policy = getattr(hub.engine, "threads", None)
-    threads = getattr(policy, "in_worker", None)
-    return threads if isinstance(threads, int) else None
+    return hub.engine.worker_threads() if hub.engine is not None else None
 
 
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:

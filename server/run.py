@@ -27,7 +27,7 @@ from wschat.protocol import (
     Usage,
 )
 
-from .engine import Engine, Finished, Generation, GenerationRequest, TokenPiece
+from .engine import Chat, Finished, Generation, PreparedTurn, TokenPiece
 from .engine.failures import EngineFailure
 from .error_boundary import error_frame
 from .events import RunDone, RunEvent, RunListener, RunStarted, TokensSent
@@ -41,7 +41,7 @@ Send = Callable[[Frame], Awaitable[None]]
 @dataclass(eq=False)
 class GenerationRun:
     id: str
-    request: GenerationRequest
+    prepared: PreparedTurn
     ticket: Ticket
     token_ids: bool = False
     stall_timeout_s: float = 120.0
@@ -61,12 +61,12 @@ class GenerationRun:
         if self.generation is not None:
             self.generation.cancel()
 
-    async def drive(self, engine: Engine, slots: GenerationSlots, send: Send) -> None:
+    async def drive(self, chat: Chat, slots: GenerationSlots, send: Send) -> None:
         reason = FinishReason.CANCELLED
         try:
             if await self._wait_for_slot(send):
                 self.started_at = time.perf_counter()
-                self.generation = engine.start(self.request)
+                self.generation = chat.start(self.prepared)
                 if self.cancel_requested.is_set():
                     self.generation.cancel()
                 await send(self._start_frame())
@@ -150,11 +150,10 @@ class GenerationRun:
         log.error("generation %s made no progress for %.0f s", self.id, self.stall_timeout_s)
         stopped = Internal("generation made no progress and was stopped")
         await send(error_frame(stopped, self.id))
-        with contextlib.suppress(TimeoutError):
+        with contextlib.suppress(TimeoutError):  # its end, so the chat keeps the exchange
             async with asyncio.timeout(5):
-                async for item in self.generation.items():
-                    if isinstance(item, Finished):
-                        self.finished = item
+                async for _ in self.generation.items():
+                    pass
         return FinishReason.ERROR
 
     async def _finish(self, send: Send, reason: FinishReason) -> None:
@@ -164,13 +163,10 @@ class GenerationRun:
 
     def done_frame(self, reason: FinishReason) -> Done:
         now = time.perf_counter()
-        prompt_tokens = len(self.request.prompt_ids) if self.started_at else 0
-        cached = self.generation.cached_tokens if self.generation else 0
         return Done(
             self.id,
             reason,
-            "".join(self.text),
-            Usage(prompt_tokens, self.completion_tokens, cached),
+            *self._reply(),
             Timing(
                 queued_ms=self.queued_ms,
                 ttft_ms=_ms(self.received_at, self.first_token_at),
@@ -178,6 +174,16 @@ class GenerationRun:
                 total_ms=(now - self.received_at) * 1000,
             ),
         )
+
+    def _reply(self) -> tuple[str, Usage]:
+        """The engine's text and usage once its ``Finished`` was streamed; else what was sent."""
+        finished = self.finished
+        if finished is not None and finished.usage is not None:
+            return finished.text, finished.usage
+        generation = self.generation
+        prompt_tokens = generation.prompt_tokens if generation else 0
+        cached = generation.cached_tokens if generation else 0
+        return "".join(self.text), Usage(prompt_tokens, self.completion_tokens, cached)
 
     @property
     def queued_ms(self) -> float:
@@ -192,9 +198,8 @@ class GenerationRun:
 
     def _start_frame(self) -> Start:
         assert self.generation is not None
-        return Start(
-            self.id, len(self.request.prompt_ids), self.generation.cached_tokens, self.queued_ms
-        )
+        generation = self.generation
+        return Start(self.id, generation.prompt_tokens, generation.cached_tokens, self.queued_ms)
 
     def _notify(self, event: RunEvent) -> None:
         for listener in self.listeners:

@@ -69,8 +69,8 @@ def _connect_openai(settings: Settings) -> Engine:
 
 
 def _build_engine(settings: Settings) -> Engine:
-    from .engine.threads import ThreadPolicy
-    from .loader import load_model
+    from .engine.local.loader import load_model
+    from .engine.local.threads import ThreadPolicy
 
     threads = ThreadPolicy(settings.threads)
     log.info("CPU threads: %s", threads.reason)
@@ -85,7 +85,7 @@ def _build_engine(settings: Settings) -> Engine:
     }
     engine: Engine
     if settings.engine == "batched":
-        from .engine.batched import BatchedEngine
+        from .engine.local.batched import BatchedEngine
 
         engine = BatchedEngine(
             loaded,
@@ -95,7 +95,7 @@ def _build_engine(settings: Settings) -> Engine:
             **common,
         )
     else:
-        from .engine.hf import HFEngine
+        from .engine.local.hf import HFEngine
 
         engine = HFEngine(loaded, threads=threads, **common)
     info = engine.info

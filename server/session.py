@@ -31,8 +31,6 @@ from wschat.protocol import (
     ClientFrame,
     Configure,
     Configured,
-    ContextOverflow,
-    FinishReason,
     Frame,
     GenerationParams,
     Image,
@@ -50,13 +48,11 @@ from wschat.protocol import (
     Unsupported,
 )
 
-from .conversation import Conversation
-from .engine import Engine, GenerationRequest, SamplingParams
+from .engine import Engine, SamplingParams, Turn
 from .events import RunEvent, RunListener, RunStarted
 from .run import GenerationRun
 from .scheduler import GenerationSlots
 from .settings import Settings
-from .tokenizing import TextTokenizer
 
 if TYPE_CHECKING:
     from .images import CheckedImage
@@ -105,14 +101,12 @@ class Session:
         engine: Engine,
         slots: GenerationSlots,
         settings: Settings,
-        tokenizer: TextTokenizer | None = None,
     ) -> None:
         self.key = key
         self.engine = engine
         self.slots = slots
         self.settings = settings
-        self.conversation = Conversation(engine.prompt_format)
-        self.tokenizer = tokenizer or TextTokenizer()
+        self.chat = engine.chat(key)  # the conversation, in the engine's own form
         self.defaults = GenerationParams()
         self.state = SessionState.IDLE
         self.run: GenerationRun | None = None
@@ -161,28 +155,13 @@ class Session:
     async def _on_configure(self, frame: Configure) -> None:
         if frame.params is not None:
             self._check_limits(frame.params)
-        system_ids = await self._system_ids(frame.system) if frame.system else []
-        # every check passed: nothing changed before this point (PROTOCOL.md "configure")
+        if frame.system is not None:
+            # checked before it changes anything, and nothing after it can fail
+            # (PROTOCOL.md "configure": a refused configure changes nothing)
+            await self.chat.set_system(frame.system, min_turn_tokens=MIN_TURN_TOKENS)
         if frame.params is not None:
             self.defaults = frame.params.merged_over(self.defaults)
-        if frame.system is not None:
-            self.conversation.set_system(frame.system, system_ids)
-            self.engine.forget(self.key)
         await self.send(Configured())
-
-    async def _system_ids(self, system: str) -> list[int]:
-        """The system prompt's tokens; too_large when they leave no room for a turn, which no
-        reset could ever make (PROTOCOL.md "configure")."""
-        ids = await self.tokenizer.tokenize(self.conversation.tokenize_system, system)
-        context = self.engine.info.context_tokens
-        markup = self.conversation.first_turn_tokens(ids) - len(ids)
-        longest = context - MIN_TURN_TOKENS - markup
-        if len(ids) > longest:
-            raise TooLarge(
-                f"the system prompt is {len(ids)} tokens; a context of {context} holds at most"
-                f" {max(longest, 0)} with room for a turn"
-            )
-        return ids
 
     async def _cancel_run(self, frame: Cancel) -> None:
         assert self.run is not None  # QUEUED and RUNNING have one
@@ -198,9 +177,8 @@ class Session:
 
     async def _on_reset(self, frame: Reset) -> None:
         await self.stop_generation()
-        self.conversation.clear()
+        self.chat.reset()
         self._staged.clear()
-        self.engine.forget(self.key)
         await self.send(ResetOk())
 
     async def _on_image(self, frame: Image) -> None:
@@ -222,29 +200,16 @@ class Session:
             )
         merged = self._merged_params(frame)
         images = await self._prompt_images(frame)
-        user_ids = await self.tokenizer.tokenize(self.conversation.tokenize_user, frame.text)
-        if len(user_ids) > self.settings.max_prompt_tokens:
-            raise TooLarge(f"prompt is over {self.settings.max_prompt_tokens} tokens", id=frame.id)
-        image_ids = [self._image_placeholder() for _ in images]
-        prompt_ids = self.conversation.prompt_ids(user_ids, image_ids)
-        context = self.engine.info.context_tokens
-        if len(prompt_ids) >= context:
-            fresh = self.conversation.prompt_ids(user_ids, image_ids, fresh=True)
-            # advise a reset only where one makes room: never a loop of resets
-            advice = "reset to start afresh" if len(fresh) < context else "shorten the prompt"
-            raise ContextOverflow(
-                f"the conversation needs {len(prompt_ids)} tokens; the context holds {context}"
-                f" ({advice})",
-                id=frame.id,
-            )
+        turn = Turn(frame.text, self._sampling(merged), [i.image for i in images])
+        # an engine's refusal (too large, context overflow) reaches the peer through
+        # error_boundary.py with this prompt's id
+        prepared = await self.chat.prepare(turn, max_user_tokens=self.settings.max_prompt_tokens)
         ticket = self.slots.enqueue()
         self._ids.add(frame.id)
         self._staged.clear()
-        all_images = [*self.conversation.images, *(i.image for i in images)]
-        request = GenerationRequest(prompt_ids, self._sampling(merged), all_images, self.key)
         run = GenerationRun(
             frame.id,
-            request,
+            prepared,
             ticket,
             bool(merged.token_ids),
             self.settings.stall_timeout_s,
@@ -253,7 +218,7 @@ class Session:
         self.run = run
         self._change(Change.ACCEPTED)
         run.listeners.append(self._on_run_event)
-        self._task = asyncio.create_task(self._drive(run, user_ids, image_ids, images))
+        self._task = asyncio.create_task(self._drive(run))
 
     # -- generation lifecycle ------------------------------------------------------------
 
@@ -261,21 +226,10 @@ class Session:
         if isinstance(event, RunStarted):
             self._change(Change.STARTED)
 
-    async def _drive(
-        self,
-        run: GenerationRun,
-        user_ids: list[int],
-        image_ids: list[list[int]],
-        images: list[CheckedImage],
-    ) -> None:
+    async def _drive(self, run: GenerationRun) -> None:
         try:
-            await run.drive(self.engine, self.slots, self.send)
+            await run.drive(self.chat, self.slots, self.send)
         finally:
-            finished = run.finished
-            if finished is not None and finished.reason is not FinishReason.ERROR:
-                self.conversation.add_exchange(
-                    user_ids, image_ids, [i.image for i in images], finished.completion_ids
-                )
             self.run = None
             self.last_active_at = time.monotonic()
             self._change(Change.ENDED)
@@ -348,7 +302,7 @@ class Session:
         from .images import ImageLimits, check_image  # Pillow loads only for image prompts
 
         limits = ImageLimits(self.settings.max_image_bytes, self.settings.max_image_pixels)
-        fit = getattr(self.engine, "prepare_image", None)
+        fit = self.engine.prepare_image
         try:
             checked = await asyncio.to_thread(lambda: [check_image(b, limits, fit) for b in blobs])
         except ProtocolError as e:
@@ -359,11 +313,14 @@ class Session:
 
     @property
     def image_bytes(self) -> int:
-        """What the images this session keeps hold: its conversation's (with a running
-        prompt's) and the staged ones."""
+        """What the images this session keeps hold: its conversation's (with a running or
+        queued prompt's) and the staged ones."""
         from .images import image_bytes
 
-        held = self.run.request.images if self.run is not None else self.conversation.images
+        held = self.chat.images
+        run = self.run
+        if run is not None and run.generation is None:  # queued: the chat has not seen it
+            held = [*held, *run.prepared.turn.images]
         return sum(image_bytes(i) for i in [*held, *(c.image for c in self._staged)])
 
     def _check_image_budget(self, new: list[CheckedImage], frame_id: str) -> None:
@@ -377,12 +334,6 @@ class Session:
                 f" {limit} (reset to start afresh)",
                 id=frame_id,
             )
-
-    def _image_placeholder(self) -> list[int]:
-        placeholder = getattr(self.engine, "image_placeholder_ids", None)
-        if placeholder is None:
-            raise Unsupported("this engine does not read images")
-        return list(placeholder())
 
 
 async def _discard(frame: Frame) -> None:

@@ -13,8 +13,8 @@ import pytest
 from tests.support import generation_threads
 
 if TYPE_CHECKING:  # torch loads only for the tests that use these fixtures
-    from wschat.server.engine.hf import HFEngine
-    from wschat.server.loader import LoadedModel
+    from wschat.server.engine.local.hf import HFEngine
+    from wschat.server.engine.local.loader import LoadedModel
 
 THREAD_EXIT_TIMEOUT = 10.0
 
@@ -33,28 +33,28 @@ def no_generation_thread_left() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def tiny_text_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from wschat.server.devmodel import build_tiny_text_model
+    from wschat.server.engine.local.devmodel import build_tiny_text_model
 
     return build_tiny_text_model(tmp_path_factory.mktemp("tiny-text"))
 
 
 @pytest.fixture(scope="session")
 def tiny_vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from wschat.server.devmodel import build_tiny_vision_model
+    from wschat.server.engine.local.devmodel import build_tiny_vision_model
 
     return build_tiny_vision_model(tmp_path_factory.mktemp("tiny-vision"))
 
 
 @pytest.fixture(scope="session")
 def tiny_text_loaded(tiny_text_dir: Path) -> LoadedModel:
-    from wschat.server.loader import load_model
+    from wschat.server.engine.local.loader import load_model
 
     return load_model(str(tiny_text_dir), dtype="float32")
 
 
 @pytest.fixture(scope="session")
 def tiny_vision_loaded(tiny_vision_dir: Path) -> LoadedModel:
-    from wschat.server.loader import load_model
+    from wschat.server.engine.local.loader import load_model
 
     return load_model(str(tiny_vision_dir), dtype="float32")
 
@@ -62,7 +62,7 @@ def tiny_vision_loaded(tiny_vision_dir: Path) -> LoadedModel:
 @pytest.fixture
 async def tiny_text_engine(tiny_text_loaded: LoadedModel) -> AsyncIterator[HFEngine]:
     """A fresh engine (its own KV store) over the session's loaded tiny text model."""
-    from wschat.server.engine.hf import HFEngine
+    from wschat.server.engine.local.hf import HFEngine
 
     engine = HFEngine(tiny_text_loaded)
     yield engine
@@ -71,7 +71,7 @@ async def tiny_text_engine(tiny_text_loaded: LoadedModel) -> AsyncIterator[HFEng
 
 @pytest.fixture
 async def tiny_vision_engine(tiny_vision_loaded: LoadedModel) -> AsyncIterator[HFEngine]:
-    from wschat.server.engine.hf import HFEngine
+    from wschat.server.engine.local.hf import HFEngine
 
     engine = HFEngine(tiny_vision_loaded)
     yield engine

@@ -1,9 +1,16 @@
 """What a session needs from an engine, and the thread/loop bridge every engine uses.
 
-An engine turns a ``GenerationRequest`` into a ``Generation``: an async stream of ``TokenPiece``
-items that always ends with exactly one ``Finished`` (PROTOCOL.md "Server frames": exactly one
-``done`` per ``start``). Work happens off the event loop; items cross to it with
-``loop.call_soon_threadsafe``.
+A session talks to an engine in chat turns: ``engine.chat(key)`` gives the session's ``Chat``,
+which keeps the conversation in the engine's own form. The session hands it each new ``Turn``
+(text, images, params): ``prepare`` counts its tokens for the limit checks, ``start`` gives a
+``Generation``: an async stream of ``TokenPiece`` items that always ends with exactly one
+``Finished`` carrying the reply's text and usage (PROTOCOL.md "Server frames": exactly one
+``done`` per ``start``). ``Generation.cancel`` is the one cancel hook: it sets a ``CancelFlag``
+that a worker thread reads once per step and wakes whatever awaits on the loop.
+
+Engines prompted with token ids share ``history.TokenChat`` (the conversation as exact ids per
+turn, rendered by a ``PromptFormat``) and hand it ``GenerationRequest``s. Work happens off the
+event loop; items cross to it with ``loop.call_soon_threadsafe`` (``LoopBridge``).
 """
 
 from __future__ import annotations
@@ -12,23 +19,36 @@ import asyncio
 import contextlib
 import threading
 from array import array
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from wschat.protocol import FinishReason
-
-from .formats import PromptFormat
+from wschat.protocol import FinishReason, Usage
 
 
 class CancelFlag:
-    """Set by cancel, reset, disconnect and shutdown; read once per decode step by the worker."""
+    """Set by cancel, reset, disconnect and shutdown. A worker thread reads it once per decode
+    step (``is_set``, e.g. in a ``StoppingCriteria``); an engine that streams on the event loop
+    is woken by ``on_set`` (its callbacks run where ``set`` is called: on the loop)."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def on_set(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the flag is set (at once if it already is)."""
+        if self._event.is_set():
+            callback()
+        else:
+            self._callbacks.append(callback)
 
     def set(self) -> None:
+        if self._event.is_set():
+            return
         self._event.set()
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
 
     def is_set(self) -> bool:
         return self._event.is_set()
@@ -47,14 +67,42 @@ class SamplingParams:
     seed: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A session's new user turn, as it hands it to its ``Chat``."""
+
+    text: str
+    params: SamplingParams
+    images: Sequence[Any] = ()  # each in the engine's form (``Engine.prepare_image``)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedTurn:
+    """A turn counted and checked against the context: ``Chat.start`` runs it as it is."""
+
+    turn: Turn
+    user_tokens: int  # the user's text alone
+    prompt_tokens: int  # the whole prompt the model reads (the conversation and this turn)
+    rendered: Any = None  # the chat's own form of the turn (``TokenChat``: its token ids)
+
+
 @dataclass(slots=True)
 class GenerationRequest:
+    """One generation of an engine prompted with token ids (``history.TokenChat`` makes it)."""
+
     prompt_ids: list[int]
     params: SamplingParams
     # Every image of the conversation in order, for engines that must re-prefill them.
     images: Sequence[Any] = ()
     # The session the request belongs to: engines keep its KV state between turns.
     session_key: str | None = None
+    # How many of ``images`` (the last ones) are new in this turn; the others sit in earlier
+    # turns, whose KV state the engine may still hold.
+    new_images: int | None = None
+
+    @property
+    def fresh_images(self) -> int:
+        return len(self.images) if self.new_images is None else self.new_images
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +113,13 @@ class TokenPiece:
 
 @dataclass(frozen=True, slots=True)
 class Finished:
+    """The end of a reply: why, its ids, and (``LoopBridge`` fills them in) its text and usage."""
+
     reason: FinishReason
     completion_ids: tuple[int, ...] = ()
-    cached_tokens: int = 0
     error: BaseException | None = None
+    text: str = ""
+    usage: Usage | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +133,15 @@ class EngineInfo:
     max_images: int
     # The prompt format's name (engine/formats.py): how conversations are rendered.
     prompt_format: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class KVUsage:
+    """The KV state an engine keeps for idle sessions, under one budget for all its paths."""
+
+    tokens: int
+    bytes: int
+    budget_bytes: int
 
 
 Item = TokenPiece | Finished
@@ -101,7 +161,10 @@ class Generation:
     """
 
     cancel_flag: CancelFlag = field(default_factory=CancelFlag)
+    prompt_tokens: int = 0
     cached_tokens: int = 0
+    # Run on the loop when the ``Finished`` arrives (the chat records the exchange).
+    on_finish: list[Callable[[Finished], None]] = field(default_factory=list)
     _texts: list[str] = field(default_factory=list)
     _ids: array[int] = field(default_factory=lambda: array("q"))
     _end: Finished | None = None
@@ -115,6 +178,8 @@ class Generation:
         """On the event loop: add an item for the reader."""
         if isinstance(item, Finished):
             self._end = item
+            for callback in self.on_finish:
+                callback(item)
         else:
             self._texts.append(item.text)
             self._ids.extend(item.ids)
@@ -149,11 +214,14 @@ class Generation:
 
 
 class LoopBridge:
-    """Hands items from a worker thread to a generation on the event loop."""
+    """Hands items from a worker thread to a generation on the event loop; completes the
+    ``Finished`` with the text and the token count that went through it."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, generation: Generation) -> None:
         self._loop = loop
-        self._push = generation.push
+        self._generation = generation
+        self._texts: list[str] = []
+        self._tokens = 0
         self._closed = False
 
     def put(self, item: Item) -> None:
@@ -161,27 +229,84 @@ class LoopBridge:
             return
         if isinstance(item, Finished):
             self._closed = True
+            g = self._generation
+            usage = Usage(g.prompt_tokens, self._tokens, g.cached_tokens)
+            item = replace(item, text="".join(self._texts), usage=item.usage or usage)
+        else:
+            self._texts.append(item.text)
+            self._tokens += len(item.ids)
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to read
-            self._loop.call_soon_threadsafe(self._push, item)
+            self._loop.call_soon_threadsafe(self._generation.push, item)
+
+
+class Chat(Protocol):
+    """One session's conversation as its engine keeps it."""
+
+    @property
+    def system(self) -> str | None: ...
+
+    @property
+    def turns(self) -> int:
+        """Finished (or cancelled) exchanges."""
+        ...
+
+    @property
+    def generated_tokens(self) -> int:
+        """The replies' tokens, the ones that ended them left out (the dashboard's count)."""
+        ...
+
+    @property
+    def images(self) -> list[Any]:
+        """Every image it holds: its exchanges' and the running turn's."""
+        ...
+
+    async def set_system(self, text: str | None, *, min_turn_tokens: int) -> None:
+        """A new system prompt (None or empty: none) starts the conversation afresh; raises
+        ``TooLarge`` (and changes nothing) when it leaves no room for a turn of
+        ``min_turn_tokens``."""
+        ...
+
+    async def prepare(self, turn: Turn, *, max_user_tokens: int) -> PreparedTurn:
+        """Count the turn: ``TooLarge`` over ``max_user_tokens`` of text, ``ContextOverflow``
+        when the conversation and it do not fit the context. Changes nothing."""
+        ...
+
+    def start(self, prepared: PreparedTurn) -> Generation:
+        """Begin the reply (on the event loop); the exchange joins the conversation when its
+        ``Finished`` comes, unless the generation failed."""
+        ...
+
+    def reset(self) -> None:
+        """Forget the exchanges (the system prompt stays)."""
+        ...
+
+    def close(self) -> None:
+        """The session is gone: drop what the engine keeps for it."""
+        ...
 
 
 class Engine(Protocol):
     info: EngineInfo
-    # How a conversation becomes prompt ids, and which tokens end a reply.
-    prompt_format: PromptFormat
 
-    def start(self, request: GenerationRequest) -> Generation:
-        """Begin generating; must be called on the event loop."""
+    def chat(self, key: str) -> Chat:
+        """A new conversation for the session ``key``."""
         ...
 
-    def tokenize_text(self, text: str) -> list[int]:
-        """User text as text: control-token strings in it stay ordinary text."""
+    def prepare_image(self, image: Any) -> Any:
+        """A checked upright RGB Pillow image in the form a chat keeps and generates from;
+        ``ImagesUnsupported`` when the model reads none."""
         ...
 
-    def token_id(self, token: str) -> int: ...
+    def kv_usage(self) -> KVUsage | None:
+        """The KV state kept between turns, when the engine keeps any."""
+        ...
 
-    def forget(self, session_key: str) -> None:
-        """Drop the session's cached KV state (reset, close)."""
+    def worker_threads(self) -> int | None:
+        """CPU threads its workers last used, when it runs on this machine's CPU."""
+        ...
+
+    async def reachable(self) -> bool:
+        """Whether what generates answers now (an engine over HTTP; in process: always)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from wschat.protocol import FinishReason
 
 from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, TokenPiece
-from .formats import GemmaTurns
+from .errors import ImagesUnsupported
+from .formats import GemmaTurns, PromptFormat
+from .history import TokenChat
+from .tokenizing import TextTokenizer
 
 _MARKUP = {"<bos>": 2, "<eos>": 1, "<start_of_turn>": 105, "<end_of_turn>": 106}
 _MARKUP_RE = re.compile("(" + "|".join(re.escape(token) for token in _MARKUP) + ")")
@@ -59,12 +62,27 @@ class ScriptedEngine:
             max_images if images else 0,
             prompt_format=GemmaTurns.name,
         )
-        self.prompt_format = GemmaTurns(self, frozenset({1, 106}))
+        self.prompt_format: PromptFormat = GemmaTurns(self, frozenset({1, 106}))
+        self.text_tokenizer = TextTokenizer()
         self.requests: list[GenerationRequest] = []
         self.forgotten: list[str] = []
         self.threads: set[threading.Thread] = set()
         self._threads_lock = threading.Lock()  # threads remove themselves as they end
         self._release_stall = threading.Event()
+
+    def chat(self, key: str) -> TokenChat:
+        return TokenChat(self, key)
+
+    def prepare_image(self, image: object) -> object:
+        """Kept as checked (upright RGB, at its upload size)."""
+        self.image_placeholder_ids()
+        return image
+
+    def kv_usage(self) -> None:
+        return None  # it keeps no KV state
+
+    def worker_threads(self) -> None:
+        return None
 
     def tokenize_text(self, text: str) -> list[int]:
         return [300 + (ord(c) % 1000) for c in text]
@@ -82,14 +100,16 @@ class ScriptedEngine:
         return "".join(chr(i - 300) if i >= 300 else "" for i in ids)
 
     def image_placeholder_ids(self) -> list[int]:
+        if not self.info.images:
+            raise ImagesUnsupported("the scripted model reads no images")
         return [255999, *([262144] * 4), 256000]
 
     def forget(self, session_key: str) -> None:
         self.forgotten.append(session_key)
 
-    def start(self, request: GenerationRequest) -> Generation:
+    def generate(self, request: GenerationRequest) -> Generation:
         self.requests.append(request)
-        generation = Generation()
+        generation = Generation(prompt_tokens=len(request.prompt_ids))
         bridge = LoopBridge(asyncio.get_running_loop(), generation)
         thread = threading.Thread(
             target=self._run,
@@ -104,6 +124,9 @@ class ScriptedEngine:
 
     def unstall(self) -> None:
         self._release_stall.set()
+
+    async def reachable(self) -> bool:
+        return True
 
     async def aclose(self) -> None:
         self._release_stall.set()
@@ -137,7 +160,7 @@ class ScriptedEngine:
                 reason = FinishReason.CANCELLED
             finished = Finished(reason, tuple(produced))
         except BaseException as error:
-            finished = Finished(FinishReason.ERROR, tuple(produced), error=error)
+            finished = Finished(FinishReason.ERROR, tuple(produced), error)
         finally:
             bridge.put(finished)
             with self._threads_lock:

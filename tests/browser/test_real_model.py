@@ -26,8 +26,8 @@ WATCH_GROWTH = """() => {
 
 
 def embedded_engine() -> object:
-    from wschat.server.engine.hf import HFEngine
-    from wschat.server.loader import load_model
+    from wschat.server.engine.local.hf import HFEngine
+    from wschat.server.engine.local.loader import load_model
 
     return HFEngine(load_model("embedded"))
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from wschat.server.loader import default_cache_dir
+from wschat.server.engine.local.loader import default_cache_dir
 
 from tests.readme import readme_setup_command
 from tests.support import command_until_ready, free_port, run_ask

@@ -28,8 +28,8 @@ LIMIT = 64
 
 
 def embedded_engine() -> Any:
-    from wschat.server.engine.batched import BatchedEngine
-    from wschat.server.loader import load_model
+    from wschat.server.engine.local.batched import BatchedEngine
+    from wschat.server.engine.local.loader import load_model
 
     return BatchedEngine(load_model("embedded"))
 

@@ -13,17 +13,20 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import torch
+from transformers import DynamicCache
 from wschat.server.engine.base import (
     CancelFlag,
     GenerationRequest,
     SamplingParams,
     TokenPiece,
 )
-from wschat.server.engine.batched import BatchedEngine
-from wschat.server.engine.hf import HFEngine
-from wschat.server.engine.rows import BatchRow
-from wschat.server.engine.sampling import RowSampler
-from wschat.server.loader import LoadedModel
+from wschat.server.engine.local.batched import BatchedEngine
+from wschat.server.engine.local.hf import HFEngine
+from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.rows import BatchRow
+from wschat.server.engine.local.sampling import RowSampler
+from wschat.server.engine.local.slotkv import KVState, SlotKV
 
 from tests.engine.hostile import HOSTILE_PARAMS
 from tests.images import samples
@@ -49,7 +52,7 @@ def greedy(tokens: int, **extra: Any) -> SamplingParams:
 
 
 async def alone(engine: HFEngine | BatchedEngine, ids: list[int], params: SamplingParams) -> str:
-    text, finished = await collect(engine.start(GenerationRequest(ids, params)))
+    text, finished = await collect(engine.generate(GenerationRequest(ids, params)))
     assert finished.error is None
     return text
 
@@ -59,9 +62,9 @@ async def test_eight_concurrent_greedy_replies_equal_each_reply_run_alone(
 ) -> None:
     asks = prompts(batched, WIDTH)
     expected = [await alone(tiny_text_engine, ids, greedy(24)) for ids in asks]
-    first = [batched.start(GenerationRequest(ids, greedy(24))) for ids in asks[:4]]
+    first = [batched.generate(GenerationRequest(ids, greedy(24))) for ids in asks[:4]]
     await wait_until(lambda: batched.decode_steps >= 2)  # the rest join a decoding batch
-    later = [batched.start(GenerationRequest(ids, greedy(24))) for ids in asks[4:]]
+    later = [batched.generate(GenerationRequest(ids, greedy(24))) for ids in asks[4:]]
     results = await asyncio.gather(*(collect(g) for g in first + later))
     assert [text for text, _ in results] == expected
     assert {finished.reason.value for _, finished in results} == {"length"}
@@ -97,7 +100,7 @@ async def test_cancel_in_a_batch_leaves_the_others_unchanged_and_ends_within_one
     monkeypatch.setattr(CancelFlag, "set", set_and_log)
     monkeypatch.setattr(BatchedEngine, "_decode_step", step_and_log)
     monkeypatch.setattr(BatchRow, "finish", finish_and_log)
-    generations = [batched.start(GenerationRequest(ids, greedy(40))) for ids in asks]
+    generations = [batched.generate(GenerationRequest(ids, greedy(40))) for ids in asks]
     async with asyncio.timeout(TIMEOUT):
         streamed = 0
         while streamed < 3:
@@ -124,9 +127,9 @@ async def test_seeded_sampling_gives_the_same_reply_whatever_its_batch_mates(
         greedy(30, temperature=0.7, top_p=0.5),  # unseeded
         greedy(30, repetition_penalty=1.5),
     ]
-    generations = [batched.start(GenerationRequest(asks[0], sampled))]
+    generations = [batched.generate(GenerationRequest(asks[0], sampled))]
     generations += [
-        batched.start(GenerationRequest(ids, params))
+        batched.generate(GenerationRequest(ids, params))
         for ids, params in zip(asks[1:], mates, strict=True)
     ]
     results = await asyncio.gather(*(collect(g) for g in generations))
@@ -150,8 +153,8 @@ async def test_stop_string_ends_a_batched_reply_before_it(
     full = await alone(tiny_text_engine, asks[0], greedy(20))
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     cut = full.index(stop)
-    generations = [batched.start(GenerationRequest(asks[0], greedy(20, stop=(stop,))))]
-    generations += [batched.start(GenerationRequest(ids, greedy(20))) for ids in asks[1:]]
+    generations = [batched.generate(GenerationRequest(asks[0], greedy(20, stop=(stop,))))]
+    generations += [batched.generate(GenerationRequest(ids, greedy(20))) for ids in asks[1:]]
     (text, finished), *_ = await asyncio.gather(*(collect(g) for g in generations))
     assert finished.reason.value == "stop"
     assert text == full[:cut]
@@ -161,14 +164,14 @@ async def test_second_turn_prefills_only_new_tokens_and_matches_a_fresh_session(
     batched: BatchedEngine,
 ) -> None:
     first_ids = prompts(batched, 2)[1]
-    first = batched.start(GenerationRequest(first_ids, greedy(12), session_key="s"))
+    first = batched.generate(GenerationRequest(first_ids, greedy(12), session_key="s"))
     _, first_done = await collect(first)
     history = [*first_ids, *first_done.completion_ids, *batched.tokenize_text(" and then")]
-    second = batched.start(GenerationRequest(history, greedy(12), session_key="s"))
+    second = batched.generate(GenerationRequest(history, greedy(12), session_key="s"))
     text, done = await collect(second)
     # Everything but the last reply token (picked, never fed back) was cached.
     cached = len(first_ids) + len(first_done.completion_ids) - 1
-    assert done.cached_tokens == second.cached_tokens == cached
+    assert done.usage.cached_tokens == second.cached_tokens == cached
     fresh = await alone(batched, history, greedy(12))  # no session key: a full prefill
     assert text == fresh
 
@@ -239,13 +242,62 @@ async def test_prompts_beyond_the_batch_width_are_queued_with_their_positions(
         await engine.aclose()
 
 
-async def test_a_prompt_with_an_image_takes_the_single_generation_path(
+async def test_an_image_conversations_text_only_turns_run_in_the_batch_and_equal_generate(
     tiny_vision_loaded: LoadedModel,
 ) -> None:
-    engine = BatchedEngine(tiny_vision_loaded)
+    """Turns with new images run in generate; the turns after them without images come back to
+    the batch on generate's KV state (image tokens included), and every reply equals that of an
+    engine that re-encodes every image and prefills everything each turn."""
+    engine = BatchedEngine(tiny_vision_loaded, prefill_tokens=32)
+    twin = HFEngine(tiny_vision_loaded, kv_budget_bytes=0)
+    turns = [
+        ("What is this?", [samples.png()]),
+        ("And now? " * 6, None),  # a tail longer than the sliding window (16)
+        ("Once more.", None),
+        ("Compare it with this one.", [samples.jpeg(32, 32)]),
+        ("Which one is larger?", None),
+    ]
+    replies: dict[str, list[list[dict[str, Any]]]] = {"batched": [], "twin": []}
+    paths: list[dict[str, int]] = []
     try:
-        async with running_server(engine) as url, raw_peer(url) as (peer, ready):
-            assert ready["capabilities"] == {"images": True, "max_images": 4}
+        for name, each in (("batched", engine), ("twin", twin)):
+            async with running_server(each) as url, raw_peer(url) as (peer, ready):
+                assert ready["capabilities"] == {"images": True, "max_images": 4}
+                for n, (text, images) in enumerate(turns):
+                    frame: dict[str, Any] = {
+                        "type": "prompt",
+                        "id": str(n),
+                        "text": text,
+                        "params": {"max_new_tokens": 6},
+                    }
+                    if images:
+                        frame["images"] = images
+                    await peer.send(frame)
+                    replies[name].append(await peer.recv_until("done"))
+                    paths.append(dict(engine.image_turns))
+    finally:
+        await engine.aclose()
+        await twin.aclose()
+    assert [r[-1]["text"] for r in replies["batched"]] == [r[-1]["text"] for r in replies["twin"]]
+    assert all(r[-1]["reason"] == "length" for r in replies["batched"])
+    assert paths[:5] == [
+        {"generate": 1, "batch": 0},
+        {"generate": 1, "batch": 1},
+        {"generate": 1, "batch": 2},
+        {"generate": 2, "batch": 2},
+        {"generate": 2, "batch": 3},
+    ]
+    assert engine.decode_steps > 0
+    cached = [r[0]["cached_tokens"] for r in replies["batched"]]
+    assert cached[0] == 0 and all(c > 0 for c in cached[1:3] + cached[4:])
+
+
+async def test_a_text_turn_whose_image_state_was_evicted_re_encodes_in_generate(
+    tiny_vision_loaded: LoadedModel,
+) -> None:
+    engine = BatchedEngine(tiny_vision_loaded, kv_budget_bytes=0)  # keeps nothing
+    try:
+        async with running_server(engine) as url, raw_peer(url) as (peer, _):
             frame = {
                 "type": "prompt",
                 "id": "a",
@@ -255,17 +307,13 @@ async def test_a_prompt_with_an_image_takes_the_single_generation_path(
             }
             await peer.send(frame)
             with_image = await peer.recv_until("done")
-            steps_after_image = engine.decode_steps
             text_only = await ask(peer, "b", "And now?", max_new_tokens=5)
     finally:
         await engine.aclose()
-    assert with_image[-1]["reason"] == "length"
     assert with_image[0]["prompt_tokens"] > len(engine.image_placeholder_ids())
-    assert steps_after_image == 0  # generate ran it, not the batch
-    # The conversation holds an image, so its later turns stay on the single path too, and
-    # reuse its KV state there.
+    assert engine.image_turns == {"generate": 2, "batch": 0}
     assert engine.decode_steps == 0
-    assert text_only[0]["cached_tokens"] > 0 and text_only[-1]["reason"] == "length"
+    assert text_only[0]["cached_tokens"] == 0 and text_only[-1]["reason"] == "length"
 
 
 async def reply(url: str, text: str, **params: Any) -> list[dict[str, Any]]:
@@ -321,9 +369,9 @@ async def test_hostile_but_valid_params_leave_the_batch_mates_greedy_replies_unc
     mates = prompts(batched, WIDTH - len(HOSTILE_PARAMS))
     expected = [await alone(tiny_text_engine, ids, greedy(24)) for ids in mates]
     hostile = [greedy(24, **params) for params in HOSTILE_PARAMS]
-    generations = [batched.start(GenerationRequest(ids, greedy(24))) for ids in mates]
+    generations = [batched.generate(GenerationRequest(ids, greedy(24))) for ids in mates]
     generations += [
-        batched.start(GenerationRequest(ids, params))
+        batched.generate(GenerationRequest(ids, params))
         for ids, params in zip(prompts(batched, len(hostile)), hostile, strict=True)
     ]
     results = await asyncio.gather(*(collect(g) for g in generations))
@@ -366,8 +414,8 @@ async def test_a_failure_in_one_row_ends_that_row_alone(
         monkeypatch.setattr(RowSampler, "pick", pick_or_fail)
     else:
         monkeypatch.setattr(BatchRow, "take", take_or_fail)
-    generations = [batched.start(GenerationRequest(asks[0], sampled))]
-    generations += [batched.start(GenerationRequest(ids, greedy(20))) for ids in asks[1:]]
+    generations = [batched.generate(GenerationRequest(asks[0], sampled))]
+    generations += [batched.generate(GenerationRequest(ids, greedy(20))) for ids in asks[1:]]
     results = await asyncio.gather(*(collect(g) for g in generations))
     (faulty_text, faulty_end), *mates = results
     assert (faulty_end.reason.value, faulty_end.error) == ("error", boom)
@@ -394,3 +442,25 @@ async def test_hostile_sessions_over_a_server_cost_their_batch_mates_nothing(
     assert [frames[-1]["type"] for frames in replies] == ["done"] * len(replies)
     assert {frames[-1]["reason"] for frames in replies} == {"length"}
     assert not [f for frames in replies for f in frames if f["type"] == "error"]
+
+
+@pytest.mark.parametrize("cached", [5, 15, 16, 17, 40])  # around the sliding window of 16
+def test_generates_kv_state_taken_into_the_batch_continues_as_one_full_forward(
+    tiny_text_loaded: LoadedModel, cached: int
+) -> None:
+    """``KVState.of_cache``: a prefill of 5 tokens, then two decode steps, on the state of a
+    transformers cache give the logits of one forward over everything."""
+    engine = BatchedEngine(tiny_text_loaded, width=1)
+    model = tiny_text_loaded.model
+    ids = [2, *engine.tokenize_text("hello world " * 30)][: cached + 7]
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=torch.tensor([ids[:cached]]), cache=cache, use_cache=True)
+        want = model(input_ids=torch.tensor([ids])).logits[0, cached:]
+        kv = SlotKV(engine._layout, 1)
+        kv.add(KVState.of_cache(cache, engine._layout))
+        got = [engine._logits(engine._forward(kv, torch.tensor([ids[cached : cached + 5]]), [5]))]
+        for position in (cached + 5, cached + 6):
+            hidden = engine._forward(kv, torch.tensor([[ids[position]]]), [1])
+            got.append(engine._logits(hidden))
+    torch.testing.assert_close(torch.cat([g[0] for g in got]), want.float())

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from wschat.server.conversation import Conversation
 from wschat.server.engine.formats import (
     ChatTemplate,
     FormatHints,
@@ -19,7 +18,8 @@ from wschat.server.engine.formats import (
     looks_instruction_tuned,
     newline_ids,
 )
-from wschat.server.loader import LoadedModel
+from wschat.server.engine.history import Conversation
+from wschat.server.engine.local.loader import LoadedModel
 
 BOS, START, END, EOS, NEWLINE = 2, 105, 106, 1, 107
 EOS_IDS = frozenset({EOS, END})

@@ -12,11 +12,11 @@ from typing import Any
 
 import PIL.Image
 import pytest
-from wschat.server.conversation import Conversation
 from wschat.server.engine.base import Finished, Generation, GenerationRequest, SamplingParams
-from wschat.server.engine.batched import BatchedEngine
-from wschat.server.engine.hf import HFEngine
-from wschat.server.loader import LoadedModel
+from wschat.server.engine.history import Conversation
+from wschat.server.engine.local.batched import BatchedEngine
+from wschat.server.engine.local.hf import HFEngine
+from wschat.server.engine.local.loader import LoadedModel
 
 from tests.engine.test_formats import GEMMA_TEMPLATE
 from tests.support import RawPeer, collect, next_stats, raw_peer, running_server, stats_socket
@@ -44,7 +44,7 @@ async def run(engine: Engine, ids: list[int], key: str | None, tokens: int = 10)
 async def run_text(
     engine: Engine, ids: list[int], key: str | None, tokens: int = 10
 ) -> tuple[str, Finished]:
-    generation: Generation = engine.start(
+    generation: Generation = engine.generate(
         GenerationRequest(ids, SamplingParams(max_new_tokens=tokens), session_key=key)
     )
     return await collect(generation)
@@ -70,8 +70,8 @@ async def test_greedy_turns_with_reuse_equal_turns_prefilled_in_full(engine: Eng
         reused = await run(engine, history, "s")
         full = await run(engine, history, None)
         assert reused.completion_ids == full.completion_ids
-        assert (reused.cached_tokens > 0) == (turn > 0)
-        assert full.cached_tokens == 0
+        assert (reused.usage.cached_tokens > 0) == (turn > 0)
+        assert full.usage.cached_tokens == 0
         history += [*reused.completion_ids, 106]
 
 
@@ -102,7 +102,7 @@ async def test_greedy_turns_with_reuse_equal_full_prefills_in_every_prompt_forma
             reused = await run(engine, prompt, "s")
             full = await run(engine, prompt, None)
             assert reused.completion_ids == full.completion_ids
-            assert (reused.cached_tokens > 0) == (turn > 0)
+            assert (reused.usage.cached_tokens > 0) == (turn > 0)
             conversation.add_exchange(user, [], [], reused.completion_ids)
     finally:
         await engine.aclose()
@@ -131,7 +131,7 @@ async def test_kv_store_counts_the_bytes_of_the_layers_heads_and_dtype(
 ) -> None:
     prompt = [2, *engine.tokenize_text("hello world " * 20)][: positions - 10 + 1]
     finished = await run(engine, prompt, "s")
-    assert finished.cached_tokens == 0
+    assert finished.usage.cached_tokens == 0
     assert engine.kv.tokens == positions  # the prompt and the replies' tokens but the last
     assert engine.kv.bytes == kv_bytes(tiny_text_loaded, positions)
 
@@ -150,7 +150,7 @@ async def test_kv_budget_in_bytes_evicts_the_least_recently_used_idle_session(
         await run(engine, prompt, "c")
         assert sessions_cached(engine) == {"b", "c"}  # "a" was idle the longest
         finished = await run(engine, prompt, "a")
-        assert finished.cached_tokens == 0  # it re-prefills
+        assert finished.usage.cached_tokens == 0  # it re-prefills
         assert engine.kv.evictions == 2  # "a" made room by evicting "b"
         assert sessions_cached(engine) == {"c", "a"}
         assert engine.kv.bytes == 2 * one_session <= engine.kv.budget_bytes
@@ -187,7 +187,7 @@ async def test_the_batch_and_the_image_path_share_one_kv_budget(
         request = GenerationRequest(
             with_image, SamplingParams(max_new_tokens=10), [image], session_key="image"
         )
-        await collect(engine.start(request))
+        await collect(engine.generate(request))
         assert sessions_cached(engine) == {"text", "image"}
         held = kv_bytes(tiny_vision_loaded, len(text_only) + 9)
         held += kv_bytes(tiny_vision_loaded, len(with_image) + 9)
@@ -198,8 +198,8 @@ async def test_the_batch_and_the_image_path_share_one_kv_budget(
         request = GenerationRequest(
             history, SamplingParams(max_new_tokens=10), [image], session_key="text"
         )
-        _, finished = await collect(engine.start(request))
-        assert finished.error is None and finished.cached_tokens == 0
+        _, finished = await collect(engine.generate(request))
+        assert finished.error is None and finished.usage.cached_tokens == 0
         held += kv_bytes(tiny_vision_loaded, len(history) + 9)
         held -= kv_bytes(tiny_vision_loaded, len(text_only) + 9)
         assert engine.kv.bytes == held
@@ -216,13 +216,13 @@ async def test_second_turn_over_a_server_is_cached_and_matches_a_fresh_session(
     engine: Engine,
 ) -> None:
     requests: list[GenerationRequest] = []
-    original_start = engine.start
+    original_generate = engine.generate
 
-    def start_and_keep(request: GenerationRequest) -> Generation:
+    def generate_and_keep(request: GenerationRequest) -> Generation:
         requests.append(request)
-        return original_start(request)
+        return original_generate(request)
 
-    engine.start = start_and_keep  # type: ignore[method-assign]
+    engine.generate = generate_and_keep  # type: ignore[method-assign]
     async with running_server(engine) as url, raw_peer(url) as (peer, _):
         first = await ask(peer, "a", "One", max_new_tokens=8)
         second = await ask(peer, "b", "Two", max_new_tokens=8)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 from wschat.server.engine.base import SamplingParams
-from wschat.server.engine.sampling import RowSampler, draw, nucleus, pick_tokens
+from wschat.server.engine.local.sampling import RowSampler, draw, nucleus, pick_tokens
 
 from tests.engine.hostile import HOSTILE_PARAMS
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 from wschat.server.engine.base import TokenPiece
-from wschat.server.engine.streamer import TokenStreamer
-from wschat.server.loader import LoadedModel
+from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.streamer import TokenStreamer
 
 # Characters the Gemma vocabulary spells as UTF-8 byte-fallback tokens (<0xF0>, <0x93>, ...),
 # between characters it has whole tokens for.

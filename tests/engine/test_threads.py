@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from wschat.server.engine import GenerationRequest, SamplingParams
-from wschat.server.engine.batched import BatchedEngine
-from wschat.server.engine.threads import (
+from wschat.server.engine.local.batched import BatchedEngine
+from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.threads import (
     FIRST_WINDOW_S,
     SAMPLE_INTERVAL_S,
     OthersLoad,
@@ -19,7 +20,6 @@ from wschat.server.engine.threads import (
     _cgroup_cpu_limit,
     threads_for,
 )
-from wschat.server.loader import LoadedModel
 
 from tests.support import collect
 
@@ -139,7 +139,7 @@ async def test_the_batched_worker_applies_the_policy_on_every_pass(
     policy = RecordingPolicy(Clock())
     engine = BatchedEngine(tiny_text_loaded, threads=policy)
     request = GenerationRequest([2, 10, 11, 12], SamplingParams(max_new_tokens=6), session_key="s")
-    _, finished = await collect(engine.start(request))
+    _, finished = await collect(engine.generate(request))
     await engine.aclose()
     assert finished.reason.value == "length"
     assert len(policy.by_pass) >= 5  # a pass per token (the prefill pass decodes one too)

@@ -23,8 +23,8 @@ from typing import Any
 
 import msgpack
 import pytest
-from wschat.server.engine.hf import HFEngine
-from wschat.server.loader import LoadedModel
+from wschat.server.engine.local.hf import HFEngine
+from wschat.server.engine.local.loader import LoadedModel
 
 from tests.support import TIMEOUT, RawPeer, free_port, raw_peer, wait_ready
 

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 import wschat.server.images
-from wschat.server.conversation import Conversation
 from wschat.server.engine import GenerationRequest
+from wschat.server.engine.history import Conversation
 from wschat.server.engine.scripted import Script, ScriptedEngine
 
 from tests.prometheus import samples

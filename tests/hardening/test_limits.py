@@ -8,9 +8,9 @@ from typing import Any
 import msgpack
 import pytest
 import websockets
-from wschat.server.engine.hf import HFEngine
+from wschat.server.engine.local.hf import HFEngine
+from wschat.server.engine.local.loader import LoadedModel
 from wschat.server.engine.scripted import Script, ScriptedEngine
-from wschat.server.loader import LoadedModel
 
 from tests.support import TIMEOUT, closed_before_ready, raw_peer, running_server
 

@@ -7,8 +7,8 @@ import random
 from typing import Any
 
 import pytest
-from wschat.server.engine.hf import HFEngine
-from wschat.server.loader import LoadedModel
+from wschat.server.engine.local.hf import HFEngine
+from wschat.server.engine.local.loader import LoadedModel
 
 from tests.images import samples
 from tests.support import RawPeer, raw_peer, running_server

@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image as PILImage
 from wschat.protocol import ErrorCode, GenerationParams, Image, Prompt, ProtocolError
-from wschat.server.conversation import Conversation
 from wschat.server.engine.base import GenerationRequest, SamplingParams
-from wschat.server.engine.hf import HFEngine
+from wschat.server.engine.history import Conversation
+from wschat.server.engine.local.hf import HFEngine
 from wschat.server.images import ImageLimits, check_image
 from wschat.server.session import Session
 
@@ -35,7 +35,7 @@ UPLOADS = {  # small files that decode to large bitmaps, and one smaller than th
 def held_bytes(session: Session) -> list[int]:
     """Decoded bytes of every image the session holds: staged, and in its conversation."""
     staged = [checked.image for checked in session._staged]
-    return [np.asarray(image).nbytes for image in [*session.conversation.images, *staged]]
+    return [np.asarray(image).nbytes for image in [*session.chat.images, *staged]]
 
 
 async def test_a_session_keeps_each_image_at_the_models_input_size(
@@ -78,7 +78,7 @@ async def test_a_reply_from_the_kept_form_is_the_reply_from_the_upload(
     replies = []
     for image in (decoded, tiny_vision_engine.prepare_image(decoded)):
         request = GenerationRequest(ids, SamplingParams(max_new_tokens=12), [image])
-        replies.append((await collect(tiny_vision_engine.start(request)))[1].completion_ids)
+        replies.append((await collect(tiny_vision_engine.generate(request)))[1].completion_ids)
     assert replies[0] == replies[1] and len(replies[0]) == 12
 
 

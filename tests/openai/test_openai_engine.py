@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from wschat.protocol import ErrorCode, FinishReason
-from wschat.server.conversation import Conversation
+from wschat.server.engine.history import Conversation
 from wschat.server.engine import GenerationRequest, SamplingParams
 from wschat.server.engine.failures import EngineFailure
 from wschat.server.engine.openai import OpenAIEngine, connect
@@ -164,9 +164,9 @@ async def test_a_prompt_over_the_engines_context_is_context_overflow(
 ) -> None:
     # The gateway believes in a larger context than the engine's slot has: the engine refuses.
     openai_engine.info = dataclasses.replace(openai_engine.info, context_tokens=100_000)
-    ids = openai_engine.tokenize_text("word " * (SLOT_CONTEXT + 100))
+    ids = openai_engine.tokenizer.tokenize_text("word " * (SLOT_CONTEXT + 100))
     request = GenerationRequest(ids, SamplingParams(max_new_tokens=8), session_key="k")
-    _, finished = await collect(openai_engine.start(request))
+    _, finished = await collect(openai_engine.generate(request))
     assert finished.reason is FinishReason.ERROR
     assert isinstance(finished.error, EngineFailure)
     assert finished.error.code is ErrorCode.CONTEXT_OVERFLOW

@@ -133,7 +133,7 @@ async def test_reset_mid_generation_sends_done_then_reset_ok_and_clears_history(
     await session.handle(Reset())
     kinds = [type(f) for f in rec.frames]
     assert kinds.index(Done) < kinds.index(ResetOk)
-    assert session.conversation.exchanges == []
+    assert session.chat.turns == 0
     assert engine.forgotten == ["s1"]
 
 
@@ -278,8 +278,8 @@ async def test_a_system_prompt_leaving_no_room_for_a_turn_is_too_large_and_chang
     assert raised.value.message == (
         "the system prompt is 79 tokens; a context of 128 holds at most 78 with room for a turn"
     )
-    assert session.conversation.system == "be brief"
-    assert len(session.conversation.exchanges) == 1
+    assert session.chat.system == "be brief"
+    assert session.chat.turns == 1
     assert session.defaults == GenerationParams(max_new_tokens=3)
 
 

@@ -244,7 +244,7 @@ class SessionMachine(RuleBasedStateMachine):
         assert isinstance(caused[-1], ResetOk)
         assert not any(isinstance(f, ResetOk) for f in caused[:-1])
         assert active is None or active in self.done_ids()  # its done came before reset_ok
-        assert self.session.conversation.exchanges == []
+        assert self.session.chat.turns == 0
         self.staged = 0
 
     @rule(t=st.none() | st.integers() | st.text(max_size=5) | st.just(Ping().t))

@@ -12,6 +12,7 @@ spellings (``dialect``) and the error mapping (``errors``) do not depend on the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -21,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from wschat.protocol import FinishReason
+from wschat.protocol import FinishReason, Usage
 
-from ..base import EngineInfo, Finished, Generation, GenerationRequest, TokenPiece
+from ..base import EngineInfo, Finished, Generation, GenerationRequest, KVUsage, TokenPiece
+from ..errors import ImagesUnsupported
 from ..failures import EngineFailure
 from ..formats import (
     FormatHints,
@@ -33,6 +35,8 @@ from ..formats import (
     choose_format,
     looks_instruction_tuned,
 )
+from ..history import TokenChat
+from ..tokenizing import TextTokenizer
 from .client import EngineHttp
 from .dialect import Dialect
 from .errors import lost
@@ -91,6 +95,7 @@ class OpenAIEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.prompt_format = prompt_format
+        self.text_tokenizer = TextTokenizer()
         self.info = EngineInfo(
             NAME,
             model,
@@ -112,18 +117,27 @@ class OpenAIEngine:
 
     # -- the engine interface -------------------------------------------------------------
 
-    def tokenize_text(self, text: str) -> list[int]:
-        return self.tokenizer.tokenize_text(text)
+    def chat(self, key: str) -> TokenChat:
+        return TokenChat(self, key)
 
-    def token_id(self, token: str) -> int:
-        return self.tokenizer.token_id(token)
+    def prepare_image(self, image: Any) -> Any:
+        raise ImagesUnsupported(f"the model {self.model!r} does not read images here")
+
+    def image_placeholder_ids(self) -> list[int]:
+        raise ImagesUnsupported(f"the model {self.model!r} does not read images here")
+
+    def kv_usage(self) -> KVUsage | None:
+        return None  # the engine's own cache, which it reports per reply (cached_tokens)
+
+    def worker_threads(self) -> int | None:
+        return None
 
     def forget(self, session_key: str) -> None:
         """Nothing to drop: the engine's prefix cache is keyed by the ids, not the session."""
 
-    def start(self, request: GenerationRequest) -> Generation:
+    def generate(self, request: GenerationRequest) -> Generation:
         loop = asyncio.get_running_loop()
-        generation = HttpGeneration()
+        generation = HttpGeneration(prompt_tokens=len(request.prompt_ids))
         task = loop.create_task(self._run(request, generation), name="wschat-openai-stream")
         generation.bind(loop, task)
         self._tasks.add(task)
@@ -164,6 +178,7 @@ class OpenAIEngine:
 
     async def _run(self, request: GenerationRequest, generation: Generation) -> None:
         ids: list[int] = []
+        texts: list[str] = []
         reason: str | None = None
         strip = self.prompt_format.strips_leading_space
         finished: Finished
@@ -181,22 +196,26 @@ class OpenAIEngine:
                         text = text.removeprefix(" ")
                     ids += new_ids
                     if text or new_ids:
+                        texts.append(text)
                         generation.push(TokenPiece(text, tuple(new_ids)))
                     reason = choice.get("finish_reason") or reason
             if reason is None:
                 raise lost("the stream ended without a finish reason")
             kind = FinishReason.LENGTH if reason == "length" else FinishReason.STOP
-            finished = Finished(kind, tuple(ids), generation.cached_tokens)
+            finished = Finished(kind)
         except asyncio.CancelledError:
             # the stream is closed by now (leaving ``async with`` closed the connection)
-            finished = Finished(FinishReason.CANCELLED, tuple(ids), generation.cached_tokens)
+            finished = Finished(FinishReason.CANCELLED)
         except EngineFailure as error:
-            finished = Finished(FinishReason.ERROR, tuple(ids), error=error)
+            finished = Finished(FinishReason.ERROR, error=error)
         except httpx.HTTPError as error:
-            finished = Finished(FinishReason.ERROR, tuple(ids), error=lost(repr(error)))
+            finished = Finished(FinishReason.ERROR, error=lost(repr(error)))
         except Exception as error:
-            finished = Finished(FinishReason.ERROR, tuple(ids), error=error)
-        generation.push(finished)
+            finished = Finished(FinishReason.ERROR, error=error)
+        usage = Usage(len(request.prompt_ids), len(ids), generation.cached_tokens)
+        text = "".join(texts)
+        ended = dataclasses.replace(finished, completion_ids=tuple(ids), text=text, usage=usage)
+        generation.push(ended)
 
 
 # -- building one ----------------------------------------------------------------------------

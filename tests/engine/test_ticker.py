@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from wschat.server.ticker import Ticker
+from wschat.server.engine.local.ticker import Ticker
 
 from tests.support import TIMEOUT
 

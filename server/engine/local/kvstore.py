@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..base import KVUsage
+
 if TYPE_CHECKING:
     import torch
 
@@ -51,7 +53,15 @@ class KVStore:
         with self._lock:
             return sum(e.nbytes for e in self._entries.values())
 
-    def take(self, key: str, prompt_ids: list[int], kind: type) -> CachedPrefix | None:
+    def usage(self) -> KVUsage:
+        with self._lock:
+            entries = list(self._entries.values())
+        tokens = sum(len(e.ids) for e in entries)
+        return KVUsage(tokens, sum(e.nbytes for e in entries), self.budget_bytes)
+
+    def take(
+        self, key: str, prompt_ids: list[int], kind: type | tuple[type, ...]
+    ) -> CachedPrefix | None:
         """The session's cache if it is of ``kind`` and the prompt extends what it holds; it
         leaves the store either way."""
         with self._lock:

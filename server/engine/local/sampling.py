@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import SamplingParams
+from ..base import SamplingParams
 
 NUCLEUS_CANDIDATES = 1024
 _BUCKET_SHIFT = 20  # float32 bits >> 20: the exponent and 3 bits of mantissa

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .engine.formats import looks_instruction_tuned
+from ..formats import looks_instruction_tuned
 from .ticker import Ticker
 
 log = logging.getLogger("wschat.loader")
@@ -145,7 +145,7 @@ def resolve_model(spec: str, cache_dir: Path | None) -> tuple[str | Path, str, b
         return embedded_model_dir(cache_dir), EMBEDDED_NAME, False
     from .devmodel import cached_devmodel, is_devmodel_dir, is_devmodel_name
 
-    if is_devmodel_name(spec):  # random weights for tests and demos (server/devmodel.py)
+    if is_devmodel_name(spec):  # random weights for tests and demos (devmodel.py)
         # They stand in for instruction-tuned Gemma 3 checkpoints: rendered as Gemma turns.
         return cached_devmodel(spec, cache_dir or default_cache_dir()), spec, True
     path = Path(spec).expanduser()

@@ -19,7 +19,12 @@ every row in it, and the loop goes on with the rows that come next. KV state is 
 session across turns in a ``KVStore`` (the same contract as ``HFEngine``): a prompt that
 extends a session's cached tokens prefills only the new ones.
 
-Requests with images go to an ``HFEngine`` over the same model (one ``generate`` each).
+Turns with new images go to an ``HFEngine`` over the same model (one ``generate`` each), which
+encodes them. A later turn of that conversation without new images comes back to the batch: the
+``generate`` path's KV state (a transformers ``Cache``, in the same ``KVStore``) holds every
+earlier image's tokens, and is taken over as a ``KVState`` (``KVState.of_cache``) when the row
+joins, so the text-only tail is prefilled by the text decoder alone. Where that state is gone
+(evicted), the turn goes to ``generate`` again, which re-encodes the conversation's images.
 
 Why not transformers' continuous batching manager (``model.init_continuous_batching()``), which
 also streams, cancels and batches per request: ``python -m bench`` measures it in process in the
@@ -42,12 +47,14 @@ from typing import Any
 import numpy as np
 import torch
 from PIL.Image import Image
+from transformers import Cache
 from wschat.protocol import FinishReason
 
-from ..loader import LoadedModel
-from .base import Generation, GenerationRequest, LoopBridge
+from ..base import Generation, GenerationRequest, KVUsage, LoopBridge
+from ..history import TokenChat
 from .hf import HFEngine
-from .kvstore import KVStore
+from .kvstore import CachedPrefix, KVStore
+from .loader import LoadedModel
 from .rows import BatchRow
 from .sampling import RowSampler, pick_tokens
 from .slotkv import KVState, LayerLayout, SlotKV
@@ -83,6 +90,7 @@ class BatchedEngine:
         )
         self.info = replace(self.single.info, name=self.name)
         self.prompt_format = self.single.prompt_format
+        self.text_tokenizer = self.single.text_tokenizer
         self.model = loaded.model
         inner = self.model.model
         self._text = getattr(inner, "language_model", inner)  # the decoder stack, text only
@@ -92,9 +100,9 @@ class BatchedEngine:
         self._pad_id = int(loaded.tokenizer.pad_token_id or 0)
         self.width = width
         self.prefill_tokens = prefill_tokens
-        layout = LayerLayout.of(text_config, self.model.dtype, self.model.device)
-        self._decode_kv = SlotKV(layout, width)
-        self._prefill_kv = SlotKV(layout, width)
+        self._layout = LayerLayout.of(text_config, self.model.dtype, self.model.device)
+        self._decode_kv = SlotKV(self._layout, width)
+        self._prefill_kv = SlotKV(self._layout, width)
         self._decoding: list[BatchRow] = []  # row b of _decode_kv (worker thread only)
         self._prefilling: list[BatchRow] = []  # row b of _prefill_kv (worker thread only)
         self._waiting: deque[BatchRow] = deque()  # admitted by start, no row yet (worker only)
@@ -105,8 +113,21 @@ class BatchedEngine:
         self._wake_pending = False
         self.decode_steps = 0
         self.decoded_tokens = 0
+        # turns of image conversations, by the path that served them (see the module docstring)
+        self.image_turns = {"batch": 0, "generate": 0}
 
     # -- the Engine interface ------------------------------------------------------------
+
+    def chat(self, key: str) -> TokenChat:
+        return TokenChat(self, key)
+
+    def kv_usage(self) -> KVUsage:
+        return self.kv.usage()  # the generate path's state too: one store, one budget
+
+    def worker_threads(self) -> int | None:
+        return self.threads.in_worker
+
+    # -- what TokenChat uses ---------------------------------------------------------------
 
     def tokenize_text(self, text: str) -> list[int]:
         return self.single.tokenize_text(text)
@@ -123,12 +144,17 @@ class BatchedEngine:
     def forget(self, session_key: str) -> None:
         self.kv.forget(session_key)  # the image path's state too: one store
 
-    def start(self, request: GenerationRequest) -> Generation:
-        if request.images:
-            return self.single.start(request)
-        generation = Generation()
+    def generate(self, request: GenerationRequest) -> Generation:
         key = request.session_key
-        prefix = self.kv.take(key, request.prompt_ids, KVState) if key else None
+        kinds = (KVState, Cache) if request.images else KVState
+        prefix = self.kv.take(key, request.prompt_ids, kinds) if key else None
+        if request.images:
+            if request.fresh_images or not self._holds_every_image(request, prefix):
+                self.image_turns["generate"] += 1
+                usable = prefix if prefix and isinstance(prefix.cache, Cache) else None
+                return self.single.generate_from(request, usable)
+            self.image_turns["batch"] += 1
+        generation = Generation(prompt_tokens=len(request.prompt_ids))
         generation.cached_tokens = len(prefix.ids) if prefix else 0
         room = self.info.context_tokens - len(request.prompt_ids)
         bridge = LoopBridge(asyncio.get_running_loop(), generation)
@@ -151,6 +177,13 @@ class BatchedEngine:
             asyncio.get_running_loop().call_soon(self._wake)
         return generation
 
+    def _holds_every_image(self, request: GenerationRequest, prefix: CachedPrefix | None) -> bool:
+        """Whether ``prefix`` holds the KV state of every image of the conversation: then the
+        rest of the prompt is text, which the batch prefills."""
+        if prefix is None:
+            return False
+        return self.single.image_layout.images_in(prefix.ids) == len(request.images)
+
     def _wake(self) -> None:
         with self._lock:
             self._wake_pending = False
@@ -159,6 +192,9 @@ class BatchedEngine:
                     target=self._work, name="wschat-generate-batch", daemon=True
                 )
                 self._worker.start()
+
+    async def reachable(self) -> bool:
+        return True
 
     async def aclose(self) -> None:
         worker = self._worker
@@ -202,6 +238,9 @@ class BatchedEngine:
     def _admit(self) -> None:
         while self._waiting and self._rows < self.width:
             row = self._waiting.popleft()
+            if row.prefix is not None and isinstance(row.prefix.cache, Cache):
+                state = KVState.of_cache(row.prefix.cache, self._layout)
+                row.prefix = CachedPrefix(state, row.prefix.ids, state.nbytes)
             if row.cancelled:
                 row.finish(FinishReason.CANCELLED, row.prefix_state, self.kv)
                 continue

@@ -1,4 +1,4 @@
-"""``TextTokenizer`` (server/tokenizing.py): short texts on the loop, long ones in one worker thread
+"""``TextTokenizer`` (engine/tokenizing.py): short texts on the loop, long ones in one worker thread
 at a time, and a cancelled caller never frees the worker while its thread still runs."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import contextlib
 import threading
 
 from wschat.server.engine.scripted import ScriptedEngine
-from wschat.server.tokenizing import INLINE_CHARS, TextTokenizer
+from wschat.server.engine.tokenizing import INLINE_CHARS, TextTokenizer
 
 from tests.support import TIMEOUT
 

@@ -5,8 +5,8 @@ Both are built with the real transformers classes (``Gemma3ForCausalLM``,
 Gemma tokenizer the embedded model ships, so everything around the weights (loader, tokenizer,
 processor, placeholders, masks, KV cache) runs for real; only the replies are nonsense.
 
-    python -m wschat.server.devmodel --text DIR    # a text-only model folder
-    python -m wschat.server.devmodel --vision DIR  # reads images (64x64, 16 tokens each)
+    python -m wschat.server.engine.local.devmodel --text DIR    # a text-only model
+    python -m wschat.server.engine.local.devmodel --vision DIR  # images: 64x64, 16 tokens
     wschat-server --model tiny-random-vision  # built once into the cache directory, then served
 
 The output embedding rows of ``<eos>`` and ``<end_of_turn>`` are zeroed so that a greedy reply
@@ -208,7 +208,7 @@ def _read_marker(path: Path) -> Any:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m wschat.server.devmodel",
+        prog="python -m wschat.server.engine.local.devmodel",
         description="Write a tiny random-weight Gemma 3 model folder (real classes, the embedded "
         "model's Gemma tokenizer) that wschat-server --model DIR can serve.",
     )

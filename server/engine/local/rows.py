@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from wschat.protocol import FinishReason
 
-from .base import Finished, Generation, GenerationRequest, LoopBridge
+from ..base import Finished, Generation, GenerationRequest, LoopBridge
 from .kvstore import CachedPrefix, KVStore
 from .sampling import RowSampler
 from .slotkv import KVState
@@ -83,11 +83,4 @@ class BatchRow:
                 ids = [*self.request.prompt_ids, *self.streamer.generated][: state.length]
                 store.put(key, CachedPrefix(state, ids, state.nbytes))
         finally:
-            self.bridge.put(
-                Finished(
-                    reason,
-                    tuple(self.streamer.generated),
-                    self.generation.cached_tokens,
-                    error,
-                )
-            )
+            self.bridge.put(Finished(reason, tuple(self.streamer.generated), error))

@@ -32,12 +32,23 @@ from transformers import (
     LogitsProcessorList,
     StoppingCriteriaList,
 )
-from wschat.protocol import FinishReason, Unsupported
+from wschat.protocol import FinishReason
 
-from ..loader import LoadedModel
-from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, SamplingParams
-from .formats import build_format
+from ..base import (
+    EngineInfo,
+    Finished,
+    Generation,
+    GenerationRequest,
+    KVUsage,
+    LoopBridge,
+    SamplingParams,
+)
+from ..errors import ImagesUnsupported
+from ..formats import build_format
+from ..history import TokenChat
+from ..tokenizing import TextTokenizer
 from .kvstore import CachedPrefix, KVStore, held_bytes
+from .loader import LoadedModel
 from .sampling import penalize, tempered
 from .streamer import TokenStreamer, cancel_or_stop
 from .threads import ThreadPolicy
@@ -82,10 +93,22 @@ class HFEngine:
             prompt_format=self.prompt_format.name,
         )
         self.kv = kv if kv is not None else KVStore(kv_budget_bytes)
+        self.text_tokenizer = TextTokenizer()
         self._threads: set[threading.Thread] = set()
         self._images = _ImageLayout.of(loaded) if loaded.has_vision else None
 
     # -- the Engine interface ------------------------------------------------------------
+
+    def chat(self, key: str) -> TokenChat:
+        return TokenChat(self, key)
+
+    def kv_usage(self) -> KVUsage:
+        return self.kv.usage()
+
+    def worker_threads(self) -> int | None:
+        return self.threads.in_worker
+
+    # -- what TokenChat uses ---------------------------------------------------------------
 
     def tokenize_text(self, text: str) -> list[int]:
         encoded = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)
@@ -109,25 +132,29 @@ class HFEngine:
         )
 
     def image_placeholder_ids(self) -> list[int]:
-        """The prompt ids one image occupies (session.py puts one run per image in the turn)."""
-        if self._images is None:
-            raise Unsupported(f"the model {self.info.model!r} does not read images")
-        return list(self._images.placeholder)
+        """The prompt ids one image occupies (the chat puts one run per image in the turn)."""
+        return list(self.image_layout.placeholder)
 
     def prepare_image(self, image: Image) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """A checked image (upright RGB) as the session keeps it: at the processor's input size
-        (Gemma 3: 896x896, 2.4 MB), whatever size it was uploaded at (images.py)."""
-        if self._images is None:
-            raise Unsupported(f"the model {self.info.model!r} does not read images")
-        return self._images.input_form(image)
+        (Gemma 3: 896x896, 2.4 MB), whatever size it was uploaded at."""
+        return self.image_layout.input_form(image)
 
-    def start(self, request: GenerationRequest) -> Generation:
-        generation = Generation()
-        prefix = (
-            self.kv.take(request.session_key, request.prompt_ids, Cache)
-            if request.session_key
-            else None
-        )
+    @property
+    def image_layout(self) -> _ImageLayout:
+        if self._images is None:
+            raise ImagesUnsupported(f"the model {self.info.model!r} does not read images")
+        return self._images
+
+    def generate(self, request: GenerationRequest) -> Generation:
+        key = request.session_key
+        prefix = self.kv.take(key, request.prompt_ids, Cache) if key else None
+        return self.generate_from(request, prefix)
+
+    def generate_from(self, request: GenerationRequest, prefix: CachedPrefix | None) -> Generation:
+        """Generate on top of ``prefix`` (a transformers ``Cache`` the prompt extends): only the
+        prompt's tail is prefilled, and only the images in it are encoded."""
+        generation = Generation(prompt_tokens=len(request.prompt_ids))
         if prefix and self._images and not self._images.whole_images_in(prefix.ids):
             prefix = None
         generation.cached_tokens = len(prefix.ids) if prefix else 0
@@ -141,6 +168,9 @@ class HFEngine:
         self._threads.add(thread)
         thread.start()
         return generation
+
+    async def reachable(self) -> bool:
+        return True
 
     async def aclose(self) -> None:
         for thread in list(self._threads):
@@ -166,12 +196,10 @@ class HFEngine:
                 kept = ids[: cache.get_seq_length()]
                 self.kv.put(request.session_key, CachedPrefix(cache, kept, _cache_bytes(cache)))
             reason = self._reason(generation, streamer)
-            finished = Finished(reason, tuple(streamer.generated), generation.cached_tokens)
+            finished = Finished(reason, tuple(streamer.generated))
         except BaseException as error:
             log.exception("generation failed")
-            finished = Finished(
-                FinishReason.ERROR, tuple(streamer.generated), generation.cached_tokens, error
-            )
+            finished = Finished(FinishReason.ERROR, tuple(streamer.generated), error)
         finally:
             try:
                 streamer.end()

@@ -38,6 +38,35 @@ class KVState:
     def nbytes(self) -> int:
         return held_bytes(t for pair in (*self.full, *self.ring) for t in pair)
 
+    @classmethod
+    def of_cache(cls, cache: Any, layout: LayerLayout) -> KVState:
+        """A transformers ``DynamicCache`` of one sequence (``generate``'s) in this form.
+
+        Its sliding layers keep the last ``window - 1`` positions, which is all the next token
+        reads; each goes to its ring column ``p % window``. The one column left empty is the
+        one the next token overwrites, and no mask lets anything read it before that.
+        """
+        length = cache.get_seq_length()
+        if len(cache.layers) != len(layout.kinds):
+            raise ValueError(f"a cache of {len(cache.layers)} layers for {len(layout.kinds)}")
+        full: list[tuple[torch.Tensor, torch.Tensor]] = []
+        ring: list[tuple[torch.Tensor, torch.Tensor]] = []
+        columns = min(length, layout.window)
+        for kind, layer in zip(layout.kinds, cache.layers, strict=True):
+            keys, values = layer.keys[0], layer.values[0]  # [kv_heads, held, dim]
+            if kind == FULL:
+                full.append((keys, values))
+                continue
+            held = keys.shape[1]
+            slots = torch.remainder(torch.arange(length - held, length), layout.window)
+            pair = []
+            for source in (keys, values):
+                target = source.new_zeros((source.shape[0], columns, source.shape[2]))
+                target[:, slots.to(source.device)] = source
+                pair.append(target)
+            ring.append((pair[0], pair[1]))
+        return cls(length, full, ring)
+
 
 @dataclass(frozen=True, slots=True)
 class LayerLayout:

@@ -17,7 +17,7 @@ import torch
 from tokenizers.decoders import DecodeStream
 from transformers import StoppingCriteria
 
-from .base import CancelFlag, TokenPiece
+from ..base import CancelFlag, TokenPiece
 
 
 class StopStringMatcher:

@@ -1,0 +1,110 @@
+"""The engine boundary at chat turns: ``Engine.chat(key)`` keeps the conversation, counts a
+turn before it runs, and ends each reply with a ``Finished`` that carries its text and usage;
+what it refuses it raises as an engine exception, never a wire error."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from wschat.protocol import FinishReason, ProtocolError
+from wschat.server.engine import (
+    Chat,
+    ContextOverflow,
+    Finished,
+    Generation,
+    ImagesUnsupported,
+    SamplingParams,
+    TooLarge,
+    Turn,
+)
+from wschat.server.engine.local.batched import BatchedEngine
+from wschat.server.engine.local.hf import HFEngine
+from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.scripted import ScriptedEngine
+
+from tests.support import TIMEOUT, collect
+
+
+@pytest.fixture(params=["generate", "batched"])
+async def engine(
+    request: pytest.FixtureRequest, tiny_text_loaded: LoadedModel
+) -> AsyncIterator[HFEngine | BatchedEngine]:
+    made = HFEngine(tiny_text_loaded) if request.param == "generate" else None
+    made = made or BatchedEngine(tiny_text_loaded)
+    yield made
+    await made.aclose()
+
+
+async def say(chat: Chat, text: str, tokens: int = 6) -> tuple[str, Finished, int]:
+    prepared = await chat.prepare(Turn(text, SamplingParams(tokens)), max_user_tokens=1000)
+    generation = chat.start(prepared)
+    streamed, finished = await collect(generation)
+    return streamed, finished, prepared.prompt_tokens
+
+
+async def test_finished_carries_the_reply_text_and_its_usage(
+    engine: HFEngine | BatchedEngine,
+) -> None:
+    chat = engine.chat("s")
+    first_text, first, first_prompt = await say(chat, "Hello there")
+    second_text, second, second_prompt = await say(chat, "And again")
+    for text, finished, prompt in (
+        (first_text, first, first_prompt),
+        (second_text, second, second_prompt),
+    ):
+        assert finished.reason is FinishReason.LENGTH
+        assert finished.text == text and text
+        usage = finished.usage
+        assert usage is not None
+        assert (usage.prompt_tokens, usage.completion_tokens) == (prompt, 6)
+    assert first.usage is not None and second.usage is not None
+    assert first.usage.cached_tokens == 0
+    # the first turn's prompt and reply, but the reply's last token (never fed back)
+    assert second.usage.cached_tokens == first_prompt + 6 - 1
+    assert chat.turns == 2 and chat.generated_tokens == 12
+
+
+async def test_a_reset_chat_starts_afresh_and_keeps_its_system_prompt(
+    engine: HFEngine | BatchedEngine,
+) -> None:
+    chat = engine.chat("s")
+    await chat.set_system("Be brief.", min_turn_tokens=32)
+    _, _, alone = await say(chat, "Hello")
+    await say(chat, "Again")
+    chat.reset()
+    _, finished, after_reset = await say(chat, "Hello")
+    assert after_reset == alone and chat.turns == 1 and chat.system == "Be brief."
+    assert finished.usage is not None and finished.usage.cached_tokens == 0
+
+
+async def test_refusals_are_engine_exceptions_that_change_nothing() -> None:
+    engine = ScriptedEngine(context_tokens=64)
+    chat = engine.chat("s")
+    with pytest.raises(TooLarge):
+        await chat.prepare(Turn("x" * 20, SamplingParams(4)), max_user_tokens=10)
+    with pytest.raises(ContextOverflow, match="shorten the prompt"):
+        await chat.prepare(Turn("x" * 60, SamplingParams(4)), max_user_tokens=100)
+    with pytest.raises(TooLarge):
+        await chat.set_system("x" * 60, min_turn_tokens=32)
+    with pytest.raises(ImagesUnsupported):
+        await chat.prepare(Turn("look", SamplingParams(4), ["an image"]), max_user_tokens=100)
+    assert chat.system is None and chat.turns == 0 and engine.requests == []
+    for refusal in (TooLarge, ContextOverflow, ImagesUnsupported):
+        assert not issubclass(refusal, ProtocolError)
+
+
+async def test_one_cancel_hook_stops_a_worker_thread_and_wakes_an_async_stream() -> None:
+    generation = Generation()
+    woken = asyncio.Event()
+    generation.cancel_flag.on_set(woken.set)  # what an engine streaming on the loop awaits
+    assert not generation.cancel_flag.is_set()
+    generation.cancel()
+    generation.cancel()  # a second cancel (reset after cancel) calls nothing twice
+    async with asyncio.timeout(TIMEOUT):
+        await woken.wait()
+    assert generation.cancel_flag.is_set()  # what a worker thread reads each step
+    late = asyncio.Event()
+    generation.cancel_flag.on_set(late.set)  # registered after the cancel: called at once
+    assert late.is_set()
