@@ -48,7 +48,8 @@ from wschat.protocol import (
     Unsupported,
 )
 
-from .engine import Engine, SamplingParams, Turn
+from .engine import Engine, EngineError, SamplingParams, Turn
+from .error_boundary import refused
 from .events import RunEvent, RunListener, RunStarted
 from .run import GenerationRun
 from .scheduler import GenerationSlots
@@ -158,7 +159,10 @@ class Session:
         if frame.system is not None:
             # checked before it changes anything, and nothing after it can fail
             # (PROTOCOL.md "configure": a refused configure changes nothing)
-            await self.chat.set_system(frame.system, min_turn_tokens=MIN_TURN_TOKENS)
+            try:
+                await self.chat.set_system(frame.system, min_turn_tokens=MIN_TURN_TOKENS)
+            except EngineError as e:
+                raise refused(e) from e
         if frame.params is not None:
             self.defaults = frame.params.merged_over(self.defaults)
         await self.send(Configured())
@@ -201,9 +205,12 @@ class Session:
         merged = self._merged_params(frame)
         images = await self._prompt_images(frame)
         turn = Turn(frame.text, self._sampling(merged), [i.image for i in images])
-        # an engine's refusal (too large, context overflow) reaches the peer through
-        # error_boundary.py with this prompt's id
-        prepared = await self.chat.prepare(turn, max_user_tokens=self.settings.max_prompt_tokens)
+        try:
+            prepared = await self.chat.prepare(
+                turn, max_user_tokens=self.settings.max_prompt_tokens
+            )
+        except EngineError as e:  # too large, context overflow: the peer's, as wire errors
+            raise refused(e, frame.id) from e
         ticket = self.slots.enqueue()
         self._ids.add(frame.id)
         self._staged.clear()
