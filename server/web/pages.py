@@ -1,7 +1,7 @@
 """Routes for browsers and dashboards: the chat page, the dashboard, their static files,
 ``/metrics``, ``/v1/auth`` and the WebSocket ``/v1/stats``.
 
-Everything the pages need ships in the package (``server/static/`` and the protocol's own
+Everything the pages need ships in the package (``server/web/static/`` and the protocol's own
 ``protocol/msgpack.mjs``): no CDN, no build step. The stats socket and ``/metrics`` follow the
 same token and Origin rules as the chat socket (PROTOCOL.md "Authentication").
 """
@@ -18,9 +18,9 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from ..sessions.hub import Hub
 from .access import http_refusal
 from .admission import serve_admitted
-from .hub import Hub
 from .metrics import CONTENT_TYPE, Metrics
 
 STATIC_DIR = Path(__file__).with_name("static")

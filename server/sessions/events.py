@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from wschat.protocol import Done
 
 if TYPE_CHECKING:
-    from .run import GenerationRun
+    from .generation import GenerationRun
 
 
 @dataclass(frozen=True, slots=True)

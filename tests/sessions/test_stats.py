@@ -6,9 +6,9 @@ from typing import cast
 
 import pytest
 from wschat.protocol import Done, ErrorCode, FinishReason, Timing, Usage
-from wschat.server.events import RunDone, RunEvent, TokensSent
-from wschat.server.run import GenerationRun
-from wschat.server.stats import ServerStats
+from wschat.server.sessions.events import RunDone, RunEvent, TokensSent
+from wschat.server.sessions.generation import GenerationRun
+from wschat.server.sessions.stats import ServerStats
 
 RUN = cast(GenerationRun, object())  # ServerStats only hands the run on to its listeners
 

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .caps import ConnectionCaps
-from .engine import Engine
-from .live import StatsFeed
-from .scheduler import GenerationSlots
+from ..engine import Engine
+from ..settings import Settings
+from ..web.stats_feed import StatsFeed
+from .quotas import ConnectionCaps
 from .session import Session, SessionState
-from .settings import Settings
+from .slots import GenerationSlots
 from .stats import ServerStats
 
 if TYPE_CHECKING:

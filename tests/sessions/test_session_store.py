@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from wschat.server.engine.scripted import ScriptedEngine
-from wschat.server.hub import Hub, SessionStore
-from wschat.server.scheduler import GenerationSlots
-from wschat.server.session import Session, SessionState
+from wschat.server.sessions.hub import Hub, SessionStore
+from wschat.server.sessions.session import Session, SessionState
+from wschat.server.sessions.slots import GenerationSlots
 from wschat.server.settings import Settings
+
+from tests.fakes.scripted import ScriptedEngine
 
 
 def session(key: str) -> Session:

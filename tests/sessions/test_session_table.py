@@ -29,11 +29,11 @@ from wschat.protocol import (
     Start,
 )
 from wschat.protocol.frames import CLIENT_FRAMES
-from wschat.server.engine.scripted import Script, ScriptedEngine
-from wschat.server.scheduler import GenerationSlots, Ticket
-from wschat.server.session import TRANSITIONS, Change, Session, SessionState
+from wschat.server.sessions.session import TRANSITIONS, Change, Session, SessionState
+from wschat.server.sessions.slots import GenerationSlots, Ticket
 from wschat.server.settings import Settings
 
+from tests.fakes.scripted import Script, ScriptedEngine
 from tests.protocol.vector_cases import PNG_1X1
 from tests.support import wait_until
 

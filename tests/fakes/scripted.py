@@ -15,12 +15,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from wschat.protocol import FinishReason
-
-from .base import EngineInfo, Finished, Generation, GenerationRequest, LoopBridge, TokenPiece
-from .errors import ImagesUnsupported
-from .formats import GemmaTurns, PromptFormat
-from .history import TokenChat
-from .tokenizing import TextTokenizer
+from wschat.server.engine.base import (
+    EngineInfo,
+    Finished,
+    Generation,
+    GenerationRequest,
+    LoopBridge,
+    TokenPiece,
+)
+from wschat.server.engine.errors import ImagesUnsupported
+from wschat.server.engine.formats import GemmaTurns, PromptFormat
+from wschat.server.engine.history import TokenChat
+from wschat.server.engine.tokenizing import TextTokenizer
 
 _MARKUP = {"<bos>": 2, "<eos>": 1, "<start_of_turn>": 105, "<end_of_turn>": 106}
 _MARKUP_RE = re.compile("(" + "|".join(re.escape(token) for token in _MARKUP) + ")")

@@ -16,7 +16,7 @@ from wschat.protocol import (
     ProtocolError,
     SessionMisuse,
 )
-from wschat.server.error_boundary import GENERIC_MESSAGE, Outbox, error_frame
+from wschat.server.sessions.error_boundary import GENERIC_MESSAGE, Outbox, error_frame
 
 
 def test_a_protocol_error_keeps_its_code_message_and_own_id() -> None:

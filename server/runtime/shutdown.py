@@ -20,12 +20,12 @@ import uvicorn
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from wschat.protocol import CloseCode, GoAway
 
-from .hub import Hub
-from .session import SessionState
+from ..sessions.hub import Hub
+from ..sessions.session import SessionState
 from .transport import handle_loop_exception
 
 if TYPE_CHECKING:
-    from .connection import Connection
+    from ..sessions.connection import Connection
 
 log = logging.getLogger("wschat.shutdown")
 

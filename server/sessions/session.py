@@ -48,11 +48,11 @@ from wschat.protocol import (
     Unsupported,
 )
 
-from .engine import Engine, SamplingParams, Turn
+from ..engine import Engine, SamplingParams, Turn
+from ..settings import Settings
 from .events import RunEvent, RunListener, RunStarted
-from .run import GenerationRun
-from .scheduler import GenerationSlots
-from .settings import Settings
+from .generation import GenerationRun
+from .slots import GenerationSlots
 
 if TYPE_CHECKING:
     from .images import CheckedImage

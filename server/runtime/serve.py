@@ -11,9 +11,9 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp
 
-from .app import EngineFactory, build_app
-from .engine import Engine
-from .settings import ENGINES, Settings
+from ..engine import Engine
+from ..settings import ENGINES, Settings
+from ..web.app import EngineFactory, build_app
 from .shutdown import CLOSE_S, GracefulServer
 from .transport import http_protocol, raise_descriptor_limit, websocket_protocol
 
@@ -52,8 +52,8 @@ def make_engine(settings: Settings) -> Engine:
 
 def _connect_openai(settings: Settings) -> Engine:
     """No model here: the gateway's tokenizer, and an engine that answers over HTTP."""
-    from .engine.openai import OpenAIEngineConfig, connect
-    from .engine.openai.tokenizer import default_cache_dir
+    from ..engine.openai import OpenAIEngineConfig, connect
+    from ..engine.openai.tokenizer import default_cache_dir
 
     return connect(
         OpenAIEngineConfig(
@@ -69,8 +69,8 @@ def _connect_openai(settings: Settings) -> Engine:
 
 
 def _build_engine(settings: Settings) -> Engine:
-    from .engine.local.loader import load_model
-    from .engine.local.threads import ThreadPolicy
+    from ..engine.local.loader import load_model
+    from ..engine.local.threads import ThreadPolicy
 
     threads = ThreadPolicy(settings.threads)
     log.info("CPU threads: %s", threads.reason)
@@ -85,7 +85,7 @@ def _build_engine(settings: Settings) -> Engine:
     }
     engine: Engine
     if settings.engine == "batched":
-        from .engine.local.batched import BatchedEngine
+        from ..engine.local.batched import BatchedEngine
 
         engine = BatchedEngine(
             loaded,
@@ -95,7 +95,7 @@ def _build_engine(settings: Settings) -> Engine:
             **common,
         )
     else:
-        from .engine.local.hf import HFEngine
+        from ..engine.local.hf import HFEngine
 
         engine = HFEngine(loaded, threads=threads, **common)
     info = engine.info

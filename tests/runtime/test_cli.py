@@ -8,8 +8,8 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from wschat.server.cli import build_parser, settings_from_args
-from wschat.server.serve import uvicorn_config
+from wschat.server.runtime.cli import build_parser, settings_from_args
+from wschat.server.runtime.serve import uvicorn_config
 from wschat.server.settings import Settings
 
 

@@ -27,11 +27,11 @@ from wschat.protocol import (
     Usage,
 )
 
-from .engine import Chat, Finished, Generation, PreparedTurn, TokenPiece
-from .engine.failures import EngineFailure
+from ..engine import Chat, Finished, Generation, PreparedTurn, TokenPiece
+from ..engine.failures import EngineFailure
 from .error_boundary import error_frame
 from .events import RunDone, RunEvent, RunListener, RunStarted, TokensSent
-from .scheduler import GenerationSlots, Ticket
+from .slots import GenerationSlots, Ticket
 
 log = logging.getLogger("wschat.run")
 

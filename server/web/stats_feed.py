@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from wschat.protocol import CloseCode, Stats, encode
 
-from .session import Session
+from ..sessions.session import Session
 
 if TYPE_CHECKING:
-    from .hub import Hub
+    from ..sessions.hub import Hub
 
 MAX_TABLE_ROWS = 200
 _STATE_ORDER = {"running": 0, "queued": 1, "idle": 2, "closed": 3}

@@ -23,12 +23,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from ..engine import Engine
+from ..sessions.connection import Connection
+from ..sessions.hub import Hub
+from ..settings import Settings
 from .admission import serve_admitted
-from .connection import Connection
-from .engine import Engine
-from .hub import Hub
-from .settings import Settings
-from .web import web_routes
+from .pages import web_routes
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs  # typing.TypeIs is 3.13+
@@ -41,7 +41,7 @@ LOAD_FAILED = "the model failed to load"
 
 async def healthz(request: Request) -> Response:
     hub: Hub = request.app.state.hub
-    if hub.load_error is not None:  # the process is about to exit 1 (serve.py)
+    if hub.load_error is not None:  # the process is about to exit 1 (runtime/serve.py)
         return PlainTextResponse(f"failed: {LOAD_FAILED}\n", status_code=503)
     return PlainTextResponse("ok\n")
 

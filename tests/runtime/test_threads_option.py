@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from wschat.server.cli import settings_from_args
+from wschat.server.runtime.cli import settings_from_args
 
 from tests.prometheus import samples
 from tests.support import TIMEOUT, free_port, raw_peer, wait_ready

@@ -51,12 +51,12 @@ from wschat.protocol import (
     Token,
 )
 from wschat.server.engine.base import GenerationRequest
-from wschat.server.engine.scripted import Script, ScriptedEngine
-from wschat.server.error_boundary import error_frame
-from wschat.server.scheduler import GenerationSlots, Ticket
-from wschat.server.session import Session
+from wschat.server.sessions.error_boundary import error_frame
+from wschat.server.sessions.session import Session
+from wschat.server.sessions.slots import GenerationSlots, Ticket
 from wschat.server.settings import Settings
 
+from tests.fakes.scripted import Script, ScriptedEngine
 from tests.protocol.vector_cases import PNG_1X1
 
 TIMEOUT = 10.0

@@ -1,5 +1,5 @@
 """``serve``'s server says, once it listens, that it cannot chat until the model is loaded, and
-says when it can (``server/serve.py`` ``ChatServer``, ``server/app.py``)."""
+says when it can (``server/runtime/serve.py`` ``ChatServer``, ``server/web/app.py``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import logging
 import socket
 
 import pytest
-from wschat.server.app import build_app
-from wschat.server.engine.scripted import ScriptedEngine
-from wschat.server.serve import NOT_READY, ChatServer, uvicorn_config
+from wschat.server.runtime.serve import NOT_READY, ChatServer, uvicorn_config
 from wschat.server.settings import Settings
+from wschat.server.web.app import build_app
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.support import TIMEOUT, HeldLoad, wait_until
 
 

@@ -19,11 +19,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from wschat.protocol import Done
 
-from .events import RunDone, RunEvent, RunStarted, TokensSent
-from .run import GenerationRun
+from ..sessions.events import RunDone, RunEvent, RunStarted, TokensSent
+from ..sessions.generation import GenerationRun
 
 if TYPE_CHECKING:
-    from .hub import Hub
+    from ..sessions.hub import Hub
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

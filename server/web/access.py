@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket
 from wschat.protocol import BEARER_PREFIX, CloseCode
 
-from .settings import Settings
+from ..settings import Settings
 
 # Names that always mean this machine: a browser never asks DNS for them (RFC 6761).
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})

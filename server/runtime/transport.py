@@ -33,8 +33,8 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.frames import Frame
 from wschat.protocol import CloseCode
 
-from .caps import ConnectionCaps, FrameRate
-from .settings import Settings
+from ..sessions.quotas import ConnectionCaps, FrameRate
+from ..settings import Settings
 
 log = logging.getLogger("wschat.transport")
 

@@ -25,10 +25,11 @@ from wschat.protocol import (
     Start,
     Token,
 )
-from wschat.server.engine.scripted import Script, ScriptedEngine
-from wschat.server.scheduler import GenerationSlots
-from wschat.server.session import Session, SessionState
+from wschat.server.sessions.session import Session, SessionState
+from wschat.server.sessions.slots import GenerationSlots
 from wschat.server.settings import Settings
+
+from tests.fakes.scripted import Script, ScriptedEngine
 
 TIMEOUT = 10
 

@@ -23,8 +23,8 @@ from wschat.protocol import (
     Unsupported,
 )
 
-from . import engine
-from .engine.failures import EngineFailure
+from .. import engine
+from ..engine.failures import EngineFailure
 
 Send = Callable[[Frame], Awaitable[None]]
 

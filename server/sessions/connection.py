@@ -33,9 +33,9 @@ from wschat.protocol import (
     encode,
 )
 
-from .caps import FrameRate
 from .error_boundary import Outbox, expected
 from .hub import Hub
+from .quotas import FrameRate
 from .session import Session
 
 log = logging.getLogger("wschat.connection")

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from starlette.websockets import WebSocket
 from wschat.protocol import MODEL_LOADING_REASON, SUBPROTOCOL, CloseCode
 
+from ..sessions.hub import Hub
 from .access import admit
-from .hub import Hub
 
 MODEL_FAILED_REASON = "the model failed to load (see the server's log)"
 
@@ -29,7 +29,7 @@ async def serve_admitted(
     offered = websocket.scope.get("subprotocols", [])
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
     if needs_engine and hub.engine is None:
-        if hub.load_error is not None:  # waiting is no use: the server exits (serve.py)
+        if hub.load_error is not None:  # waiting is no use: the server exits (runtime/serve.py)
             await websocket.close(CloseCode.INTERNAL_ERROR, MODEL_FAILED_REASON)
         else:  # a client may wait for this reason (PROTOCOL.md "Close codes")
             await websocket.close(CloseCode.TRY_AGAIN_LATER, MODEL_LOADING_REASON)

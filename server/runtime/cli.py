@@ -12,8 +12,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from .engine.formats import FORMATS
-from .settings import ENGINES, Settings
+from ..engine.formats import FORMATS
+from ..settings import ENGINES, Settings
 
 _DEFAULTS = Settings()
 # Options whose value must be one of a few: refused when the arguments are read, not at load.
