@@ -27,7 +27,8 @@ from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 from wschat.protocol import Stats, decode_server_frame
 from wschat.server.engine import Engine, Finished, Generation, TokenPiece
-from wschat.server.runtime.serve import install_log_filters, uvicorn_config
+from wschat.server.runtime.redaction import install_log_filters
+from wschat.server.runtime.serve import uvicorn_config
 from wschat.server.settings import Settings
 from wschat.server.web.app import EngineFactory, build_app
 

@@ -22,6 +22,7 @@ from wschat.protocol import CloseCode, GoAway
 
 from ..sessions.hub import Hub
 from ..sessions.session import SessionState
+from ..web.stats_feed import StatsFeed
 from .transport import handle_loop_exception
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ SHUTTING_DOWN = "the server is shutting down"
 CLOSE_S = 5
 
 
-async def drain(hub: Hub, grace_s: float) -> None:
+async def drain(hub: Hub, stats_feed: StatsFeed, grace_s: float) -> None:
     hub.shutting_down = True
     hub.slots.closed_reason = SHUTTING_DOWN
     connections = list(hub.connections)
@@ -54,7 +55,7 @@ async def drain(hub: Hub, grace_s: float) -> None:
     # own close (until the deadline in GracefulServer)
     await asyncio.gather(
         *(_end(c) for c in connections),
-        hub.stats_feed.close_all(CloseCode.GOING_AWAY, "server shutting down"),
+        stats_feed.close_all(CloseCode.GOING_AWAY, "server shutting down"),
     )
     for notice in notices:
         notice.cancel()
@@ -73,9 +74,12 @@ def session_task(session: object) -> asyncio.Task[None] | None:
 
 
 class GracefulServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, hub: Hub, grace_s: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, hub: Hub, stats_feed: StatsFeed, grace_s: float
+    ) -> None:
         super().__init__(config)
         self.hub = hub
+        self.stats_feed = stats_feed
         self.grace_s = grace_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain: asyncio.Task[None] | None = None
@@ -110,7 +114,7 @@ class GracefulServer(uvicorn.Server):
     async def _drain_then_exit(self) -> None:
         try:
             async with asyncio.timeout(self.grace_s + CLOSE_S):
-                await drain(self.hub, self.grace_s)
+                await drain(self.hub, self.stats_feed, self.grace_s)
         except TimeoutError:
             self._drop_websockets()
         except Exception:

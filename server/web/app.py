@@ -29,6 +29,7 @@ from ..sessions.hub import Hub
 from ..settings import Settings
 from .admission import serve_admitted
 from .pages import web_routes
+from .stats_feed import StatsFeed
 
 if TYPE_CHECKING:
     from typing_extensions import TypeIs  # typing.TypeIs is 3.13+
@@ -90,6 +91,7 @@ async def _serve_session(websocket: WebSocket, hub: Hub) -> None:
 def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
     """``engine`` is ready (tests) or a factory run in a thread at start-up (the CLI)."""
     hub = Hub(settings)
+    stats_feed = StatsFeed(hub)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -111,11 +113,12 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             WebSocketRoute("/v1/chat", chat),
-            *web_routes(hub),
+            *web_routes(hub, stats_feed),
         ],
         lifespan=lifespan,
     )
     app.state.hub = hub
+    app.state.stats_feed = stats_feed
     return app
 
 

@@ -22,6 +22,7 @@ from ..sessions.hub import Hub
 from .access import http_refusal
 from .admission import serve_admitted
 from .metrics import CONTENT_TYPE, Metrics
+from .stats_feed import StatsFeed
 
 STATIC_DIR = Path(__file__).with_name("static")
 MSGPACK_MODULE = Path(wschat.protocol.__file__).with_name("msgpack.mjs")
@@ -38,7 +39,7 @@ PAGE_HEADERS = {
 }
 
 
-def web_routes(hub: Hub) -> list[BaseRoute]:
+def web_routes(hub: Hub, stats_feed: StatsFeed) -> list[BaseRoute]:
     metrics = Metrics(hub)
 
     async def metrics_page(request: Request) -> Response:
@@ -56,7 +57,7 @@ def web_routes(hub: Hub) -> list[BaseRoute]:
     async def stats_socket(websocket: WebSocket) -> None:
         # a stats socket is a connection like a chat: the same caps count it
         await serve_admitted(
-            websocket, hub, lambda: hub.stats_feed.serve(websocket), needs_engine=False
+            websocket, hub, lambda: stats_feed.serve(websocket), needs_engine=False
         )
 
     return [

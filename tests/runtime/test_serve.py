@@ -23,7 +23,9 @@ async def test_listening_before_the_model_is_loaded_logs_not_ready_then_ready(
     load = HeldLoad(ScriptedEngine())
     settings = Settings(ping_interval_s=0.0, log_level="warning")
     app = build_app(settings, load)
-    server = ChatServer(uvicorn_config(settings, app), app.state.hub, grace_s=0.1)
+    server = ChatServer(
+        uvicorn_config(settings, app), app.state.hub, app.state.stats_feed, grace_s=0.1
+    )
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     task = asyncio.create_task(server.serve(sockets=[sock]))

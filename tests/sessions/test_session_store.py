@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from wschat.server.sessions.hub import Hub, SessionStore
+from wschat.server.sessions.hub import Hub
 from wschat.server.sessions.session import Session, SessionState
 from wschat.server.sessions.slots import GenerationSlots
+from wschat.server.sessions.store import SessionStore
 from wschat.server.settings import Settings
 
 from tests.fakes.scripted import ScriptedEngine
