@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# What --engine may name (serve.make_engine builds each).
+# What --engine may name (runtime/engines.py builds each).
 ENGINES = ("batched", "generate", "openai")
 
 

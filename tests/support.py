@@ -26,10 +26,11 @@ from websockets.http11 import Response
 from websockets.typing import Subprotocol
 from websockets.uri import parse_uri
 from wschat.protocol import Stats, decode_server_frame
-from wschat.server.app import EngineFactory, build_app
 from wschat.server.engine import Engine, Finished, Generation, TokenPiece
-from wschat.server.serve import install_log_filters, uvicorn_config
+from wschat.server.runtime.redaction import install_log_filters
+from wschat.server.runtime.serve import uvicorn_config
 from wschat.server.settings import Settings
+from wschat.server.web.app import EngineFactory, build_app
 
 TIMEOUT = 30.0
 ROOT = Path(__file__).resolve().parents[1]

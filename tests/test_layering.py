@@ -2,8 +2,11 @@
 statement counts, at module level or inside a function, so a lazy import cannot slip past.
 
 - ``wschat.protocol`` imports nothing of ours and nothing but the stdlib and msgpack;
-- ``wschat.server.engine`` imports nothing from the rest of ``wschat.server`` (the web and
-  session layers);
+- the server is four layers, each importing only its own and the ones below it:
+  ``engine`` <- ``sessions`` <- ``web`` <- ``runtime`` (and ``protocol`` under them all);
+  ``wschat.server.settings``, a plain dataclass, is shared by the three upper layers and imports
+  nothing of the server; the engine imports nothing else of the server, settings included;
+- no module of the packages imports the tests (their fakes stay out of production);
 - torch and transformers are imported only in ``wschat.server.engine.local``: the engine
   interface and the conversation as token ids serve engines without them;
 - ``wschat.client`` imports nothing from ``wschat.server``.
@@ -24,6 +27,11 @@ ENGINE = "wschat.server.engine"
 LOCAL_ENGINES = "wschat.server.engine.local"
 HEAVY = ("torch", "transformers")
 CLIENT = "wschat.client"
+# bottom to top: a layer may import its own modules and those of the layers before it
+LAYERS = tuple(f"{SERVER}.{name}" for name in ("engine", "sessions", "web", "runtime"))
+SETTINGS = f"{SERVER}.settings"
+# the package itself and ``python -m wschat.server``, which starts the top layer
+OUTSIDE_LAYERS = frozenset({SERVER, f"{SERVER}.__main__", SETTINGS})
 PROTOCOL_MAY_IMPORT = frozenset(sys.stdlib_module_names) | {"msgpack"}
 
 
@@ -141,4 +149,52 @@ def test_the_client_imports_nothing_from_the_server() -> None:
     bad = sorted(
         (m, target) for m, target in import_graph() if within(m, CLIENT) and within(target, SERVER)
     )
+    assert bad == []
+
+
+def layer_of(module: str) -> int | None:
+    return next((i for i, layer in enumerate(LAYERS) if within(module, layer)), None)
+
+
+def test_every_server_module_sits_in_a_layer() -> None:
+    strays = sorted(m for m in our_modules() if within(m, SERVER) and layer_of(m) is None)
+    assert strays == sorted(OUTSIDE_LAYERS)
+
+
+def may_import(module: str, target: str) -> bool:
+    """Whether a server module may import ``target`` by the layer order."""
+    mine, theirs = layer_of(module), layer_of(target)
+    if mine is None or not within(target, SERVER) or target == SERVER:
+        return True
+    if target == SETTINGS:
+        return mine > 0  # the engine is configured by its constructors' arguments
+    return theirs is not None and theirs <= mine
+
+
+def test_each_server_layer_imports_only_itself_the_layers_below_and_settings() -> None:
+    bad = sorted((m, target) for m, target in import_graph() if not may_import(m, target))
+    assert bad == []
+
+
+def test_settings_import_nothing_from_the_server() -> None:
+    bad = sorted(
+        (m, target) for m, target in import_graph() if m == SETTINGS and within(target, SERVER)
+    )
+    assert bad == []
+
+
+def test_the_layering_check_refuses_an_upward_import(tmp_path: Path) -> None:
+    """The check above is not vacuous: a session module importing the web layer is an edge the
+    graph reader sees and the layer order refuses."""
+    source = tmp_path / "hub.py"
+    source.write_text("from ..web.stats_feed import StatsFeed\n")
+    (target,) = imports_of(f"{SERVER}.sessions.hub", source, set())
+    assert target == f"{SERVER}.web.stats_feed"
+    assert not may_import(f"{SERVER}.sessions.hub", target)
+    assert not may_import(f"{SERVER}.engine.base", SETTINGS)
+    assert may_import(f"{SERVER}.runtime.serve", target)
+
+
+def test_no_package_module_imports_the_tests() -> None:
+    bad = sorted((m, target) for m, target in import_graph() if within(target, "tests"))
     assert bad == []

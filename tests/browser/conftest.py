@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 import pytest
 from playwright.async_api import Browser, Page, async_playwright, expect
 from wschat.server.engine import GenerationRequest
-from wschat.server.engine.scripted import Script
+
+from tests.fakes.scripted import Script
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -85,7 +86,7 @@ def http_base(ws_url: str) -> str:
 
 
 def anonymous_id(session_key: str) -> str:
-    """How the dashboard names a session (server/live.py)."""
+    """How the dashboard names a session (server/web/stats_feed.py)."""
     return hashlib.sha256(session_key.encode()).hexdigest()[:10]
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from playwright.async_api import expect
 from wschat.server.engine import SamplingParams
-from wschat.server.engine.scripted import Script, ScriptedEngine
 
+from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import running_server
 
 from .chat import ChatPage

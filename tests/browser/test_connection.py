@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 
 import pytest
 from playwright.async_api import expect
-from wschat.server.engine.scripted import ScriptedEngine
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.proxy import cuttable_proxy
 from tests.support import loading_server, running_server
 

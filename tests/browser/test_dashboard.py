@@ -8,8 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 from playwright.async_api import expect
-from wschat.server.engine.scripted import ScriptedEngine
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.prometheus import samples
 from tests.support import TIMEOUT, running_server
 

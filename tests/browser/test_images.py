@@ -11,8 +11,8 @@ import pytest
 from PIL import Image as PILImage
 from playwright.async_api import Page, expect
 from wschat.server.engine.local.hf import HFEngine
-from wschat.server.engine.scripted import ScriptedEngine
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.support import running_server
 
 from .chat import ChatPage

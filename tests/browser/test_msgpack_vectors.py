@@ -14,8 +14,8 @@ from typing import Any
 
 import msgpack
 import pytest
-from wschat.server.engine.scripted import ScriptedEngine
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.protocol.make_vectors import from_json
 from tests.support import running_server
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from wschat.server.engine import GenerationRequest
-from wschat.server.engine.scripted import Script, ScriptedEngine
+
+from tests.fakes.scripted import Script, ScriptedEngine
 
 WAIT = 10.0  # seconds any single await in these tests may take
 

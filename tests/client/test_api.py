@@ -16,9 +16,9 @@ from wschat.client import (
     connect,
 )
 from wschat.protocol import Done, FinishReason
-from wschat.server.engine.scripted import ScriptedEngine
 
 from tests.client.engines import WAIT, failing_engine, is_sublist, slow_engine
+from tests.fakes.scripted import ScriptedEngine
 from tests.support import running_server, wait_until
 
 

@@ -17,9 +17,9 @@ from wschat.client import connect
 from wschat.client.cli import build_parser
 from wschat.client.status import STOPPING_NOTICE, ExitStatus
 from wschat.server.engine import GenerationRequest
-from wschat.server.engine.scripted import Script, ScriptedEngine
 
 from tests.client.engines import WAIT, failing_engine, is_sublist, slow_engine
+from tests.fakes.scripted import Script, ScriptedEngine
 from tests.proxy import cuttable_proxy
 from tests.support import loading_server, running_server, wait_until
 

@@ -16,10 +16,10 @@ from websockets.http11 import Request, Response
 from wschat.client import Chat, ConnectError, ConnectionClosedError, ModelLoadingError, connect
 from wschat.client.opening import loading_retry_delays
 from wschat.protocol import MODEL_LOADING_REASON, Capabilities, Limits, Ready, encode
-from wschat.server.admission import MODEL_FAILED_REASON
-from wschat.server.engine.scripted import ScriptedEngine
+from wschat.server.web.admission import MODEL_FAILED_REASON
 
 from tests.client.engines import WAIT, slow_engine
+from tests.fakes.scripted import ScriptedEngine
 from tests.proxy import cuttable_proxy
 from tests.support import loading_server, running_server, wait_until
 

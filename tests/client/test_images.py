@@ -9,9 +9,9 @@ import pytest
 from PIL import Image as PILImage
 from wschat.client import FinishReason, TooLargeError, UnsupportedError, connect
 from wschat.client.images import image_bytes, sniff_mime
-from wschat.server.engine.scripted import ScriptedEngine
 
 from tests.client.engines import WAIT
+from tests.fakes.scripted import ScriptedEngine
 from tests.support import running_server
 
 

@@ -6,8 +6,8 @@ import asyncio
 
 import msgpack
 import pytest
-from wschat.server.engine.scripted import Script, ScriptedEngine
 
+from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import generation_threads, raw_peer, running_server, wait_until
 
 

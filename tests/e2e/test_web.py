@@ -10,8 +10,8 @@ import httpx
 import pytest
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
-from wschat.server.engine.scripted import Script, ScriptedEngine
 
+from tests.fakes.scripted import Script, ScriptedEngine
 from tests.prometheus import samples
 from tests.support import TIMEOUT, next_stats, raw_peer, running_server, stats_socket
 

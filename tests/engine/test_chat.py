@@ -22,8 +22,8 @@ from wschat.server.engine import (
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
-from wschat.server.engine.scripted import ScriptedEngine
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.support import TIMEOUT, collect
 
 

@@ -7,9 +7,9 @@ import asyncio
 import contextlib
 import threading
 
-from wschat.server.engine.scripted import ScriptedEngine
 from wschat.server.engine.tokenizing import INLINE_CHARS, TextTokenizer
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.support import TIMEOUT
 
 LONG = "x" * (INLINE_CHARS + 1)

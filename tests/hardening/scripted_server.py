@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import sys
 
-from wschat.server.cli import settings_from_args
 from wschat.server.engine import Engine, GenerationRequest
-from wschat.server.engine.scripted import Script, ScriptedEngine
-from wschat.server.serve import serve
+from wschat.server.runtime.cli import settings_from_args
+from wschat.server.runtime.serve import serve
+
+from tests.fakes.scripted import Script, ScriptedEngine
 
 DEFAULTS = ["--max-concurrent", "4", "--shutdown-grace-s", "2", "--ping-interval-s", "0"]
 LONG_MARK = [300 + ord(c) for c in "long"]

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 import websockets
-from wschat.server.engine.scripted import ScriptedEngine
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.support import (
     TIMEOUT,
     RawPeer,

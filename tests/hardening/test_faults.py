@@ -8,11 +8,11 @@ from typing import Any
 
 import httpx
 import pytest
-import wschat.server.images
+import wschat.server.sessions.images
 from wschat.server.engine import GenerationRequest
 from wschat.server.engine.history import Conversation
-from wschat.server.engine.scripted import Script, ScriptedEngine
 
+from tests.fakes.scripted import Script, ScriptedEngine
 from tests.prometheus import samples
 from tests.support import (
     TIMEOUT,
@@ -135,7 +135,7 @@ async def test_an_exception_while_decoding_an_image_is_an_internal_error(
     def explode(data: bytes, limits: object) -> object:
         raise MemoryError(SECRET)
 
-    monkeypatch.setattr(wschat.server.images, "check_image", explode)
+    monkeypatch.setattr(wschat.server.sessions.images, "check_image", explode)
     engine = ScriptedEngine(script, images=True)
     async with running_server(engine) as url, raw_peer(url) as (peer, _):
         await peer.send({"type": "image", "id": "i", "data": b"\x89PNG\r\n\x1a\n...."})

@@ -10,8 +10,8 @@ import pytest
 import websockets
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
-from wschat.server.engine.scripted import Script, ScriptedEngine
 
+from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import TIMEOUT, closed_before_ready, raw_peer, running_server
 
 SMALL = {

@@ -15,8 +15,8 @@ from contextlib import AsyncExitStack
 
 import psutil
 from wschat.server.engine import GenerationRequest
-from wschat.server.engine.scripted import Script, ScriptedEngine
 
+from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import RawPeer, generation_threads, raw_peer, running_server, wait_until
 
 CONNECTIONS = 200

@@ -8,8 +8,8 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import psutil
-from wschat.server.engine.scripted import ScriptedEngine
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.support import raw_peer, running_server, server_process
 
 CONNECTIONS = 20

@@ -9,8 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 import websockets
-from wschat.server.engine.scripted import ScriptedEngine
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.support import TIMEOUT, ZombiePeer, raw_peer, running_server, server_process, zombie_peer
 
 PINGS = 100_000  # 125-byte payloads: 13 MB on the wire, as much in pongs if all were answered

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import tracemalloc
 
-from wschat.server.engine.scripted import Script, ScriptedEngine
-
+from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import raw_peer, running_server, small_buffer_socket, wait_until
 
 TOKENS = 100_000
 SERVER_SIDE = [
-    tracemalloc.Filter(False, "*/server/engine/scripted.py"),
+    tracemalloc.Filter(False, "*/tests/fakes/scripted.py"),
     tracemalloc.Filter(False, __file__),
     tracemalloc.Filter(False, tracemalloc.__file__),
 ]

@@ -15,8 +15,8 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 from wschat.protocol import Stats
-from wschat.server.engine.scripted import ScriptedEngine
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.hardening.test_limits import closed_before_ready
 from tests.support import TIMEOUT, next_stats, running_server, server_process, stats_socket
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import websockets
-from wschat.server.engine.scripted import ScriptedEngine
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.hardening.scripted_server import script
 from tests.support import ZombiePeer, raw_peer, running_server, server_process, zombie_peer
 

@@ -1,4 +1,4 @@
-"""``check_image``: the rules of server/images.py, one test each, plus hostile mutations."""
+"""``check_image``: the rules of server/sessions/images.py, one test each, and hostile inputs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
 from wschat.protocol import ErrorCode, ProtocolError
-from wschat.server.images import CheckedImage, ImageLimits, check_image
+from wschat.server.sessions.images import CheckedImage, ImageLimits, check_image
 
 from tests.images import samples
 

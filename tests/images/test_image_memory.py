@@ -15,11 +15,11 @@ from wschat.protocol import ErrorCode, GenerationParams, Image, Prompt, Protocol
 from wschat.server.engine.base import GenerationRequest, SamplingParams
 from wschat.server.engine.history import Conversation
 from wschat.server.engine.local.hf import HFEngine
-from wschat.server.images import ImageLimits, check_image
-from wschat.server.session import Session
+from wschat.server.sessions.images import ImageLimits, check_image
+from wschat.server.sessions.session import Session
 
 from tests.images import samples
-from tests.server.test_session import done_of, make_session
+from tests.sessions.test_session import done_of, make_session
 from tests.support import RawPeer, collect, raw_peer, running_server
 
 INPUT_BYTES = 64 * 64 * 3  # one image at the tiny processor's input size, RGB

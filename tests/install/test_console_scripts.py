@@ -13,9 +13,9 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
-from wschat.server.cli import SERVER_EXTRA_MODULES, TORCH_PIN
-from wschat.server.engine.scripted import Script, ScriptedEngine
+from wschat.server.runtime.cli import SERVER_EXTRA_MODULES, TORCH_PIN
 
+from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import running_server
 
 ROOT = Path(__file__).resolve().parents[2]

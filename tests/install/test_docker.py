@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from wschat.server.cli import TORCH_CPU_INDEX, TORCH_PIN
-from wschat.server.engine.scripted import ScriptedEngine
+from wschat.server.runtime.cli import TORCH_CPU_INDEX, TORCH_PIN
 
+from tests.fakes.scripted import ScriptedEngine
 from tests.support import free_port, running_server
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from wschat.server.cli import TORCH_CPU_INDEX, TORCH_PIN
+from wschat.server.runtime.cli import TORCH_CPU_INDEX, TORCH_PIN
 
 from tests.readme import readme_setup_command, readme_test_command
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT = 300.0
 # The folders the wschat.* packages map onto, with the package each one becomes.
 PACKAGES = {"protocol": "wschat/protocol", "server": "wschat/server", "client": "wschat/client"}
-DATA = ("protocol/PROTOCOL.md", "protocol/msgpack.mjs", "protocol/vectors", "server/static")
+DATA = ("protocol/PROTOCOL.md", "protocol/msgpack.mjs", "protocol/vectors", "server/web/static")
 # What a build writes or a checkout holds besides the sources (.git, caches, venvs).
 NOT_SOURCES = shutil.ignore_patterns(".*", "__pycache__", "*.egg-info", "build", "dist")
 
@@ -64,7 +64,7 @@ def test_wheel_holds_every_module_of_the_three_folders(wheel: zipfile.ZipFile) -
 def test_wheel_holds_the_package_data(wheel: zipfile.ZipFile) -> None:
     data = [p for relative in DATA for p in source_files(relative)]
     names = {in_wheel(p) for p in data}
-    assert {"wschat/protocol/PROTOCOL.md", "wschat/server/static/index.html"} <= names
+    assert {"wschat/protocol/PROTOCOL.md", "wschat/server/web/static/index.html"} <= names
     assert any(n.startswith("wschat/protocol/vectors/") for n in names)
     assert sorted(names - set(wheel.namelist())) == []
 
@@ -73,4 +73,4 @@ def test_wheel_console_scripts_point_into_the_wschat_package(wheel: zipfile.ZipF
     (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
     text = wheel.read(entry_points).decode()
     assert "wschat = wschat.client.cli:main" in text
-    assert "wschat-server = wschat.server.cli:main" in text
+    assert "wschat-server = wschat.server.runtime.cli:main" in text

@@ -19,7 +19,7 @@ class Block(importlib.abc.MetaPathFinder):
         if name.partition(".")[0] in BLOCKED:
             raise ImportError(f"{{name}} is not installed (blocked by the test)")
 sys.meta_path.insert(0, Block())
-from wschat.server.cli import main
+from wschat.server.runtime.cli import main
 status = main(sys.argv[1:])
 assert not [m for m in sys.modules if m.partition(".")[0] in BLOCKED]
 sys.exit(status)

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 from wschat.protocol import ErrorCode, FinishReason
-from wschat.server.engine.history import Conversation
 from wschat.server.engine import GenerationRequest, SamplingParams
 from wschat.server.engine.failures import EngineFailure
+from wschat.server.engine.history import Conversation
 from wschat.server.engine.openai import OpenAIEngine, connect
 from wschat.server.engine.openai.tokenizer import TokenizerError, embedded_tokenizer
 

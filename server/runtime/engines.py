@@ -1,0 +1,104 @@
+"""The engine the settings name, built (local engines: the model loaded in a thread of its
+own) or connected (an OpenAI-compatible server)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from ..engine import Engine
+from ..settings import ENGINES, Settings
+
+log = logging.getLogger("wschat.serve")
+
+
+def make_engine(settings: Settings) -> Engine:
+    """The engine ``settings.engine`` names: 'batched' (BatchedEngine) or 'generate' (HFEngine).
+
+    Loading runs in a thread of its own that exits once it is done. OpenMP keeps a pool of
+    workers per live thread that has run a parallel region, and while two such threads live
+    each one's parallel regions run far slower (on 2 cores, a bf16 decode step took 1.6x as
+    long in the engine's worker as in the thread that loaded the model); so no thread but the
+    engine's may keep a pool.
+    """
+    if settings.engine not in ENGINES:
+        raise ValueError(f"unknown engine {settings.engine!r}: choose one of {ENGINES}")
+    if settings.engine == "openai":
+        return _connect_openai(settings)
+    made: list[Engine] = []
+    failed: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            made.append(_build_engine(settings))
+        except BaseException as error:
+            failed.append(error)
+
+    loader = threading.Thread(target=build, name="wschat-load")
+    loader.start()
+    loader.join()
+    if failed:
+        raise failed[0]
+    return made[0]
+
+
+def _connect_openai(settings: Settings) -> Engine:
+    """No model here: the gateway's tokenizer, and an engine that answers over HTTP."""
+    from ..engine.openai import OpenAIEngineConfig, connect
+    from ..engine.openai.tokenizer import default_cache_dir
+
+    return connect(
+        OpenAIEngineConfig(
+            url=settings.engine_url,
+            tokenizer=settings.tokenizer,
+            cache_dir=settings.cache_dir or default_cache_dir(),
+            model=settings.engine_model,
+            api_key=settings.engine_api_key,
+            prompt_format=settings.prompt_format,
+            context_tokens=settings.context_tokens,
+        )
+    )
+
+
+def _build_engine(settings: Settings) -> Engine:
+    from ..engine.local.loader import load_model
+    from ..engine.local.threads import ThreadPolicy
+
+    threads = ThreadPolicy(settings.threads)
+    log.info("CPU threads: %s", threads.reason)
+    loaded = load_model(
+        settings.model, cache_dir=settings.cache_dir, device=settings.device, dtype=settings.dtype
+    )
+    common: dict[str, Any] = {
+        "prompt_format": settings.prompt_format,
+        "context_tokens": settings.context_tokens,
+        "max_images": settings.max_images,
+        "kv_budget_bytes": settings.kv_budget_mib << 20,
+    }
+    engine: Engine
+    if settings.engine == "batched":
+        from ..engine.local.batched import BatchedEngine
+
+        engine = BatchedEngine(
+            loaded,
+            width=settings.max_concurrent,
+            prefill_tokens=settings.prefill_chunk_tokens,
+            threads=threads,
+            **common,
+        )
+    else:
+        from ..engine.local.hf import HFEngine
+
+        engine = HFEngine(loaded, threads=threads, **common)
+    info = engine.info
+    log.info(
+        "engine %s: %s on %s (%s), %d generations at once, prompt format %s",
+        info.name,
+        info.model,
+        info.device,
+        info.dtype,
+        settings.max_concurrent,
+        info.prompt_format,
+    )
+    return engine

@@ -1,0 +1,74 @@
+"""Run the app under uvicorn: its config, the server that says when it can chat, ``serve``."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from ..engine import Engine
+from ..settings import Settings
+from ..web.app import EngineFactory, build_app
+from .engines import make_engine
+from .redaction import install_log_filters
+from .shutdown import CLOSE_S, GracefulServer
+from .transport import http_protocol, raise_descriptor_limit, websocket_protocol
+
+log = logging.getLogger("wschat.serve")
+
+
+def uvicorn_config(settings: Settings, app: ASGIApp) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        http=http_protocol(settings),
+        ws=websocket_protocol(settings),
+        # Frames over max_frame_bytes get a too_large error; far over it, uvicorn closes 1009.
+        ws_max_size=2 * settings.max_frame_bytes,
+        # No permessage-deflate: with it, one 256 kB read can inflate into dozens of messages
+        # near ws_max_size at once; our frames are small and msgpack (README "Security and
+        # limits" has the measurement).
+        ws_per_message_deflate=False,
+        ws_ping_interval=settings.ping_interval_s or None,
+        ws_ping_timeout=settings.ping_interval_s or None,
+        # what is still open once the drain is over (or its deadline passed) is not waited for
+        timeout_graceful_shutdown=CLOSE_S,
+        log_level=settings.log_level,
+        access_log=False,
+        lifespan="on",
+        # X-Forwarded-For names the client only when a trusted proxy sent it: uvicorn's default
+        # trusts loopback, which let any local peer pick its address for the caps and the logs
+        proxy_headers=bool(settings.forwarded_allow_ips),
+        forwarded_allow_ips=list(settings.forwarded_allow_ips) or None,
+    )
+
+
+NOT_READY = "not ready yet: loading the model (chats are closed with 1013 until it is loaded)"
+
+
+class ChatServer(GracefulServer):
+    """uvicorn's server, saying when it listens before it can chat.
+
+    uvicorn logs "running on http://..." as soon as it listens, which on a first start is a
+    minute before the model is loaded; this line, and ``app._load``'s "ready" line, tell the truth.
+    """
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.hub.engine is None:
+            log.info(NOT_READY)
+
+
+def serve(settings: Settings, engine: Engine | EngineFactory | None = None) -> int:
+    """Serve until SIGTERM/SIGINT, drain (``shutdown.drain``): exit status 0. When the model
+    fails to load, stop at once: exit status 1, the reason in the log."""
+    app = build_app(settings, engine or (lambda: make_engine(settings)))
+    config = uvicorn_config(settings, app)
+    server = ChatServer(config, app.state.hub, app.state.stats_feed, settings.shutdown_grace_s)
+    install_log_filters()  # after Config, which (re)configures uvicorn's loggers
+    raise_descriptor_limit(settings)
+    server.run()
+    return 0 if app.state.hub.load_error is None else 1

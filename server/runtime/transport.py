@@ -1,0 +1,333 @@
+"""The HTTP and WebSocket protocols under the app: uvicorn's, with the bounds they lack.
+
+uvicorn waits for a peer without limit: for the rest of an HTTP request, for a full send buffer
+to drain (its ``send`` awaits ``resume_writing``), for a closing transport to flush. A peer that
+never finishes its request or stops reading would hold a descriptor, a task and, on a chat
+connection, a generation slot for good (README "Security and limits"). Here:
+
+- ``BoundedHTTPProtocol``: a request must arrive whole within ``handshake_timeout_s``; at most
+  ``max_pending_handshakes`` connections, and ``max_connections_per_client`` from one address,
+  may be waiting for theirs; more are dropped on arrival.
+- ``BoundedWebSocketProtocol``: a send buffer that stays full for ``send_timeout_s``, or a
+  transport still flushing that long after it was closed, aborts the connection; the app sees a
+  disconnect and its generation is cancelled. Pings and pongs are limited to
+  ``frames_per_second`` like messages (each ping queues a pong that a peer that does not read
+  never takes): past it, close 1008. permessage-deflate is not offered (``uvicorn_config``).
+- ``handle_loop_exception``: when descriptors run out, asyncio logs a traceback for every failed
+  accept, a backlog's worth (2,048) a second; here one line per interval. ``raise_descriptor_limit``
+  lifts the soft limit to the hard one at start and says when the caps could still reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.frames import Frame
+from wschat.protocol import CloseCode
+
+from ..sessions.quotas import ConnectionCaps, FrameRate
+from ..settings import Settings
+
+log = logging.getLogger("wschat.transport")
+
+LOG_INTERVAL_S = 10.0
+ACCEPT_FAILED = "socket.accept() out of system resource"
+# descriptors besides connections: the listening socket, logs, the model's files, pipes
+DESCRIPTOR_RESERVE = 64
+
+
+class RateLimitedLog:
+    """A warning at most once per ``interval_s``; the next one says how many were left out."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval_s: float = LOG_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.interval_s = interval_s
+        self._clock = clock
+        self._next_at = float("-inf")
+        self.left_out = 0
+
+    def warning(self, message: str, *args: object) -> None:
+        now = self._clock()
+        if now < self._next_at:
+            self.left_out += 1
+            return
+        if self.left_out:
+            message += f" ({self.left_out} more in the last {self.interval_s:.0f} s)"
+        self.logger.warning(message, *args)
+        self._next_at = now + self.interval_s
+        self.left_out = 0
+
+
+_accept_log = RateLimitedLog(log)
+_arrival_log = RateLimitedLog(log)
+_stuck_log = RateLimitedLog(log)
+
+
+def handle_loop_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The event loop's exception handler: failed accepts (descriptors exhausted) rate-limited,
+    anything else as asyncio logs it."""
+    if context.get("message") == ACCEPT_FAILED:
+        _accept_log.warning("cannot accept connections: %s", context.get("exception"))
+        return
+    loop.default_exception_handler(context)
+
+
+def raise_descriptor_limit(settings: Settings) -> int:
+    """Lift the soft limit on open descriptors to the hard one; warn when the connection caps
+    can still reach it (connections past it wait in the listen backlog). Returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    needed = settings.max_connections + settings.max_pending_handshakes + DESCRIPTOR_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        log.warning(
+            "%d open files allowed, fewer than the caps can use (%d connections + %d pending"
+            " handshakes + %d): lower the caps or raise the limit (ulimit -n)",
+            soft,
+            settings.max_connections,
+            settings.max_pending_handshakes,
+            DESCRIPTOR_RESERVE,
+        )
+    return soft
+
+
+class Deadline:
+    """``callback`` once ``seconds`` have passed since ``arm``, unless ``disarm`` came first;
+    arming an armed deadline keeps its time."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, seconds: float, callback: Callable[[], None]
+    ) -> None:
+        self.loop, self.seconds, self.callback = loop, seconds, callback
+        self._handle: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        if self._handle is None:
+            self._handle = self.loop.call_later(self.seconds, self._expire)
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _expire(self) -> None:
+        self._handle = None
+        self.callback()
+
+
+class StuckPeerGuard(asyncio.Protocol):
+    """Aborts a transport whose send buffer stays full, or that is still flushing after it was
+    closed, for ``send_timeout_s``: the peer has stopped reading. Mixed into both protocols."""
+
+    send_timeout_s: ClassVar[float]
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # armed while the send buffer is full or the transport is closing with data unsent;
+        # disarmed when the buffer drains or the connection is gone
+        self.stuck = Deadline(self.loop, self.send_timeout_s, self._abort)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self.stuck.arm()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if not self.transport.is_closing():
+            self.stuck.disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.stuck.disarm()
+
+    def _abort(self) -> None:
+        _stuck_log.warning("dropped a connection that took nothing for %.0f s", self.send_timeout_s)
+        self.transport.abort()
+
+
+class BoundedHTTPProtocol(StuckPeerGuard, H11Protocol):
+    """h11 with a deadline for each request's head, a cap on connections waiting for one, and
+    no response waiting on a peer that does not read."""
+
+    handshake_timeout_s: ClassVar[float]
+    pending: ClassVar[ConnectionCaps]  # connections that have not sent a whole request yet
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # armed while waiting for a request's head: at the start and between keep-alive requests
+        self.request_due = Deadline(self.loop, self.handshake_timeout_s, self._timed_out)
+        self.pending_from: str | None = None  # the address counted in ``pending``, until released
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        address = self.client[0] if self.client else "unknown"
+        refused = self.pending.acquire(address)
+        if refused is not None:
+            _arrival_log.warning("dropped a connection on arrival (handshakes: %s)", refused)
+            transport.abort()
+            return
+        self.pending_from = address
+        self.request_due.arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # a whole request head (or an upgrade) came
+            self._request_arrived()
+
+    def handle_websocket_upgrade(self, event: h11.Request) -> None:
+        super().handle_websocket_upgrade(event)
+        self.stuck.disarm()  # the transport is the WebSocket protocol's now, with its own guard
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.request_due.arm()  # keep-alive: the next request has the same deadline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._request_arrived()
+
+    def _request_arrived(self) -> None:
+        self.request_due.disarm()
+        if self.pending_from is not None:
+            self.pending.release(self.pending_from)
+            self.pending_from = None
+
+    def _timed_out(self) -> None:
+        if self.conn.their_state is h11.IDLE:
+            log.debug("dropped a connection: no whole request in %.0f s", self.handshake_timeout_s)
+            self.transport.abort()
+
+
+class BoundedWebSocketProtocol(StuckPeerGuard, WebSocketsSansIOProtocol):
+    """uvicorn's websockets-sansio protocol that drops a peer it cannot write to, and counts
+    control frames against the frame rate."""
+
+    frames_per_second: ClassVar[int]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.control_rate = FrameRate(self.frames_per_second)
+
+    # -- a peer that does not read ---------------------------------------------------------
+
+    # Every path that closes the transport runs under one of these; a close waits for the send
+    # buffer to flush, which a peer that does not read never lets happen.
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._watch_closing()
+
+    async def send(self, message: Any) -> None:
+        try:
+            await super().send(message)
+        finally:
+            if message.get("type") == "websocket.close" and self.close_timer is not None:
+                self.close_timer.cancel()  # uvicorn's timer would close, and wait on the peer
+                self.close_timer = self.loop.call_later(self.close_timeout, self._close_now)
+            self._watch_closing()
+
+    async def run_asgi(self) -> None:
+        await super().run_asgi()
+        self._watch_closing()
+
+    def keepalive_timeout(self) -> None:
+        super().keepalive_timeout()
+        self._watch_closing()
+
+    def shutdown(self) -> None:
+        super().shutdown()
+        self._watch_closing()
+
+    def _close_now(self) -> None:
+        self.close_timer = None
+        self.transport.close()
+        self._watch_closing()
+
+    def _watch_closing(self) -> None:
+        if self.transport.is_closing() and not self.disconnected:
+            self.stuck.arm()
+
+    # -- messages ---------------------------------------------------------------------------
+
+    # websockets' parser keeps the frame it parsed last in a local until the next one arrives,
+    # so an idle connection would keep its last message (up to ws_max_size, inflated) for good.
+    # The app has its own reference to the data; the frame lets go of it.
+    def handle_text(self, event: Frame) -> None:
+        super().handle_text(event)
+        event.data = b""
+
+    def handle_bytes(self, event: Frame) -> None:
+        super().handle_bytes(event)
+        event.data = b""
+
+    def handle_cont(self, event: Frame) -> None:
+        super().handle_cont(event)
+        event.data = b""
+
+    # -- control frames ----------------------------------------------------------------------
+
+    def handle_ping(self) -> None:
+        if self._allow_control_frame():
+            super().handle_ping()
+
+    def handle_pong(self, event: Frame) -> None:
+        if self._allow_control_frame():
+            super().handle_pong(event)
+
+    def _allow_control_frame(self) -> bool:
+        if self.control_rate.allow():
+            return True
+        if not self.close_sent:
+            self._fail(CloseCode.POLICY_VIOLATION, "too many frames")
+        return False
+
+    def _fail(self, code: CloseCode, reason: str) -> None:
+        """Close at once without the app: later input is discarded, the app sees a disconnect."""
+        self.conn.fail(code, reason)
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self.transport.close()
+
+
+def http_protocol(settings: Settings) -> type[BoundedHTTPProtocol]:
+    """The HTTP protocol class for one server: its limits and its own count of pending
+    handshakes."""
+
+    class HTTPProtocol(BoundedHTTPProtocol):
+        send_timeout_s = settings.send_timeout_s
+        handshake_timeout_s = settings.handshake_timeout_s
+        pending = ConnectionCaps(
+            settings.max_pending_handshakes, settings.max_connections_per_client
+        )
+
+    return HTTPProtocol
+
+
+def websocket_protocol(settings: Settings) -> type[BoundedWebSocketProtocol]:
+    """The WebSocket protocol class for one server, with its limits."""
+
+    class WebSocketProtocol(BoundedWebSocketProtocol):
+        send_timeout_s = settings.send_timeout_s
+        frames_per_second = settings.frames_per_second
+
+    return WebSocketProtocol

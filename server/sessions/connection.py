@@ -1,0 +1,187 @@
+"""``Connection``: the WebSocket glue around one ``Session``.
+
+It reads frames while a generation streams (so ``cancel`` and ``ping`` work mid-reply), decodes
+them with the protocol's limits and feeds them to the session; what the session sends, and the
+``error`` frame of whatever a frame raised, leave through one ``Outbox`` (error_boundary.py),
+which counts every ``error`` (PROTOCOL.md "Errors": the session goes on). It also enforces what
+is per connection (PROTOCOL.md "Limits"): the frame rate (a flood is closed with 1008) and the idle
+timeout (no frame and no generation: close 1000).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from starlette.types import Message
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from wschat.protocol import (
+    VERSION,
+    BadFrame,
+    Capabilities,
+    ClientFrame,
+    CloseCode,
+    DecodeLimits,
+    Frame,
+    Limits,
+    Overloaded,
+    ProtocolError,
+    Ready,
+    decode_client_frame,
+    encode,
+)
+
+from .error_boundary import Outbox, expected
+from .hub import Hub
+from .quotas import FrameRate
+from .session import Session
+
+log = logging.getLogger("wschat.connection")
+
+
+class Connection:
+    def __init__(self, websocket: WebSocket, hub: Hub) -> None:
+        self.ws = websocket
+        self.hub = hub
+        self.closed = False
+        self._send_lock = asyncio.Lock()  # one frame at a time on the socket, in order
+        self.outbox = Outbox(self._send_now, hub.stats.count_error)
+        s = hub.settings
+        self.rate = FrameRate(s.frames_per_second)
+        self.last_frame_at = time.monotonic()
+        self.limits = DecodeLimits(
+            max_frame_bytes=s.max_frame_bytes,
+            max_str_len=max(s.max_prompt_bytes, 4096),
+            max_bin_len=s.max_image_bytes,
+            max_array_len=max(16, s.max_images),
+            max_map_len=32,
+        )
+
+    async def send(self, frame: Frame) -> None:
+        """Send through the outbox (an ``error`` is counted)."""
+        await self.outbox(frame)
+
+    async def _send_now(self, frame: Frame) -> None:
+        """Send, or do nothing once the peer is gone: senders never fail on a dead socket."""
+        if self.closed:
+            return
+        async with self._send_lock:
+            try:
+                await self.ws.send_bytes(encode(frame))
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self.closed = True
+
+    async def serve(self, session: Session, resume_token: str) -> None:
+        self.session = session
+        session.send = self.outbox
+        await self.send(self._ready(session, resume_token))
+        try:
+            while not self.closed and await self._handle_next():
+                pass
+        except WebSocketDisconnect:
+            pass
+        finally:
+            self.closed = True
+            await session.stop_generation()
+
+    async def _handle_next(self) -> bool:
+        """Receive and handle one message; False once the connection is over. The message's
+        bytes are let go once decoded, before anything is awaited: held across a send or the
+        next receive, they would pin up to twice max_frame_bytes per connection."""
+        message = await self._receive_or_idle()
+        if message is None or message["type"] == "websocket.disconnect":
+            return False
+        self.last_frame_at = time.monotonic()
+        if not self.rate.allow(self.last_frame_at):
+            await self._flooded()
+            return False
+        decoded = self._decode(message.get("bytes"))
+        del message
+        await self._dispatch(decoded)
+        return True
+
+    async def _receive_or_idle(self) -> Message | None:
+        """The next message; None once the connection was idle for ``idle_timeout_s`` (then it
+        is closed). A running or queued generation is not idle, nor is the time it ran."""
+        limit = self.hub.settings.idle_timeout_s
+        while True:
+            if limit <= 0:
+                return await self.ws.receive()
+            busy_until = time.monotonic() if self.session.busy else self.session.last_active_at
+            left = max(self.last_frame_at, busy_until) + limit - time.monotonic()
+            if left > 0:
+                try:
+                    async with asyncio.timeout(left):
+                        return await self.ws.receive()
+                except TimeoutError:
+                    continue
+            await self.close(CloseCode.NORMAL, "idle")
+            return None
+
+    async def _flooded(self) -> None:
+        per_s = self.hub.settings.frames_per_second
+        await self.outbox.error(Overloaded(f"more than {per_s} frames in a second"))
+        await self.close(CloseCode.POLICY_VIOLATION, "too many frames")
+
+    async def close(self, code: CloseCode, reason: str) -> None:
+        """Close once; later sends are dropped."""
+        if self.closed:
+            return
+        async with self._send_lock:
+            self.closed = True
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+                await self.ws.close(code, reason)
+
+    def _decode(self, data: bytes | None) -> ClientFrame | Exception:
+        """The frame, or what was wrong with the bytes (``_dispatch`` reports it)."""
+        try:
+            if data is None:
+                raise BadFrame("text messages are not frames: send msgpack as binary")
+            return decode_client_frame(data, self.limits)
+        except ProtocolError as error:
+            return error.with_traceback(None)  # its frames would hold on to the bytes
+        except Exception as error:
+            return error  # a bug: where it happened goes to the log
+
+    async def _dispatch(self, decoded: ClientFrame | Exception) -> None:
+        if isinstance(decoded, ProtocolError):
+            await self.outbox.error(decoded)
+            return
+        if isinstance(decoded, Exception):
+            log.error("decoding a frame failed", exc_info=decoded)
+            await self.outbox.error(decoded)
+            return
+        try:
+            await self.session.handle(decoded)
+        except Exception as error:
+            if not expected(error):
+                log.exception("session code failed on %s", type(decoded).__name__)
+            # PROTOCOL.md "Errors": the id of the frame that caused it (e.g. a prompt's overloaded)
+            await self.outbox.error(error, getattr(decoded, "id", None))
+
+    def _ready(self, session: Session, resume_token: str) -> Ready:
+        info = session.engine.info
+        s = self.hub.settings
+        return Ready(
+            v=VERSION,
+            session=session.key,
+            resume=resume_token,
+            model=info.model,
+            capabilities=Capabilities(info.images, session.max_images),
+            limits=Limits(
+                max_frame_bytes=s.max_frame_bytes,
+                max_image_bytes=s.max_image_bytes,
+                context_tokens=info.context_tokens,
+                max_new_tokens=s.max_new_tokens,
+                max_image_pixels=s.max_image_pixels,
+                max_images=session.max_images,
+                max_prompt_bytes=s.max_prompt_bytes,
+                max_prompt_tokens=s.max_prompt_tokens,
+                frames_per_second=s.frames_per_second,
+                idle_timeout_s=s.idle_timeout_s,
+            ),
+            engine=info.name,
+            prompt_format=info.prompt_format or None,
+        )

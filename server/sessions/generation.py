@@ -1,0 +1,210 @@
+"""``GenerationRun``: one prompt's life from queue to ``done``, turning engine items into frames.
+
+Token text that piles up while the socket is slow is merged into one ``token`` frame (its index
+jumps); nothing is dropped (PROTOCOL.md "Server frames"). Exactly one ``done`` is sent per run,
+from ``finally``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from wschat.protocol import (
+    Done,
+    FinishReason,
+    Frame,
+    Internal,
+    Queued,
+    Start,
+    Timing,
+    Token,
+    Usage,
+)
+
+from ..engine import Chat, Finished, Generation, PreparedTurn, TokenPiece
+from ..engine.failures import EngineFailure
+from .error_boundary import error_frame
+from .events import RunDone, RunEvent, RunListener, RunStarted, TokensSent
+from .slots import GenerationSlots, Ticket
+
+log = logging.getLogger("wschat.run")
+
+Send = Callable[[Frame], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class GenerationRun:
+    id: str
+    prepared: PreparedTurn
+    ticket: Ticket
+    token_ids: bool = False
+    stall_timeout_s: float = 120.0
+    cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    generation: Generation | None = None
+    text: list[str] = field(default_factory=list)
+    finished: Finished | None = None
+    completion_tokens: int = 0
+    received_at: float = field(default_factory=time.perf_counter)
+    started_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    listeners: list[RunListener] = field(default_factory=list)
+
+    def cancel(self) -> None:
+        self.cancel_requested.set()
+        if self.generation is not None:
+            self.generation.cancel()
+
+    async def drive(self, chat: Chat, slots: GenerationSlots, send: Send) -> None:
+        reason = FinishReason.CANCELLED
+        try:
+            if await self._wait_for_slot(send):
+                self.started_at = time.perf_counter()
+                self.generation = chat.start(self.prepared)
+                if self.cancel_requested.is_set():
+                    self.generation.cancel()
+                await send(self._start_frame())
+                self._notify(RunStarted(self))
+                reason = await self._stream(send)
+        except BaseException:
+            reason = FinishReason.ERROR
+            if self.generation is not None:
+                self.generation.cancel()
+            raise
+        finally:
+            slots.release(self.ticket)
+            await self._finish(send, reason)
+
+    async def _wait_for_slot(self, send: Send) -> bool:
+        """True once a slot is granted; False when cancelled while queued."""
+        ticket = self.ticket
+        cancel = asyncio.ensure_future(self.cancel_requested.wait())
+        try:
+            while not ticket.granted.done():
+                await send(Queued(self.id, ticket.position))
+                ticket.moved.clear()
+                moved = asyncio.ensure_future(ticket.moved.wait())
+                await asyncio.wait({moved, cancel}, return_when=asyncio.FIRST_COMPLETED)
+                moved.cancel()
+                if cancel.done() and not ticket.granted.done():
+                    return False
+            return True
+        finally:
+            cancel.cancel()
+
+    async def _stream(self, send: Send) -> FinishReason:
+        assert self.generation is not None
+        while True:
+            try:
+                async with asyncio.timeout(self.stall_timeout_s):
+                    items = await self.generation.next_items()
+            except TimeoutError:
+                return await self._stalled(send)
+            text, ids, finished = self._merge(items)
+            if text:
+                self.completion_tokens += len(ids)
+                frame = Token(
+                    self.id, text, self.completion_tokens, tuple(ids) if self.token_ids else None
+                )
+                self.text.append(text)
+                self._notify(TokensSent(self, len(ids)))
+                await send(frame)
+            else:
+                self.completion_tokens += len(ids)
+            if finished is not None:
+                self.finished = finished
+                if finished.reason is FinishReason.ERROR:
+                    error = finished.error
+                    log.error("generation %s failed: %s", self.id, error or "no reason given")
+                    # the engine's own words only when it wrote them for clients
+                    told = error if isinstance(error, EngineFailure) else None
+                    await send(error_frame(told or Internal("generation failed"), self.id))
+                return finished.reason
+
+    def _merge(self, items: list[Any]) -> tuple[str, list[int], Finished | None]:
+        parts: list[str] = []
+        ids: list[int] = []
+        finished = None
+        now = time.perf_counter()
+        for item in items:
+            if isinstance(item, TokenPiece):
+                parts.append(item.text)
+                ids.extend(item.ids)
+                if item.text and self.first_token_at is None:
+                    self.first_token_at = now
+                self.last_token_at = now
+            else:
+                finished = item
+        return "".join(parts), ids, finished
+
+    async def _stalled(self, send: Send) -> FinishReason:
+        """No progress for stall_timeout_s: cancel, tell the client, free the slot."""
+        assert self.generation is not None
+        self.generation.cancel()
+        log.error("generation %s made no progress for %.0f s", self.id, self.stall_timeout_s)
+        stopped = Internal("generation made no progress and was stopped")
+        await send(error_frame(stopped, self.id))
+        with contextlib.suppress(TimeoutError):  # its end, so the chat keeps the exchange
+            async with asyncio.timeout(5):
+                async for _ in self.generation.items():
+                    pass
+        return FinishReason.ERROR
+
+    async def _finish(self, send: Send, reason: FinishReason) -> None:
+        done = self.done_frame(reason)
+        self._notify(RunDone(self, done))
+        await send(done)
+
+    def done_frame(self, reason: FinishReason) -> Done:
+        now = time.perf_counter()
+        return Done(
+            self.id,
+            reason,
+            *self._reply(),
+            Timing(
+                queued_ms=self.queued_ms,
+                ttft_ms=_ms(self.received_at, self.first_token_at),
+                decode_tokens_per_s=self._decode_rate(),
+                total_ms=(now - self.received_at) * 1000,
+            ),
+        )
+
+    def _reply(self) -> tuple[str, Usage]:
+        """The engine's text and usage once its ``Finished`` was streamed; else what was sent."""
+        finished = self.finished
+        if finished is not None and finished.usage is not None:
+            return finished.text, finished.usage
+        generation = self.generation
+        prompt_tokens = generation.prompt_tokens if generation else 0
+        cached = generation.cached_tokens if generation else 0
+        return "".join(self.text), Usage(prompt_tokens, self.completion_tokens, cached)
+
+    @property
+    def queued_ms(self) -> float:
+        end = self.started_at or time.perf_counter()
+        return (end - self.received_at) * 1000
+
+    def _decode_rate(self) -> float:
+        if self.first_token_at is None or self.last_token_at is None or self.completion_tokens < 2:
+            return 0.0
+        span = self.last_token_at - self.first_token_at
+        return (self.completion_tokens - 1) / span if span > 0 else 0.0
+
+    def _start_frame(self) -> Start:
+        assert self.generation is not None
+        generation = self.generation
+        return Start(self.id, generation.prompt_tokens, generation.cached_tokens, self.queued_ms)
+
+    def _notify(self, event: RunEvent) -> None:
+        for listener in self.listeners:
+            listener(event)
+
+
+def _ms(start: float, end: float | None) -> float | None:
+    return None if end is None else (end - start) * 1000

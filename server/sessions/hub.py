@@ -1,0 +1,60 @@
+"""``Hub``: what all connections share: settings, the engine, generation slots, connection
+quotas, server stats and the ``SessionStore`` (store.py)."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..engine import Engine
+from ..settings import Settings
+from .quotas import ConnectionCaps
+from .session import Session
+from .slots import GenerationSlots
+from .stats import ServerStats
+from .store import SessionStore
+
+if TYPE_CHECKING:
+    from .connection import Connection
+
+
+@dataclass(eq=False)
+class Hub:
+    settings: Settings
+    engine: Engine | None = None
+    slots: GenerationSlots = field(init=False)
+    sessions: SessionStore = field(init=False)
+    stats: ServerStats = field(init=False)
+    caps: ConnectionCaps = field(init=False)
+    connections: set[Connection] = field(default_factory=set)
+    load_error: BaseException | None = None  # set once, when the engine factory raised
+    shutting_down: bool = False
+
+    def __post_init__(self) -> None:
+        self.slots = GenerationSlots(self.settings.max_concurrent, self.settings.max_queue)
+        self.sessions = SessionStore(self.settings.resume_window_s, self.settings.max_connections)
+        self.stats = ServerStats()
+        self.caps = ConnectionCaps(
+            self.settings.max_connections, self.settings.max_connections_per_client
+        )
+
+    def set_engine(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def new_session(self) -> Session:
+        assert self.engine is not None
+        session = Session(secrets.token_hex(8), self.engine, self.slots, self.settings)
+        session.listeners.append(self.stats.on_run_event)
+        return session
+
+    async def end_connection(self, session: Session) -> None:
+        """After its connection is over: keep ``session`` for resumption, or close it and
+        forget its engine state; the same for detached sessions past their window."""
+        gone = [] if self.sessions.detach(session) else [session]
+        for ended in [*gone, *self.sessions.expire()]:
+            await ended.close()
+            self.forget(ended)
+
+    def forget(self, session: Session) -> None:
+        session.chat.close()

@@ -1,0 +1,384 @@
+"""``Session``: one connection's conversation, defaults and rules.
+
+The rules are two tables, read top to bottom: ``TRANSITIONS`` (what moves the state) and, at the
+end of this module, ``Session.RULES`` (which handler each frame type gets in each state). Whether
+the session is busy is its state and nothing else.
+
+    IDLE --prompt accepted--> QUEUED --slot granted--> RUNNING --run ended--> IDLE
+    QUEUED --run ended (cancelled while queued)--> IDLE
+    IDLE, QUEUED, RUNNING --close--> CLOSED   (no resume window, detach expiry, shutdown)
+
+The session does no I/O of its own: the connection feeds it decoded frames (``handle``) and
+every frame it sends, its generation's included, goes out through ``send``, the connection's
+outbox (error_boundary.py). A frame its state refuses raises a typed ``ProtocolError``
+(``busy``), which the connection turns into an ``error`` frame; a state change the table does
+not list is our bug (``SessionMisuse``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from enum import Enum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from wschat.protocol import (
+    Busy,
+    Cancel,
+    ClientFrame,
+    Configure,
+    Configured,
+    Frame,
+    GenerationParams,
+    Image,
+    ImageOk,
+    InvalidParams,
+    NotRunning,
+    Ping,
+    Pong,
+    Prompt,
+    ProtocolError,
+    Reset,
+    ResetOk,
+    SessionMisuse,
+    TooLarge,
+    Unsupported,
+)
+
+from ..engine import Engine, EngineError, SamplingParams, Turn
+from ..settings import Settings
+from .error_boundary import refused
+from .events import RunEvent, RunListener, RunStarted
+from .generation import GenerationRun
+from .slots import GenerationSlots
+
+if TYPE_CHECKING:
+    from .images import CheckedImage
+
+log = logging.getLogger("wschat.session")
+
+Send = Callable[[Frame], Awaitable[None]]
+Handler = Callable[["Session", Any], Awaitable[None]]
+
+# PROTOCOL.md "configure": the context a system prompt must leave for the user's text and reply
+MIN_TURN_TOKENS = 32
+
+
+class SessionState(Enum):
+    IDLE = "idle"
+    QUEUED = "queued"
+    RUNNING = "running"
+    CLOSED = "closed"
+
+
+class Change(Enum):
+    """What moves a session from one state to another."""
+
+    ACCEPTED = "prompt accepted"
+    STARTED = "slot granted"
+    ENDED = "run ended"
+    CLOSE = "close"
+
+
+IDLE, QUEUED, RUNNING, CLOSED = SessionState
+
+# (state, change) -> next state; a pair not listed is our bug, never the peer's.
+TRANSITIONS: dict[SessionState, dict[Change, SessionState]] = {
+    IDLE: {Change.ACCEPTED: QUEUED, Change.CLOSE: CLOSED},
+    QUEUED: {Change.STARTED: RUNNING, Change.ENDED: IDLE, Change.CLOSE: CLOSED},
+    RUNNING: {Change.ENDED: IDLE, Change.CLOSE: CLOSED},
+    CLOSED: {Change.CLOSE: CLOSED},
+}
+BUSY_STATES = frozenset({QUEUED, RUNNING})
+
+
+class Session:
+    def __init__(
+        self,
+        key: str,
+        engine: Engine,
+        slots: GenerationSlots,
+        settings: Settings,
+    ) -> None:
+        self.key = key
+        self.engine = engine
+        self.slots = slots
+        self.settings = settings
+        self.chat = engine.chat(key)  # the conversation, in the engine's own form
+        self.defaults = GenerationParams()
+        self.state = SessionState.IDLE
+        self.run: GenerationRun | None = None
+        self.last_active_at = time.monotonic()  # when its last generation ended
+        self.max_images = min(settings.max_images, engine.info.max_images)
+        self._task: asyncio.Task[None] | None = None
+        self._staged: list[CheckedImage] = []
+        self._ids: set[str] = set()  # every generation id this session has had
+        self.send: Send = _discard  # the connection's outbox
+        self.listeners: list[RunListener] = []
+
+    RULES: ClassVar[dict[SessionState, dict[type[ClientFrame], Handler]]]
+
+    async def handle(self, frame: ClientFrame) -> None:
+        """Answer one frame as the table says for the current state."""
+        await self.RULES[self.state][type(frame)](self, frame)
+
+    @property
+    def busy(self) -> bool:
+        """A generation runs or waits for a slot."""
+        return self.state in BUSY_STATES
+
+    def _change(self, change: Change) -> None:
+        new = TRANSITIONS[self.state].get(change)
+        if new is None:
+            raise SessionMisuse(f"session {self.state.value}: {change.value} is not allowed")
+        if new is not self.state:
+            log.debug("session %s: %s -> %s", self.key, self.state.value, new.value)
+        self.state = new
+
+    # -- frames --------------------------------------------------------------------------
+
+    async def _on_ping(self, frame: Ping) -> None:
+        await self.send(Pong(frame.t))
+
+    async def _refuse_busy(self, frame: Prompt | Configure) -> None:
+        raise Busy(
+            "a generation is already running in this session",
+            id=frame.id if isinstance(frame, Prompt) else None,
+        )
+
+    async def _drop(self, frame: ClientFrame) -> None:
+        """A closed session answers nothing: its connection is gone or closing."""
+        log.debug("session %s: %s after close, dropped", self.key, type(frame).__name__)
+
+    async def _on_configure(self, frame: Configure) -> None:
+        if frame.params is not None:
+            self._check_limits(frame.params)
+        if frame.system is not None:
+            # checked before it changes anything, and nothing after it can fail
+            # (PROTOCOL.md "configure": a refused configure changes nothing)
+            try:
+                await self.chat.set_system(frame.system, min_turn_tokens=MIN_TURN_TOKENS)
+            except EngineError as e:
+                raise refused(e) from e
+        if frame.params is not None:
+            self.defaults = frame.params.merged_over(self.defaults)
+        await self.send(Configured())
+
+    async def _cancel_run(self, frame: Cancel) -> None:
+        assert self.run is not None  # QUEUED and RUNNING have one
+        if frame.id in (None, self.run.id):
+            self.run.cancel()
+        else:
+            await self._cancel_finished(frame)
+
+    async def _cancel_finished(self, frame: Cancel) -> None:
+        if frame.id is not None and frame.id not in self._ids:
+            raise NotRunning(f"no generation {frame.id!r} in this session", id=frame.id)
+        # PROTOCOL.md "cancel": silent for one that has already finished
+
+    async def _on_reset(self, frame: Reset) -> None:
+        await self.stop_generation()
+        self.chat.reset()
+        self._staged.clear()
+        await self.send(ResetOk())
+
+    async def _on_image(self, frame: Image) -> None:
+        self._require_images(frame.id)
+        if len(self._staged) + 1 > self.max_images:
+            raise TooLarge(f"at most {self.max_images} images per prompt", id=frame.id)
+        (image,) = await self._check_images([frame.data], frame.id)
+        self._staged.append(image)
+        await self.send(ImageOk(frame.id, image.width, image.height))
+
+    async def _on_prompt(self, frame: Prompt) -> None:
+        if frame.id in self._ids:
+            raise InvalidParams(f"id {frame.id!r} was already used in this session", id=frame.id)
+        if not frame.text and not frame.images and not self._staged:
+            raise InvalidParams("a prompt needs text or images", id=frame.id)
+        if len(frame.text.encode()) > self.settings.max_prompt_bytes:
+            raise TooLarge(
+                f"prompt text is over {self.settings.max_prompt_bytes} bytes", id=frame.id
+            )
+        merged = self._merged_params(frame)
+        images = await self._prompt_images(frame)
+        turn = Turn(frame.text, self._sampling(merged), [i.image for i in images])
+        try:
+            prepared = await self.chat.prepare(
+                turn, max_user_tokens=self.settings.max_prompt_tokens
+            )
+        except EngineError as e:  # too large, context overflow: the peer's, as wire errors
+            raise refused(e, frame.id) from e
+        ticket = self.slots.enqueue()
+        self._ids.add(frame.id)
+        self._staged.clear()
+        run = GenerationRun(
+            frame.id,
+            prepared,
+            ticket,
+            bool(merged.token_ids),
+            self.settings.stall_timeout_s,
+            listeners=list(self.listeners),
+        )
+        self.run = run
+        self._change(Change.ACCEPTED)
+        run.listeners.append(self._on_run_event)
+        self._task = asyncio.create_task(self._drive(run))
+
+    # -- generation lifecycle ------------------------------------------------------------
+
+    def _on_run_event(self, event: RunEvent) -> None:
+        if isinstance(event, RunStarted):
+            self._change(Change.STARTED)
+
+    async def _drive(self, run: GenerationRun) -> None:
+        try:
+            await run.drive(self.chat, self.slots, self.send)
+        finally:
+            self.run = None
+            self.last_active_at = time.monotonic()
+            self._change(Change.ENDED)
+
+    @property
+    def generation_task(self) -> asyncio.Task[None] | None:
+        return self._task
+
+    async def stop_generation(self) -> None:
+        """Cancel whatever runs or waits and return once its ``done`` is sent."""
+        run, task = self.run, self._task
+        if run is None or task is None:
+            return
+        run.cancel()
+        with contextlib.suppress(Exception):
+            await asyncio.shield(task)
+
+    async def close(self) -> None:
+        """For good: the generation is stopped, later frames are dropped. Idempotent."""
+        await self.stop_generation()
+        self._change(Change.CLOSE)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _check_limits(self, params: GenerationParams) -> None:
+        limit = self.settings.max_new_tokens
+        if params.max_new_tokens is not None and params.max_new_tokens > limit:
+            raise InvalidParams(f"max_new_tokens must be at most {limit}")
+
+    def _merged_params(self, frame: Prompt) -> GenerationParams:
+        """The prompt's params over the session's defaults (the server's fill the rest)."""
+        if frame.params is None:
+            return self.defaults
+        try:
+            self._check_limits(frame.params)
+        except InvalidParams as e:
+            e.id = frame.id
+            raise
+        return frame.params.merged_over(self.defaults)
+
+    def _sampling(self, p: GenerationParams) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=p.max_new_tokens or self.settings.default_max_new_tokens,
+            temperature=0.0 if p.temperature is None else p.temperature,
+            top_p=1.0 if p.top_p is None else p.top_p,
+            top_k=p.top_k or 0,
+            repetition_penalty=p.repetition_penalty or 1.0,
+            stop=p.stop or (),
+            seed=p.seed,
+        )
+
+    def _require_images(self, frame_id: str) -> None:
+        if not self.engine.info.images:
+            raise Unsupported(
+                f"the model {self.engine.info.model!r} does not read images", id=frame_id
+            )
+
+    async def _prompt_images(self, frame: Prompt) -> list[CheckedImage]:
+        if not frame.images:
+            return list(self._staged)
+        self._require_images(frame.id)
+        total = len(self._staged) + len(frame.images)
+        if total > self.max_images:
+            raise TooLarge(f"{total} images; at most {self.max_images} per prompt", id=frame.id)
+        return [*self._staged, *await self._check_images(list(frame.images), frame.id)]
+
+    async def _check_images(self, blobs: list[bytes], frame_id: str) -> list[CheckedImage]:
+        """The images in the form the session keeps (the engine's ``prepare_image``), within
+        the session's byte budget."""
+        from .images import ImageLimits, check_image  # Pillow loads only for image prompts
+
+        limits = ImageLimits(self.settings.max_image_bytes, self.settings.max_image_pixels)
+        fit = self.engine.prepare_image
+        try:
+            checked = await asyncio.to_thread(lambda: [check_image(b, limits, fit) for b in blobs])
+        except ProtocolError as e:
+            e.id = frame_id
+            raise
+        self._check_image_budget(checked, frame_id)
+        return checked
+
+    @property
+    def image_bytes(self) -> int:
+        """What the images this session keeps hold: its conversation's (with a running or
+        queued prompt's) and the staged ones."""
+        from .images import image_bytes
+
+        held = self.chat.images
+        run = self.run
+        if run is not None and run.generation is None:  # queued: the chat has not seen it
+            held = [*held, *run.prepared.turn.images]
+        return sum(image_bytes(i) for i in [*held, *(c.image for c in self._staged)])
+
+    def _check_image_budget(self, new: list[CheckedImage], frame_id: str) -> None:
+        from .images import image_bytes
+
+        held = self.image_bytes + sum(image_bytes(c.image) for c in new)
+        limit = self.settings.max_session_image_bytes
+        if held > limit:
+            raise TooLarge(
+                f"this session's images would hold {held} bytes; max_session_image_bytes is"
+                f" {limit} (reset to start afresh)",
+                id=frame_id,
+            )
+
+
+async def _discard(frame: Frame) -> None:
+    return None
+
+
+# (state, frame type) -> handler: the session's rules, one row per state.
+Session.RULES = {
+    IDLE: {
+        Prompt: Session._on_prompt,
+        Image: Session._on_image,
+        Cancel: Session._cancel_finished,
+        Reset: Session._on_reset,
+        Ping: Session._on_ping,
+        Configure: Session._on_configure,
+    },
+    QUEUED: {
+        Prompt: Session._refuse_busy,
+        Image: Session._on_image,
+        Cancel: Session._cancel_run,
+        Reset: Session._on_reset,
+        Ping: Session._on_ping,
+        Configure: Session._refuse_busy,
+    },
+    RUNNING: {
+        Prompt: Session._refuse_busy,
+        Image: Session._on_image,
+        Cancel: Session._cancel_run,
+        Reset: Session._on_reset,
+        Ping: Session._on_ping,
+        Configure: Session._refuse_busy,
+    },
+    CLOSED: {
+        Prompt: Session._drop,
+        Image: Session._drop,
+        Cancel: Session._drop,
+        Reset: Session._drop,
+        Ping: Session._drop,
+        Configure: Session._drop,
+    },
+}

@@ -1,0 +1,138 @@
+"""The Starlette application: ``/v1/chat``, ``/healthz``, ``/readyz``.
+
+The model loads in a worker thread after the server starts listening, so ``/healthz`` answers at
+once and ``/readyz`` turns 200 when the engine is ready; a chat connection before then is
+accepted and closed with 1013 and the reason ``MODEL_LOADING_REASON`` (a client may wait), as is
+one over the connection caps (with another reason). A load that fails turns ``/healthz`` 503 and
+closes chats with 1011, and ``serve`` exits 1. Tokens and Origin are checked before anything
+else (``access``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from ..engine import Engine
+from ..sessions.connection import Connection
+from ..sessions.hub import Hub
+from ..settings import Settings
+from .admission import serve_admitted
+from .pages import web_routes
+from .stats_feed import StatsFeed
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing.TypeIs is 3.13+
+
+log = logging.getLogger("wschat.app")
+
+EngineFactory = Callable[[], Engine]
+LOAD_FAILED = "the model failed to load"
+
+
+async def healthz(request: Request) -> Response:
+    hub: Hub = request.app.state.hub
+    if hub.load_error is not None:  # the process is about to exit 1 (runtime/serve.py)
+        return PlainTextResponse(f"failed: {LOAD_FAILED}\n", status_code=503)
+    return PlainTextResponse("ok\n")
+
+
+async def readyz(request: Request) -> Response:
+    hub: Hub = request.app.state.hub
+    if hub.engine is None:
+        status = "failed" if hub.load_error else "loading"
+        return JSONResponse({"ready": False, "status": status}, status_code=503)
+    info = hub.engine.info
+    if not await hub.engine.reachable():  # an engine over HTTP (engine/openai)
+        return JSONResponse(
+            {"ready": False, "status": "engine unreachable", "engine": info.name},
+            status_code=503,
+        )
+    return JSONResponse(
+        {
+            "ready": True,
+            "model": info.model,
+            "engine": info.name,
+            "device": info.device,
+            "dtype": info.dtype,
+        }
+    )
+
+
+async def chat(websocket: WebSocket) -> None:
+    hub: Hub = websocket.app.state.hub
+    await serve_admitted(websocket, hub, lambda: _serve_session(websocket, hub), needs_engine=True)
+
+
+async def _serve_session(websocket: WebSocket, hub: Hub) -> None:
+    token = websocket.query_params.get("resume")
+    session = hub.sessions.claim(token) if token else None
+    session = session or hub.new_session()
+    resume_token = hub.sessions.add(session)
+    connection = Connection(websocket, hub)
+    hub.connections.add(connection)
+    try:
+        await connection.serve(session, resume_token)
+    finally:
+        hub.connections.discard(connection)
+        await hub.end_connection(session)
+
+
+def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
+    """``engine`` is ready (tests) or a factory run in a thread at start-up (the CLI)."""
+    hub = Hub(settings)
+    stats_feed = StatsFeed(hub)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        loader: asyncio.Task[None] | None = None
+        if _is_factory(engine):
+            loader = asyncio.create_task(_load(app, hub, engine))
+        else:
+            hub.set_engine(engine)
+        try:
+            yield
+        finally:
+            if loader is not None:
+                loader.cancel()
+            if hub.engine is not None:
+                await hub.engine.aclose()
+
+    app = Starlette(
+        routes=[
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            WebSocketRoute("/v1/chat", chat),
+            *web_routes(hub, stats_feed),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.hub = hub
+    app.state.stats_feed = stats_feed
+    return app
+
+
+def _is_factory(engine: Engine | EngineFactory) -> TypeIs[EngineFactory]:
+    # An engine has ``info``; a factory is a callable that makes one.
+    return callable(engine) and not hasattr(engine, "info")
+
+
+async def _load(app: Starlette, hub: Hub, factory: EngineFactory) -> None:
+    started = time.perf_counter()
+    try:
+        hub.set_engine(await asyncio.to_thread(factory))
+        seconds = time.perf_counter() - started
+        log.info("ready: accepting chats (the model took %.1f s to load)", seconds)
+    except Exception as error:
+        hub.load_error = error
+        log.error("%s: %s", LOAD_FAILED, error, exc_info=error)

@@ -1,0 +1,138 @@
+"""What ``/v1/stats`` sends: a ``Stats`` frame built from the hub, with a table of live sessions,
+and ``StatsFeed``, which serves it to every subscriber.
+
+Session keys never leave the server as they are: the table names a session by a short hash of
+its key (the same key the chat client sees as ``ready.session``, so an operator can match a row
+to a user's report, but a row cannot be turned into a key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from wschat.protocol import CloseCode, Stats, encode
+
+from ..sessions.session import Session
+
+if TYPE_CHECKING:
+    from ..sessions.hub import Hub
+
+MAX_TABLE_ROWS = 200
+_STATE_ORDER = {"running": 0, "queued": 1, "idle": 2, "closed": 3}
+
+
+def anonymous_id(session_key: str) -> str:
+    return hashlib.sha256(session_key.encode()).hexdigest()[:10]
+
+
+def session_row(session: Session) -> dict[str, Any]:
+    """One row of the dashboard's table: tokens generated in the conversation so far."""
+    chat = session.chat
+    generated = chat.generated_tokens
+    run = session.run
+    if run is not None:
+        generated += run.completion_tokens
+    return {
+        "id": anonymous_id(session.key),
+        "state": session.state.value,
+        "tokens": generated,
+        "turns": chat.turns,
+    }
+
+
+def snapshot(hub: Hub) -> Stats:
+    stats = hub.stats
+    p50, p95 = stats.ttft_percentiles()
+    rows = sorted(
+        (session_row(s) for s in list(hub.sessions.live.values())),
+        key=lambda r: (_STATE_ORDER.get(r["state"], 9), -r["tokens"]),
+    )
+    info = hub.engine.info if hub.engine is not None else None
+    # what the engine keeps across idle sessions, every path of it (engine/local/kvstore.py)
+    kv = hub.engine.kv_usage() if hub.engine is not None else None
+    return Stats(
+        sessions=len(hub.sessions.live),
+        running=hub.slots.running,
+        queued=hub.slots.queued,
+        tokens_per_s=stats.tokens_per_s(),
+        ttft_p50_ms=p50,
+        ttft_p95_ms=p95,
+        cancellations=stats.cancellations,
+        errors=dict(stats.errors),
+        kv_tokens=kv.tokens if kv else None,
+        model=info.model if info else "",
+        device=info.device if info else "",
+        uptime_s=stats.uptime_s,
+        live=tuple(rows[:MAX_TABLE_ROWS]),
+        kv_bytes=kv.bytes if kv else None,
+        kv_budget_bytes=kv.budget_bytes if kv else None,
+    )
+
+
+class StatsFeed:
+    """Every ``/v1/stats`` socket gets a ``stats`` frame at once and then one each
+    ``interval_s``; the snapshot is built and encoded once per interval whatever the number of
+    subscribers, and the sockets are known so that a shutdown closes them with 1001."""
+
+    def __init__(
+        self, hub: Hub, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.hub = hub
+        self.interval_s = interval_s
+        self._clock = clock
+        self._frame: bytes | None = None
+        self._built_at = 0.0
+        self.sockets: set[WebSocket] = set()
+
+    def frame(self) -> bytes:
+        """The latest snapshot, encoded; rebuilt once it is ``interval_s`` old."""
+        now = self._clock()
+        if self._frame is None or now - self._built_at >= self.interval_s:
+            self._frame, self._built_at = encode(snapshot(self.hub)), now
+        return self._frame
+
+    async def serve(self, websocket: WebSocket) -> None:
+        """Stream to an accepted socket until the peer leaves or ``close_all``."""
+        gone = asyncio.Event()  # set by the reader when the peer disconnects
+
+        async def read_until_gone() -> None:
+            try:
+                while (await websocket.receive())["type"] != "websocket.disconnect":
+                    pass  # the stats socket reads nothing; it only notices the peer leaving
+            except (WebSocketDisconnect, RuntimeError):
+                pass
+            finally:
+                gone.set()
+
+        reader = asyncio.create_task(read_until_gone())
+        self.sockets.add(websocket)
+        try:
+            while not gone.is_set():
+                if self.hub.shutting_down:
+                    await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
+                    break
+                await websocket.send_bytes(self.frame())
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.interval_s):
+                        await gone.wait()
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass  # the peer left, or close_all closed the socket between two frames
+        finally:
+            self.sockets.discard(websocket)
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def close_all(self, code: CloseCode, reason: str) -> None:
+        await asyncio.gather(*(_close(ws, code, reason) for ws in list(self.sockets)))
+
+
+async def _close(websocket: WebSocket, code: CloseCode, reason: str) -> None:
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+        await websocket.close(code, reason)

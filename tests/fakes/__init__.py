@@ -1,0 +1,1 @@
+"""Test doubles that stand in for real parts: an engine that replies from a script."""

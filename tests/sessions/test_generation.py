@@ -1,0 +1,122 @@
+"""``GenerationRun``: one prompt from queue to ``done`` on the scripted engine, its frames
+recorded: text that piles up while the socket is slow is merged, not dropped, and every run,
+however it ends, sends exactly one ``done``."""
+
+from __future__ import annotations
+
+import asyncio
+
+from wschat.protocol import Done, Error, ErrorCode, FinishReason, Frame, Queued, Start, Token
+from wschat.server.engine import Chat, SamplingParams, Turn
+from wschat.server.sessions.generation import GenerationRun, Send
+from wschat.server.sessions.slots import GenerationSlots
+
+from tests.fakes.scripted import Script, ScriptedEngine
+from tests.support import TIMEOUT
+
+WORDS = [f" w{i}" for i in range(20)]
+
+
+async def new_run(
+    engine: ScriptedEngine, slots: GenerationSlots, stall_timeout_s: float = 120.0
+) -> tuple[GenerationRun, Chat]:
+    chat = engine.chat("s1")
+    turn = Turn("hello", SamplingParams(max_new_tokens=64), [])
+    prepared = await chat.prepare(turn, max_user_tokens=1024)
+    return GenerationRun("g1", prepared, slots.enqueue(), stall_timeout_s=stall_timeout_s), chat
+
+
+async def drive(run: GenerationRun, chat: Chat, slots: GenerationSlots, send: Send) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        await run.drive(chat, slots, send)
+
+
+def of_type(frames: list[Frame], kind: type) -> list:  # type: ignore[type-arg]
+    return [f for f in frames if isinstance(f, kind)]
+
+
+async def test_text_piled_up_behind_a_slow_socket_is_merged_and_nothing_is_lost() -> None:
+    # a token each 10 ms: the first frame leaves before the engine is done
+    engine = ScriptedEngine(lambda request: Script(WORDS, delay_s=0.01))
+    slots = GenerationSlots(1, 4)
+    run, chat = await new_run(engine, slots)
+    frames: list[Frame] = []
+
+    async def slow_send(frame: Frame) -> None:
+        frames.append(frame)
+        if isinstance(frame, Token) and len(of_type(frames, Token)) == 1:
+            # the socket is stuck until the engine has produced every token
+            for worker in list(engine.threads):
+                await asyncio.to_thread(worker.join, TIMEOUT)
+
+    await drive(run, chat, slots, slow_send)
+    tokens = of_type(frames, Token)
+    # what the engine made while the socket was stuck leaves as one frame
+    assert 1 <= len(tokens) <= 2
+    assert "".join(t.text for t in tokens) == "".join(WORDS)
+    assert tokens[-1].index == len(WORDS)  # the merged frame's index jumps to the count
+    (done,) = of_type(frames, Done)
+    assert frames[-1] is done
+    assert done.reason is FinishReason.STOP and done.text == "".join(WORDS)
+
+
+async def test_a_failing_generation_sends_one_internal_error_then_exactly_one_done() -> None:
+    engine = ScriptedEngine(lambda request: Script(WORDS, fail_after=3))
+    slots = GenerationSlots(1, 4)
+    run, chat = await new_run(engine, slots)
+    frames: list[Frame] = []
+
+    async def send(frame: Frame) -> None:
+        frames.append(frame)
+
+    await drive(run, chat, slots, send)
+    (error,) = of_type(frames, Error)
+    assert error.code is ErrorCode.INTERNAL and error.id == "g1"
+    (done,) = of_type(frames, Done)
+    assert frames[-1] is done and done.reason is FinishReason.ERROR
+    assert slots.running == 0  # the slot is free again
+
+
+async def test_a_stalled_generation_is_stopped_with_an_error_and_exactly_one_done() -> None:
+    engine = ScriptedEngine(lambda request: Script(WORDS, stall_after=2))
+    slots = GenerationSlots(1, 4)
+    run, chat = await new_run(engine, slots, stall_timeout_s=0.3)
+    frames: list[Frame] = []
+
+    async def send(frame: Frame) -> None:
+        frames.append(frame)
+
+    try:
+        await drive(run, chat, slots, send)
+    finally:
+        await engine.aclose()  # its worker waits for the stall to be released
+    (error,) = of_type(frames, Error)
+    assert error.code is ErrorCode.INTERNAL and "no progress" in error.message
+    (done,) = of_type(frames, Done)
+    assert frames[-1] is done and done.reason is FinishReason.ERROR
+    assert slots.running == 0
+
+
+async def test_a_run_cancelled_while_queued_sends_its_position_then_done_cancelled() -> None:
+    engine = ScriptedEngine(lambda request: Script(WORDS))
+    slots = GenerationSlots(1, 4)
+    holder = slots.enqueue()  # another session holds the only slot
+    run, chat = await new_run(engine, slots)
+    frames: list[Frame] = []
+    queued = asyncio.Event()
+
+    async def send(frame: Frame) -> None:
+        frames.append(frame)
+        if isinstance(frame, Queued):
+            queued.set()
+
+    driving = asyncio.create_task(drive(run, chat, slots, send))
+    async with asyncio.timeout(TIMEOUT):
+        await queued.wait()
+    run.cancel()
+    await driving
+    assert [type(f) for f in frames] == [Queued, Done]
+    assert frames[0] == Queued("g1", 1)
+    assert frames[1].reason is FinishReason.CANCELLED  # type: ignore[attr-defined]
+    assert engine.requests == [] and not of_type(frames, Start)
+    slots.release(holder)

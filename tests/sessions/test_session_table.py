@@ -1,0 +1,189 @@
+"""The session's table, cell by cell: each frame type in each state gets the answer the table
+promises, and the state it leaves is the one ``TRANSITIONS`` names. In-process (no socket): the
+session's outbox is a recorder."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from wschat.protocol import (
+    Busy,
+    Cancel,
+    ClientFrame,
+    Configure,
+    Configured,
+    Done,
+    FinishReason,
+    Image,
+    ImageOk,
+    NotRunning,
+    Ping,
+    Pong,
+    Prompt,
+    ProtocolError,
+    Reset,
+    ResetOk,
+    SessionMisuse,
+    Start,
+)
+from wschat.protocol.frames import CLIENT_FRAMES
+from wschat.server.sessions.session import TRANSITIONS, Change, Session, SessionState
+from wschat.server.sessions.slots import GenerationSlots, Ticket
+from wschat.server.settings import Settings
+
+from tests.fakes.scripted import Script, ScriptedEngine
+from tests.protocol.vector_cases import PNG_1X1
+from tests.support import wait_until
+
+from .test_session import Recorder, done_of
+
+IDLE, QUEUED, RUNNING, CLOSED = SessionState
+
+
+class Table:
+    """A session driven into one state, with the slot ticket that keeps it QUEUED."""
+
+    def __init__(self) -> None:
+        engine = ScriptedEngine(
+            lambda r: Script([f" t{i}" for i in range(200)], delay_s=0.02), images=True
+        )
+        self.slots = GenerationSlots(1, 4)
+        self.session = Session("s", engine, self.slots, Settings())
+        self.rec = Recorder()
+        self.session.send = self.rec
+        self.hog: Ticket | None = None
+
+    async def enter(self, state: SessionState) -> None:
+        if state is QUEUED:
+            self.hog = self.slots.enqueue()  # another session holds the only slot
+        if state in (QUEUED, RUNNING):
+            await self.session.handle(Prompt("g", "hello"))
+        if state is RUNNING:
+            await self.rec.wait_for(lambda f: isinstance(f, Start))
+        if state is CLOSED:
+            await self.session.close()
+        assert self.session.state is state
+
+    async def leave(self) -> None:
+        if self.hog is not None:
+            self.slots.release(self.hog)
+        await self.session.close()
+
+
+@pytest.fixture
+async def table() -> AsyncIterator[Table]:
+    t = Table()
+    try:
+        yield t
+    finally:
+        async with asyncio.timeout(10):
+            await t.leave()
+
+
+FRAMES: dict[str, ClientFrame] = {
+    "prompt": Prompt("p2", "again"),
+    "image": Image("img", PNG_1X1),
+    "cancel": Cancel(),
+    "cancel_unknown": Cancel("never-sent"),
+    "reset": Reset(),
+    "ping": Ping(7),
+    "configure": Configure("be brief"),
+}
+
+# (state, frame) -> what comes back: a frame type, an error class, or None (nothing)
+EXPECTED: dict[tuple[SessionState, str], type[ProtocolError] | type | None] = {
+    (IDLE, "prompt"): Start,
+    (IDLE, "image"): ImageOk,
+    (IDLE, "cancel"): None,
+    (IDLE, "cancel_unknown"): NotRunning,
+    (IDLE, "reset"): ResetOk,
+    (IDLE, "ping"): Pong,
+    (IDLE, "configure"): Configured,
+    **{
+        (busy, name): answer
+        for busy in (QUEUED, RUNNING)
+        for name, answer in {
+            "prompt": Busy,
+            "image": ImageOk,
+            "cancel": Done,
+            "cancel_unknown": NotRunning,
+            "reset": ResetOk,
+            "ping": Pong,
+            "configure": Busy,
+        }.items()
+    },
+    **{(CLOSED, name): None for name in FRAMES},
+}
+# where each cell leaves the session, once what it started has settled
+AFTER: dict[tuple[SessionState, str], SessionState] = {
+    (IDLE, "prompt"): RUNNING,
+    **{(s, "cancel"): IDLE for s in (QUEUED, RUNNING)},
+    **{(s, "reset"): IDLE for s in (QUEUED, RUNNING)},
+}
+
+
+def test_every_state_has_a_rule_for_every_client_frame_type() -> None:
+    every = set(CLIENT_FRAMES.values())
+    assert {state: set(Session.RULES[state]) for state in SessionState} == {
+        state: every for state in SessionState
+    }
+
+
+@pytest.mark.parametrize(("state", "name"), sorted(EXPECTED, key=lambda c: (c[0].value, c[1])))
+async def test_each_frame_in_each_state_gets_the_answer_of_the_table(
+    table: Table, state: SessionState, name: str
+) -> None:
+    await table.enter(state)
+    start = len(table.rec.frames)
+    expected = EXPECTED[state, name]
+    frame = FRAMES[name]
+    if isinstance(expected, type) and issubclass(expected, ProtocolError):
+        with pytest.raises(expected):
+            await table.session.handle(frame)
+        assert table.session.state is state  # a refused frame changes nothing
+        return
+    await table.session.handle(frame)
+    if expected is None:
+        await asyncio.sleep(0)
+        assert table.rec.frames[start:] == []
+    else:
+        answer = await table.rec.wait_for(
+            lambda f: isinstance(f, expected) and table.rec.frames.index(f) >= start
+        )
+        if isinstance(answer, Done):
+            assert answer.reason is FinishReason.CANCELLED
+    if expected is Start:
+        assert table.session.busy
+    if name in ("cancel", "reset") and state in (QUEUED, RUNNING):
+        await done_of(table.rec, "g")
+        await wait_until(lambda: not table.session.busy)
+    assert table.session.state is AFTER.get((state, name), state)
+
+
+def test_the_transition_table_allows_close_from_every_state_and_nothing_out_of_closed() -> None:
+    assert all(TRANSITIONS[state][Change.CLOSE] is CLOSED for state in SessionState)
+    assert set(TRANSITIONS[CLOSED]) == {Change.CLOSE}
+
+
+async def test_a_change_the_table_does_not_list_is_our_misuse_not_the_peers() -> None:
+    session = Table().session
+    with pytest.raises(SessionMisuse) as raised:
+        session._change(Change.STARTED)  # a slot granted to a session with no prompt
+    assert not isinstance(raised.value, ProtocolError)
+    assert session.state is IDLE
+
+
+async def test_busy_follows_the_state_alone(table: Table) -> None:
+    assert not table.session.busy
+    await table.enter(QUEUED)
+    assert table.session.busy and table.session.state is QUEUED
+    table.slots.release(table.hog)  # type: ignore[arg-type]
+    table.hog = None
+    await table.rec.wait_for(lambda f: isinstance(f, Start))
+    assert table.session.busy and table.session.state is RUNNING
+    await table.session.handle(Cancel())
+    await done_of(table.rec, "g")
+    await wait_until(lambda: table.session.state is IDLE)
+    assert not table.session.busy and table.session.run is None
