@@ -1,6 +1,6 @@
-"""Token producers: the engine interface (``base``), what engines refuse (``errors``), the
-conversation as token ids (``history``, ``formats``: no torch) and the engines that run a
-transformers model in this process (``local``: all the torch)."""
+"""Token producers: the engine interface (``base``), what engines refuse or fail with
+(``errors``), the conversation as token ids (``history``, ``formats``: no torch) and the engines
+that run a transformers model in this process (``local``: all the torch)."""
 
 from .base import (
     CancelFlag,
@@ -16,21 +16,36 @@ from .base import (
     TokenPiece,
     Turn,
 )
-from .errors import ContextOverflow, EngineError, ImagesUnsupported, TooLarge
+from .errors import (
+    ContextExhausted,
+    ContextOverflow,
+    EngineError,
+    EngineFailed,
+    EngineOverloaded,
+    GenerationFailure,
+    ImagesUnsupported,
+    Refusal,
+    TooLarge,
+)
 
 __all__ = [
     "CancelFlag",
     "Chat",
+    "ContextExhausted",
     "ContextOverflow",
     "Engine",
     "EngineError",
+    "EngineFailed",
     "EngineInfo",
+    "EngineOverloaded",
     "Finished",
     "Generation",
+    "GenerationFailure",
     "GenerationRequest",
     "ImagesUnsupported",
     "KVUsage",
     "PreparedTurn",
+    "Refusal",
     "SamplingParams",
     "TokenPiece",
     "TooLarge",

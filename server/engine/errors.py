@@ -1,27 +1,63 @@
-"""What an engine raises for a turn it refuses; the session layer gives each its wire code.
+"""What an engine raises or ends a generation with; the session layer gives each its wire code
+(``ENGINE_ERRORS`` in sessions/error_boundary.py), so the engine knows no wire codes.
 
-    EngineError
-    ├── ImagesUnsupported  the model reads no images
-    ├── TooLarge           a system prompt or a turn's text over what the engine allows
-    └── ContextOverflow    the conversation and the turn do not fit the context
+    EngineError                    ``message`` is worded for the peer; ``detail`` is the log's only
+    ├── Refusal                    raised before anything is generated: the chat is unchanged
+    │   ├── ImagesUnsupported      (unsupported) the model reads no images
+    │   ├── TooLarge               (too_large) a system prompt or a turn's text over the limit
+    │   └── ContextOverflow        (context_overflow) the conversation and turn exceed the context
+    └── GenerationFailure          ends a generation: ``Finished(ERROR, error=...)``, not raised
+        ├── EngineOverloaded       (overloaded) busy or unreachable; the message says when to retry
+        ├── ContextExhausted       (context_overflow) the engine found the context too small
+        └── EngineFailed           (internal) the engine failed or stopped mid-reply
 
-A failure while generating is not raised: it ends the generation with ``Finished(ERROR)``.
+Any other exception a generation ends with is a bug, which the peer sees as a generic
+``internal``.
 """
 
 from __future__ import annotations
 
 
 class EngineError(Exception):
-    """A turn the engine refuses; the message says why and is safe to show the peer."""
+    def __init__(self, message: str, *, detail: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        # What the engine itself said (an HTTP body, a library's exception): for the log only.
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.detail})" if self.detail else self.message
 
 
-class ImagesUnsupported(EngineError):
+class Refusal(EngineError):
+    """A turn (or system prompt) the engine refuses before generating."""
+
+
+class ImagesUnsupported(Refusal):
     pass
 
 
-class TooLarge(EngineError):
+class TooLarge(Refusal):
     pass
 
 
-class ContextOverflow(EngineError):
+class ContextOverflow(Refusal):
+    pass
+
+
+class GenerationFailure(EngineError):
+    """Why a generation ended in ``ERROR``, in words the peer may be shown."""
+
+
+class EngineOverloaded(GenerationFailure):
+    def __init__(self, message: str, *, retry_s: float, detail: str = "") -> None:
+        super().__init__(message, detail=detail)
+        self.retry_s = retry_s
+
+
+class ContextExhausted(GenerationFailure):
+    pass
+
+
+class EngineFailed(GenerationFailure):
     pass

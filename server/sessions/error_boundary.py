@@ -2,10 +2,11 @@
 connection leaves by, which counts each ``error`` by code (``/v1/stats`` errors,
 ``wschat_errors_total``).
 
-A ``ProtocolError`` keeps its code and message (PROTOCOL.md "Errors"); an engine's refusal
-(``EngineError``, engine/errors.py) or failure worded for clients (``EngineFailure``) gets the
-code the table below gives it; anything else is a bug of ours, sent as ``internal`` with a
-generic message (the details go to the log, never to the peer).
+A ``ProtocolError`` keeps its code and message (PROTOCOL.md "Errors"); an engine's error
+(engine/errors.py: a refusal before generating, or a failure that ended a generation) keeps its
+message, worded for the peer, and gets the code ``ENGINE_ERRORS`` gives its class (its ``detail``
+is logged, never sent); anything else is a bug of ours, sent as ``internal`` with a generic
+message (the details go to the log, never to the peer).
 """
 
 from __future__ import annotations
@@ -18,46 +19,50 @@ from wschat.protocol import (
     ErrorCode,
     Frame,
     Internal,
+    Overloaded,
     ProtocolError,
     TooLarge,
     Unsupported,
 )
 
 from .. import engine
-from ..engine.failures import EngineFailure
 
 Send = Callable[[Frame], Awaitable[None]]
 
 GENERIC_MESSAGE = "internal error"
 
 
-# What each refusal of an engine's is on the wire.
-ENGINE_REFUSALS: tuple[tuple[type[engine.EngineError], type[ProtocolError]], ...] = (
+# What each of an engine's errors is on the wire: the engine itself knows no wire codes.
+ENGINE_ERRORS: tuple[tuple[type[engine.EngineError], type[ProtocolError]], ...] = (
     (engine.ImagesUnsupported, Unsupported),
     (engine.TooLarge, TooLarge),
     (engine.ContextOverflow, ContextOverflow),
+    (engine.EngineOverloaded, Overloaded),
+    (engine.ContextExhausted, ContextOverflow),
+    (engine.EngineFailed, Internal),
 )
 
 
-def refused(error: engine.EngineError, frame_id: str | None = None) -> ProtocolError:
-    wire = next((w for kind, w in ENGINE_REFUSALS if isinstance(error, kind)), Internal)
-    return wire(str(error), id=frame_id)
+def wire_error(error: engine.EngineError, frame_id: str | None = None) -> ProtocolError:
+    """The wire error for an engine's: its message (never its detail) under its class's code."""
+    wire = next((w for kind, w in ENGINE_ERRORS if isinstance(error, kind)), None)
+    if wire is None:  # a class missing from the table: ours to fix, so nothing of it is shown
+        return Internal(GENERIC_MESSAGE, id=frame_id)
+    return wire(error.message, id=frame_id)
 
 
 def expected(error: BaseException) -> bool:
     """A failure the peer is told about as it is (not a bug of ours, which goes to the log)."""
-    return isinstance(error, ProtocolError | engine.EngineError | EngineFailure)
+    return isinstance(error, ProtocolError | engine.EngineError)
 
 
 def error_frame(error: BaseException, frame_id: str | None = None) -> Error:
     """The ``error`` frame for ``error``: its id is the one the error names, else ``frame_id``
     (the client frame that caused it)."""
     if isinstance(error, engine.EngineError):
-        error = refused(error, frame_id)
+        error = wire_error(error, frame_id)
     if isinstance(error, ProtocolError):
         return Error(error.code, error.message, error.id or frame_id)
-    if isinstance(error, EngineFailure):  # an engine's refusal, worded for clients
-        return Error(error.code, error.message, frame_id)
     return Error(ErrorCode.INTERNAL, GENERIC_MESSAGE, frame_id)
 
 

@@ -27,8 +27,7 @@ from wschat.protocol import (
     Usage,
 )
 
-from ..engine import Chat, Finished, Generation, PreparedTurn, TokenPiece
-from ..engine.failures import EngineFailure
+from ..engine import Chat, EngineError, Finished, Generation, PreparedTurn, TokenPiece
 from .error_boundary import error_frame
 from .events import RunDone, RunEvent, RunListener, RunStarted, TokensSent
 from .slots import GenerationSlots, Ticket
@@ -122,8 +121,8 @@ class GenerationRun:
                 if finished.reason is FinishReason.ERROR:
                     error = finished.error
                     log.error("generation %s failed: %s", self.id, error or "no reason given")
-                    # the engine's own words only when it wrote them for clients
-                    told = error if isinstance(error, EngineFailure) else None
+                    # the engine's words only when it wrote them for clients (an EngineError)
+                    told = error if isinstance(error, EngineError) else None
                     await send(error_frame(told or Internal("generation failed"), self.id))
                 return finished.reason
 

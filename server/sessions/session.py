@@ -48,9 +48,9 @@ from wschat.protocol import (
     Unsupported,
 )
 
-from ..engine import Engine, EngineError, SamplingParams, Turn
+from ..engine import Engine, Refusal, SamplingParams, Turn
 from ..settings import Settings
-from .error_boundary import refused
+from .error_boundary import wire_error
 from .events import RunEvent, RunListener, RunStarted
 from .generation import GenerationRun
 from .slots import GenerationSlots
@@ -161,8 +161,8 @@ class Session:
             # (PROTOCOL.md "configure": a refused configure changes nothing)
             try:
                 await self.chat.set_system(frame.system, min_turn_tokens=MIN_TURN_TOKENS)
-            except EngineError as e:
-                raise refused(e) from e
+            except Refusal as e:
+                raise wire_error(e) from e
         if frame.params is not None:
             self.defaults = frame.params.merged_over(self.defaults)
         await self.send(Configured())
@@ -209,8 +209,8 @@ class Session:
             prepared = await self.chat.prepare(
                 turn, max_user_tokens=self.settings.max_prompt_tokens
             )
-        except EngineError as e:  # too large, context overflow: the peer's, as wire errors
-            raise refused(e, frame.id) from e
+        except Refusal as e:  # too large, context overflow: the peer's, as wire errors
+            raise wire_error(e, frame.id) from e
         ticket = self.slots.enqueue()
         self._ids.add(frame.id)
         self._staged.clear()

@@ -14,10 +14,11 @@ import httpx
 import pytest
 from wschat.protocol import ErrorCode, FinishReason
 from wschat.server.engine import GenerationRequest, SamplingParams
-from wschat.server.engine.failures import EngineFailure
+from wschat.server.engine.errors import ContextExhausted
 from wschat.server.engine.history import Conversation
 from wschat.server.engine.openai import OpenAIEngine, connect
 from wschat.server.engine.openai.tokenizer import TokenizerError, embedded_tokenizer
+from wschat.server.sessions.error_boundary import error_frame
 
 from tests.openai.llama import SLOT_CONTEXT, LlamaServer
 from tests.support import RawPeer, collect, http_base, raw_peer, running_server, wait_until
@@ -168,8 +169,8 @@ async def test_a_prompt_over_the_engines_context_is_context_overflow(
     request = GenerationRequest(ids, SamplingParams(max_new_tokens=8), session_key="k")
     _, finished = await collect(openai_engine.generate(request))
     assert finished.reason is FinishReason.ERROR
-    assert isinstance(finished.error, EngineFailure)
-    assert finished.error.code is ErrorCode.CONTEXT_OVERFLOW
+    assert isinstance(finished.error, ContextExhausted)
+    assert error_frame(finished.error, "g").code is ErrorCode.CONTEXT_OVERFLOW
 
 
 async def test_a_tokenizer_that_differs_from_the_engines_is_refused_at_start(

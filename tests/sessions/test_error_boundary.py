@@ -1,5 +1,6 @@
 """Where an exception becomes an ``error`` frame (``error_frame``), the one class per wire code,
-and the ``Outbox`` that counts every ``error`` it sends."""
+an engine's errors under the codes the table gives them, and the ``Outbox`` that counts every
+``error`` it sends."""
 
 from __future__ import annotations
 
@@ -16,7 +17,24 @@ from wschat.protocol import (
     ProtocolError,
     SessionMisuse,
 )
-from wschat.server.sessions.error_boundary import GENERIC_MESSAGE, Outbox, error_frame
+from wschat.server.engine import errors as engine_errors
+from wschat.server.engine.errors import (
+    ContextExhausted,
+    ContextOverflow,
+    EngineError,
+    EngineFailed,
+    EngineOverloaded,
+    GenerationFailure,
+    ImagesUnsupported,
+    TooLarge,
+)
+from wschat.server.sessions.error_boundary import (
+    ENGINE_ERRORS,
+    GENERIC_MESSAGE,
+    Outbox,
+    error_frame,
+    expected,
+)
 
 
 def test_a_protocol_error_keeps_its_code_message_and_own_id() -> None:
@@ -66,3 +84,40 @@ async def test_the_outbox_counts_each_error_frame_by_code_and_sends_every_frame(
         Error(ErrorCode.INTERNAL, "generation failed", "g"),
         Error(ErrorCode.INTERNAL, GENERIC_MESSAGE, None),
     ]
+
+
+def _leaves(root: type[EngineError]) -> set[type[EngineError]]:
+    subclasses = root.__subclasses__()
+    return set().union(*map(_leaves, subclasses)) if subclasses else {root}
+
+
+def test_every_engine_error_has_its_wire_code_in_the_table() -> None:
+    leaves = {kind for kind in _leaves(EngineError) if kind.__module__ == engine_errors.__name__}
+    assert leaves == {kind for kind, _ in ENGINE_ERRORS}
+    assert {
+        kind: error_frame(kind("said for the peer"), "p").code
+        for kind in (ContextExhausted, ContextOverflow, EngineFailed, ImagesUnsupported, TooLarge)
+    } == {
+        ContextExhausted: ErrorCode.CONTEXT_OVERFLOW,
+        ContextOverflow: ErrorCode.CONTEXT_OVERFLOW,
+        EngineFailed: ErrorCode.INTERNAL,
+        ImagesUnsupported: ErrorCode.UNSUPPORTED,
+        TooLarge: ErrorCode.TOO_LARGE,
+    }
+
+
+def test_an_engine_error_sends_its_message_and_never_its_detail() -> None:
+    busy = EngineOverloaded("busy; retry in 2 s", retry_s=2.0, detail="HTTP 503: slot 3 of /srv")
+    assert error_frame(busy, "p") == Error(ErrorCode.OVERLOADED, "busy; retry in 2 s", "p")
+    assert "/srv" in str(busy)  # the log line has it
+    assert expected(busy) and expected(TooLarge("too long"))
+    assert not expected(KeyError("bug"))
+
+
+def test_an_engine_error_missing_from_the_table_is_internal_with_a_generic_message() -> None:
+    class Unmapped(GenerationFailure):
+        pass
+
+    assert error_frame(Unmapped("private words"), "p") == Error(
+        ErrorCode.INTERNAL, GENERIC_MESSAGE, "p"
+    )

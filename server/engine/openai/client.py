@@ -1,5 +1,5 @@
 """The HTTP side of the openai engine: one ``httpx`` client per engine, server-sent events in,
-failures out as ``EngineFailure`` (``errors``).
+failures out as ``GenerationFailure`` (``errors``).
 
 ``api_url`` is the OpenAI base (``http://host:port/v1``); ``/tokenize`` and ``/health`` live at
 the server's root on both llama.cpp's server and vLLM. The API key travels in a header and is

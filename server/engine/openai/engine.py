@@ -25,8 +25,7 @@ import httpx
 from wschat.protocol import FinishReason, Usage
 
 from ..base import EngineInfo, Finished, Generation, GenerationRequest, KVUsage, TokenPiece
-from ..errors import ImagesUnsupported
-from ..failures import EngineFailure
+from ..errors import GenerationFailure, ImagesUnsupported
 from ..formats import (
     FormatHints,
     GemmaTurns,
@@ -206,7 +205,7 @@ class OpenAIEngine:
         except asyncio.CancelledError:
             # the stream is closed by now (leaving ``async with`` closed the connection)
             finished = Finished(FinishReason.CANCELLED)
-        except EngineFailure as error:
+        except GenerationFailure as error:
             finished = Finished(FinishReason.ERROR, error=error)
         except httpx.HTTPError as error:
             finished = Finished(FinishReason.ERROR, error=lost(repr(error)))

@@ -1,8 +1,9 @@
-"""An engine's HTTP failures as our error codes (PROTOCOL.md "Errors").
+"""An engine's HTTP failures as ``GenerationFailure`` (engine/errors.py):
 
-- a prompt the engine's context cannot hold: ``context_overflow``;
-- 429, 503, or an engine that cannot be reached: ``overloaded``, with when to retry;
-- anything else: ``internal``. The engine's own message is logged, never sent to clients.
+- a prompt the engine's context cannot hold: ``ContextExhausted``;
+- 429, 503, or an engine that cannot be reached: ``EngineOverloaded``, with when to retry;
+- anything else: ``EngineFailed``. The engine's own message is the ``detail`` (logged, never
+  sent to clients).
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from wschat.protocol import ErrorCode
-
-from ..failures import EngineFailure
+from ..errors import ContextExhausted, EngineFailed, EngineOverloaded, GenerationFailure
 
 DEFAULT_RETRY_S = 1.0
 _OVERLOAD_STATUSES = frozenset({429, 503})
@@ -51,29 +50,28 @@ def retry_after_s(header: str | None) -> float:
         return DEFAULT_RETRY_S
 
 
-def failure_from_status(status: int, body: bytes, retry_after: str | None = None) -> EngineFailure:
+def failure_from_status(
+    status: int, body: bytes, retry_after: str | None = None
+) -> GenerationFailure:
     message = engine_message(body)
     if _is_context_overflow(status, message):
-        return EngineFailure(
-            ErrorCode.CONTEXT_OVERFLOW,
+        return ContextExhausted(
             "the conversation does not fit the engine's context (reset to start afresh)",
             detail=f"HTTP {status}: {message}",
         )
     if status in _OVERLOAD_STATUSES:
         return overloaded(f"HTTP {status}: {message}", retry_after_s(retry_after))
-    return EngineFailure(
-        ErrorCode.INTERNAL, "the engine failed to generate", detail=f"HTTP {status}: {message}"
-    )
+    return EngineFailed("the engine failed to generate", detail=f"HTTP {status}: {message}")
 
 
-def overloaded(detail: str, retry_s: float = DEFAULT_RETRY_S) -> EngineFailure:
-    return EngineFailure(
-        ErrorCode.OVERLOADED,
+def overloaded(detail: str, retry_s: float = DEFAULT_RETRY_S) -> EngineOverloaded:
+    return EngineOverloaded(
         f"the engine is busy or unreachable; retry in {retry_s:g} s",
+        retry_s=retry_s,
         detail=detail,
     )
 
 
-def lost(detail: str) -> EngineFailure:
+def lost(detail: str) -> EngineFailed:
     """The engine went away mid-reply."""
-    return EngineFailure(ErrorCode.INTERNAL, "the engine stopped mid-reply", detail=detail)
+    return EngineFailed("the engine stopped mid-reply", detail=detail)
