@@ -5,7 +5,8 @@ statement counts, at module level or inside a function, so a lazy import cannot 
 - the server is four layers, each importing only its own and the ones below it:
   ``engine`` <- ``sessions`` <- ``web`` <- ``runtime`` (and ``protocol`` under them all);
   ``wschat.server.settings``, a plain dataclass, is shared by the three upper layers and imports
-  nothing of the server; the engine imports nothing else of the server, settings included;
+  nothing of ours; the engine imports nothing else of the server, settings included; nothing in
+  ``engine``, ``sessions`` or ``web`` imports ``runtime``;
 - no module of the packages imports the tests (their fakes stay out of production);
 - torch and transformers are imported only in ``wschat.server.engine.local``: the engine
   interface and the conversation as token ids serve engines without them;
@@ -30,6 +31,7 @@ CLIENT = "wschat.client"
 # bottom to top: a layer may import its own modules and those of the layers before it
 LAYERS = tuple(f"{SERVER}.{name}" for name in ("engine", "sessions", "web", "runtime"))
 SETTINGS = f"{SERVER}.settings"
+RUNTIME = f"{SERVER}.runtime"
 # the package itself and ``python -m wschat.server``, which starts the top layer
 OUTSIDE_LAYERS = frozenset({SERVER, f"{SERVER}.__main__", SETTINGS})
 PROTOCOL_MAY_IMPORT = frozenset(sys.stdlib_module_names) | {"msgpack"}
@@ -176,9 +178,24 @@ def test_each_server_layer_imports_only_itself_the_layers_below_and_settings() -
     assert bad == []
 
 
-def test_settings_import_nothing_from_the_server() -> None:
+def test_settings_import_nothing_of_ours() -> None:
+    ours = [*package_dirs(), "tests"]
     bad = sorted(
-        (m, target) for m, target in import_graph() if m == SETTINGS and within(target, SERVER)
+        (m, target)
+        for m, target in import_graph()
+        if m == SETTINGS and any(within(target, package) for package in ours)
+    )
+    assert bad == []
+
+
+def test_no_layer_under_the_runtime_imports_it() -> None:
+    """The process (cli, uvicorn, the drain) is the top: the engine, sessions and web are built
+    and handed what they need, so each runs without a server process (as the tests run them)."""
+    bad = sorted(
+        (m, target)
+        for m, target in import_graph()
+        if any(within(m, layer) for layer in LAYERS[: LAYERS.index(RUNTIME)])
+        and within(target, RUNTIME)
     )
     assert bad == []
 
