@@ -7,6 +7,8 @@ from pathlib import Path
 
 # What --engine may name (runtime/engines.py builds each).
 ENGINES = ("batched", "generate", "openai")
+# What --session-store may name besides "memory" (sessions/store.py opens it)
+STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +68,11 @@ class Settings:
     max_pending_handshakes: int = 256
     shutdown_grace_s: float = 10.0
     resume_window_s: float = 120.0
+    # where detached sessions are kept: "memory" (this process) or a Redis URL (redis://,
+    # rediss://, unix://), which any replica can resume from; may hold a password
+    session_store: str = field(default="memory", repr=False)
+    # a replica renews its hold on each connected session's stored state this often (a third)
+    session_lease_s: float = 10.0
     tokens: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     # Host names a request may name when no token is set (DNS rebinding); the local names and
