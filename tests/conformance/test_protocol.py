@@ -3,7 +3,10 @@ each test talks to a real server with a client written from PROTOCOL.md alone.""
 
 from __future__ import annotations
 
+import io
 from typing import Any
+
+from PIL import Image
 
 from tests.support import RawPeer, raw_peer
 
@@ -128,3 +131,15 @@ async def test_a_second_prompt_while_one_runs_is_busy_and_the_first_goes_on(
     assert [(e["code"], e["id"]) for e in errors] == [("busy", "b")]
     assert frames[-1]["id"] == "a" and frames[-1]["reason"] == "cancelled"
     assert not [f for f in frames if f.get("id") == "b" and f["type"] != "error"]
+
+
+async def test_a_text_only_model_says_so_and_refuses_images_as_unsupported(chat_url: str) -> None:
+    png = io.BytesIO()
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(png, format="PNG")
+    async with raw_peer(chat_url) as (peer, ready):
+        await peer.send({"type": "image", "id": "i", "data": png.getvalue()})
+        error = await peer.recv()
+        after = (await prompt(peer, "a", "Hello.", max_new_tokens=2))[-1]
+    assert ready["capabilities"] == {"images": False, "max_images": 0}
+    assert error["type"] == "error" and error["code"] == "unsupported" and error["id"] == "i"
+    assert after["reason"] in ("stop", "length")

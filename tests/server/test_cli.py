@@ -28,7 +28,7 @@ def env_actions() -> list[argparse.Action]:
 
 
 # Options whose values are checked by a parser of their own: a valid one other than the default.
-VALID_SAMPLES = {"threads": "3"}
+VALID_SAMPLES = {"threads": "3", "engine_images": "2"}
 
 
 def value_other_than_default(action: argparse.Action) -> str:
