@@ -5,6 +5,7 @@ a text-only engine refuses images as the in-process ones do."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 from collections.abc import Iterator
@@ -32,6 +33,9 @@ from wschat.server.engine.openai.vision import (
     data_uri,
     normalise,
 )
+
+from tests.openai.llama import LlamaServer
+from tests.support import TIMEOUT
 
 
 @pytest.fixture(scope="module")
@@ -122,9 +126,15 @@ def test_the_chat_body_carries_the_messages_and_every_sampling_field_of_the_text
     request = GenerationRequest(ids, params, images, "session-1")
     chat, text = vision.chat_body(request), vision.completion_body(request)
     assert "prompt" not in chat and chat["messages"][-1]["role"] == "user"
-    assert {k: v for k, v in chat.items() if k != "messages"} == {
-        k: v for k, v in text.items() if k != "prompt"
+    ids_fields = {*vision.dialect.ids_request(), *vision.dialect.chat_ids_request()}
+    assert {k: v for k, v in chat.items() if k not in {"messages", *ids_fields}} == {
+        k: v for k, v in text.items() if k not in {"prompt", *ids_fields}
     }
+    assert {k: chat[k] for k in vision.dialect.chat_ids_request()} == (
+        {"logprobs": True, "top_logprobs": 1}
+        if dialect == LLAMA_CPP
+        else {"return_token_ids": True}
+    )
     assert chat["temperature"] == 0.7 and chat["max_tokens"] == 32 and chat["stream"] is True
 
 
@@ -167,3 +177,35 @@ def test_a_text_prompt_still_goes_to_completions_as_ids(tokenizer: GatewayTokeni
     ids = conversation.prompt_ids(conversation.tokenize_user("Hello."))
     body = vision.completion_body(GenerationRequest(ids, SamplingParams(max_new_tokens=4)))
     assert body["prompt"] == ids and "messages" not in body
+
+
+async def test_llama_cpp_takes_the_chat_body_and_streams_text_with_its_ids(
+    live_llama: LlamaServer, connected_openai: OpenAIEngine
+) -> None:
+    """The chat body's fields as llama.cpp's server reads them (a text-only conversation: its
+    model reads no images): a greedy reply of max_tokens tokens, each chunk with its token id."""
+    base = connected_openai
+    chat = OpenAIEngine(
+        EngineHttp(live_llama.api_url, None),
+        base.dialect,
+        base.model,
+        base.tokenizer,
+        gemma(base.tokenizer),  # images need Gemma turns; the base model's default is not
+        base.info.context_tokens,
+        1,
+    )
+    conversation = Conversation(chat.prompt_format)
+    ids = conversation.prompt_ids(conversation.tokenize_user("Name three colors."))
+    body = chat.chat_body(GenerationRequest(ids, SamplingParams(max_new_tokens=6)))
+    texts, got, reasons = [], [], []
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            async for chunk in chat.http.stream("/chat/completions", body, "s1"):
+                for choice in chunk.get("choices") or []:
+                    texts.append((choice.get("delta") or {}).get("content") or "")
+                    got += chat.dialect.chunk_ids(choice)
+                    reasons.append(choice.get("finish_reason"))
+    finally:
+        await chat.aclose()
+    assert reasons[-1] == "length" and len(got) == 6
+    assert chat.tokenizer.decode(got) == "".join(texts)

@@ -189,11 +189,12 @@ class OpenAIEngine:
         messages, the images as data URIs, the same sampling fields."""
         image, turns = self._require_vision()
         body = self.completion_body(request)
-        del body["prompt"]
+        for key in ("prompt", *self.dialect.ids_request()):
+            del body[key]
         messages = chat_messages(
             request.prompt_ids, request.images, turns, image, self.tokenizer.decode
         )
-        return {"messages": messages, **body}
+        return {"messages": messages, **body, **self.dialect.chat_ids_request()}
 
     async def _run(self, request: GenerationRequest, generation: Generation) -> None:
         ids: list[int] = []
