@@ -328,8 +328,10 @@ def run(work: LlamaWork, logs: Path, engine: str = "batched") -> dict[str, Any]:
             measure[f"wschat-{engine}"] = lambda t, k: asyncio.run(
                 wsload.concurrent(local.ws_url, t, k)
             )
+        # warm-up at the widest count: llama.cpp's first use of a slot is slow (2.9 s to the
+        # first token of 8 fresh slots, 0.1 s after), and whoever came first would pay it
         for system in systems:
-            measure[system]([story(0)], 4)  # warm-up
+            measure[system]([story(i) for i in range(slots)], 4)
         for r in range(work.rounds):
             order = systems if r % 2 == 0 else systems[::-1]
             for n in work.streams:
