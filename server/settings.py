@@ -28,6 +28,8 @@ class Settings:
     engine_url: str = "http://127.0.0.1:8080/v1"
     engine_model: str | None = None
     engine_api_key: str | None = field(default=None, repr=False)
+    # images per prompt the engine's model reads (None: as the engine says, where it does)
+    engine_images: int | None = None
     tokenizer: str = "embedded"
     # how a conversation becomes prompt ids (server/engine/formats.py); "auto" picks per model
     prompt_format: str = "auto"

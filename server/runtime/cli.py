@@ -134,6 +134,12 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "(prefer WSCHAT_ENGINE_API_KEY: a command line is visible to every local user)",
     ),
     (
+        "engine_images",
+        int,
+        "--engine openai: images per prompt the engine's model reads, sent through its chat API "
+        "(default: as the engine says where it does, llama.cpp's server; else none)",
+    ),
+    (
         "tokenizer",
         str,
         "--engine openai: the tokenizer prompts are rendered with, 'embedded' (the embedded "
