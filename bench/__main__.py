@@ -3,7 +3,9 @@ in-process ceiling of the same run (and optionally against ``transformers serve`
 
 Prints a table of figures and ratios, writes bench/results/latest.json and draws docs/bench.png.
 A full run ends with the busy-neighbour scenario (bench/threads.py), which ``--quick`` leaves
-out; ``--only threads`` runs it alone and writes bench/results/threads.json.
+out; ``--only threads`` runs it alone and writes bench/results/threads.json. So does the
+llama.cpp scenario (bench/llamacpp.py; ``--only llamacpp``: bench/results/llamacpp.json), when
+``xllamacpp`` is installed.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import chart, report, threads
+from . import chart, llamacpp, report, threads
 from .workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,12 +52,26 @@ def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         result = {"threads": threads.run(alone, args.logs, engine=args.engine)}
         text = report.threads_table(result)
         return {**result, "targets": threads.targets(result["threads"])}, text
+    if args.only == "llamacpp":
+        why_not = llamacpp.available()
+        if why_not:
+            raise SystemExit(f"no llama.cpp scenario: {why_not}")
+        work = llamacpp.LlamaWork.quick() if args.quick else llamacpp.LlamaWork()
+        result = {"llamacpp": llamacpp.run(work, args.logs, engine=args.engine)}
+        text = report.llamacpp_table(result)
+        return {**result, "targets": llamacpp.targets(result["llamacpp"])}, text
     from .run import run
 
     work = Workload.quick() if args.quick else Workload()
     result = run(work, engine=args.engine, peer_wanted=not args.no_peer, logs=args.logs)
     if not args.quick:  # --quick stays short; --quick --only threads is the scenario's own
         result["threads"] = threads.run(threads.ThreadsWork(), args.logs, engine=args.engine)
+        why_not = llamacpp.available()
+        result["llamacpp"] = (
+            {"skipped": why_not}
+            if why_not
+            else llamacpp.run(llamacpp.LlamaWork(), args.logs, engine=args.engine)
+        )
     return {**result, "targets": report.targets(result)}, report.table(result)
 
 
@@ -65,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-peer", action="store_true", help="skip transformers serve")
     parser.add_argument("--engine", default="batched", help="the wschat engine measured")
     parser.add_argument(
-        "--only", choices=["threads"], help="run one scenario alone: 'threads' (a busy neighbour)"
+        "--only",
+        choices=["threads", "llamacpp"],
+        help="run one scenario alone: 'threads' (a busy neighbour), 'llamacpp' (llama.cpp's "
+        "server direct and with wschat --engine openai in front)",
     )
     parser.add_argument("--json", type=Path, help="where the results go (default: by scenario)")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "bench.png")
@@ -74,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     # SIGTERM unwinds like Ctrl-C, so every process the run started is stopped by its pid
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
@@ -83,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     result["wall_s"] = time.monotonic() - started
     print(text)
     results = ROOT / "bench" / "results"
-    path = args.json or results / ("threads.json" if args.only else "latest.json")
+    path = args.json or results / (f"{args.only}.json" if args.only else "latest.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"\nwrote {path}")

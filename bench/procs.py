@@ -1,6 +1,6 @@
 """The processes a run starts, each stopped by its pid: the servers under test (wschat, ``python -m
-wschat.server``, and the peer, ``transformers serve``) and a busy neighbour (a CPU-bound process
-pinned to one core)."""
+wschat.server``), the peers (``transformers serve``, llama.cpp's server) and a busy neighbour (a
+CPU-bound process pinned to one core)."""
 
 from __future__ import annotations
 
@@ -162,4 +162,21 @@ def transformers_serve(model_dir: Path, batching: bool, logs: Path) -> Iterator[
     ]  # fmt: skip
     name = "peer-cb" if batching else "peer"
     with _run(command, "/health", port, logs / f"{name}.log") as running:
+        yield running
+
+
+@contextlib.contextmanager
+def llama_cpp(threads: int, slots: int, slot_context: int, logs: Path) -> Iterator[Running]:
+    """llama.cpp's server (``xllamacpp``) on the embedded GGUF: ``slots`` requests at once, each
+    with ``slot_context`` KV tokens; ``swa_full`` as the tests and compose run it."""
+    port = free_port()
+    command = [
+        sys.executable, "-m", "wschat.server.engine.openai.llamacpp",
+        "--port", str(port),
+        "--threads", str(threads),
+        "--parallel", str(slots),
+        "--ctx", str(slots * slot_context),
+        "--swa-full",
+    ]  # fmt: skip
+    with _run(command, "/health", port, logs / "llama-cpp.log") as running:
         yield running

@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Any
 
-from . import threads
+from . import llamacpp, threads
 
 
 def _get(result: dict[str, Any], *path: Any) -> Any:
@@ -80,6 +80,8 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         )  # fmt: skip
     if "threads" in result:
         out += threads.targets(result["threads"])
+    if "figures" in result.get("llamacpp", {}):
+        out += llamacpp.targets(result["llamacpp"])
     return out
 
 
@@ -131,6 +133,10 @@ def table(result: dict[str, Any]) -> str:
     )
     if "threads" in result:
         lines += ["", threads.table(result["threads"], _fmt)]
+    if "figures" in result.get("llamacpp", {}):
+        lines += ["", llamacpp.table(result["llamacpp"], _fmt)]
+    elif "llamacpp" in result:
+        lines += ["", f"no llama.cpp scenario: {result['llamacpp']['skipped']}"]
     lines += ["", *target_lines(targets(result))]
     return "\n".join(lines)
 
@@ -139,6 +145,12 @@ def threads_table(result: dict[str, Any]) -> str:
     """``--only threads``: the busy-neighbour table and its targets."""
     rows = threads.targets(result["threads"])
     return "\n".join([threads.table(result["threads"], _fmt), "", *target_lines(rows)])
+
+
+def llamacpp_table(result: dict[str, Any]) -> str:
+    """``--only llamacpp``: the llama.cpp table and its targets."""
+    rows = llamacpp.targets(result["llamacpp"])
+    return "\n".join([llamacpp.table(result["llamacpp"], _fmt), "", *target_lines(rows)])
 
 
 def target_lines(rows: list[dict[str, Any]]) -> list[str]:

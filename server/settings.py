@@ -7,6 +7,8 @@ from pathlib import Path
 
 # What --engine may name (runtime/engines.py builds each).
 ENGINES = ("batched", "generate", "openai")
+# What --session-store may name besides "memory" (sessions/store.py opens it)
+STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,8 @@ class Settings:
     engine_url: str = "http://127.0.0.1:8080/v1"
     engine_model: str | None = None
     engine_api_key: str | None = field(default=None, repr=False)
+    # images per prompt the engine's model reads (None: as the engine says, where it does)
+    engine_images: int | None = None
     tokenizer: str = "embedded"
     # how a conversation becomes prompt ids (server/engine/formats.py); "auto" picks per model
     prompt_format: str = "auto"
@@ -66,6 +70,11 @@ class Settings:
     max_pending_handshakes: int = 256
     shutdown_grace_s: float = 10.0
     resume_window_s: float = 120.0
+    # where detached sessions are kept: "memory" (this process) or a Redis URL (redis://,
+    # rediss://, unix://), which any replica can resume from; may hold a password
+    session_store: str = field(default="memory", repr=False)
+    # a replica renews its hold on each connected session's stored state this often (a third)
+    session_lease_s: float = 10.0
     tokens: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     # Host names a request may name when no token is set (DNS rebinding); the local names and

@@ -1,5 +1,6 @@
-"""Suite-wide fixtures: tiny random Gemma 3 models through the real loader, and a check that no
-generation thread outlives its test."""
+"""Suite-wide fixtures: tiny random Gemma 3 models through the real loader, llama.cpp's server on
+the embedded GGUF (started once, for the openai engine's tests and the conformance tests), and a
+check that no generation thread outlives its test."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.support import generation_threads
+from tests.support import free_port, generation_threads
 
 if TYPE_CHECKING:  # torch loads only for the tests that use these fixtures
     from wschat.server.engine.local.hf import HFEngine
     from wschat.server.engine.local.loader import LoadedModel
+    from wschat.server.engine.openai import OpenAIEngine
+
+    from tests.openai.llama import LlamaServer
 
 THREAD_EXIT_TIMEOUT = 10.0
 
@@ -76,3 +80,40 @@ async def tiny_vision_engine(tiny_vision_loaded: LoadedModel) -> AsyncIterator[H
     engine = HFEngine(tiny_vision_loaded)
     yield engine
     await engine.aclose()
+
+
+@pytest.fixture(scope="session")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """One llama.cpp server for the whole run; a test that kills it starts it again."""
+    from tests.openai.llama import llama_server
+
+    log = tmp_path_factory.mktemp("llama") / "llama.log"
+    with llama_server(free_port(), log) as server:
+        yield server
+
+
+@pytest.fixture
+def live_llama(llama: LlamaServer) -> LlamaServer:
+    if llama.process is None or llama.process.poll() is not None:
+        llama.start()  # a test before this one stopped it
+    return llama
+
+
+@pytest.fixture(scope="session")
+def connected_openai(llama: LlamaServer) -> OpenAIEngine:
+    """The openai engine in front of ``llama``, connected once: loading its tokenizer takes
+    seconds. Each test's ``openai_engine`` closes its HTTP client after it (a client belongs to
+    one event loop); the next use opens another."""
+    from wschat.server.engine.openai import connect
+
+    return connect(llama.config())
+
+
+@pytest.fixture
+async def openai_engine(
+    live_llama: LlamaServer, connected_openai: OpenAIEngine
+) -> AsyncIterator[OpenAIEngine]:
+    try:
+        yield connected_openai
+    finally:
+        await connected_openai.aclose()

@@ -284,6 +284,16 @@ class Chat(Protocol):
         """The session is gone: drop what the engine keeps for it."""
         ...
 
+    def export_state(self) -> dict[str, Any]:
+        """The conversation as plain data (str, int, lists, dicts; images in the engine's form)
+        from which ``import_state`` rebuilds it exactly, in this process or another one with
+        the same engine. A running turn is not part of it."""
+        ...
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        """Replace the conversation with an exported one; ``ValueError`` when it is not one."""
+        ...
+
 
 class Engine(Protocol):
     info: EngineInfo

@@ -41,6 +41,48 @@ class Conversation:
     def clear(self) -> None:
         self.exchanges.clear()
 
+    def export_state(self) -> dict[str, Any]:
+        return {
+            "format": self.format.name,
+            "system": self.system,
+            "system_ids": list(self._system_ids),
+            "exchanges": [
+                {
+                    "user": e.user_ids,
+                    "image_ids": e.image_ids,
+                    "images": list(e.images),
+                    "reply": e.reply_ids,
+                }
+                for e in self.exchanges
+            ],
+        }
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        """An exported conversation, checked for shape: it may come from another process."""
+        try:
+            if state["format"] != self.format.name:
+                raise ValueError(
+                    f"a conversation in the format {state['format']!r}, not {self.format.name!r}"
+                )
+            system = state["system"]
+            system_ids = _int_list(state["system_ids"])
+            exchanges = [
+                Exchange(
+                    _int_list(e["user"]),
+                    [_int_list(run) for run in e["image_ids"]],
+                    list(e["images"]),
+                    _int_list(e["reply"]),
+                )
+                for e in state["exchanges"]
+            ]
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not an exported conversation: {e!r}") from e
+        if system is not None and not isinstance(system, str):
+            raise ValueError("not an exported conversation: system is not a string")
+        self.system = system or None
+        self._system_ids = system_ids
+        self.exchanges = exchanges
+
     @property
     def images(self) -> list[Any]:
         return [image for exchange in self.exchanges for image in exchange.images]
@@ -88,6 +130,12 @@ class Conversation:
         """Record a finished (or cancelled) exchange exactly as it was prompted and generated."""
         runs = [list(run) for run in image_ids]
         self.exchanges.append(Exchange(list(user_ids), runs, images, list(reply_ids)))
+
+
+def _int_list(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(type(i) is int for i in value):
+        raise ValueError("not an exported conversation: ids are not a list of ints")
+    return value
 
 
 class Prompted(Protocol):
@@ -219,3 +267,11 @@ class TokenChat:
 
     def close(self) -> None:
         self._engine.forget(self.key)
+
+    def export_state(self) -> dict[str, Any]:
+        return self.conversation.export_state()
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        self._running = None
+        self.conversation.import_state(state)
+        self._engine.forget(self.key)  # KV state kept for this key was another conversation's

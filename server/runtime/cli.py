@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.formats import FORMATS
-from ..settings import ENGINES, Settings
+from ..settings import ENGINES, STORE_SCHEMES, Settings
 
 _DEFAULTS = Settings()
 # Options whose value must be one of a few: refused when the arguments are read, not at load.
@@ -78,6 +78,16 @@ def thread_count(value: str) -> int | None:
     return count
 
 
+def session_store(value: str) -> str:
+    """``--session-store``: 'memory' or a Redis URL."""
+    if value == "memory" or value.startswith(STORE_SCHEMES):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"expected 'memory' or a URL starting {', '.join(STORE_SCHEMES)} (from the flag or "
+        f"WSCHAT_SESSION_STORE); got {value.split('://')[0]!r}"
+    )
+
+
 def _env_list(name: str) -> list[str]:
     raw = os.environ.get(f"WSCHAT_{name.upper()}", "")
     return [item.strip() for item in raw.split(",") if item.strip()]
@@ -122,6 +132,12 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         str,
         "--engine openai: the engine's API key, sent as a bearer token and never logged "
         "(prefer WSCHAT_ENGINE_API_KEY: a command line is visible to every local user)",
+    ),
+    (
+        "engine_images",
+        int,
+        "--engine openai: images per prompt the engine's model reads, sent through its chat API "
+        "(default: as the engine says where it does, llama.cpp's server; else none)",
     ),
     (
         "tokenizer",
@@ -189,9 +205,22 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ),
     ("shutdown_grace_s", float, "on SIGTERM, how long running replies may take to finish"),
     ("resume_window_s", float, "how long a dropped session can be resumed"),
+    (
+        "session_store",
+        session_store,
+        "where dropped sessions are kept for resumption: 'memory' (this process) or a Redis URL "
+        "(redis://HOST:PORT/DB, rediss://..., unix:///PATH), from which any replica resumes",
+    ),
+    (
+        "session_lease_s",
+        float,
+        "with Redis: a connected session's hold on its stored state, renewed every third of it; "
+        "a replica that dies frees its sessions this long after",
+    ),
     ("log_level", str.lower, "how much the server logs"),
 ]
-_SECRET_OPTIONS = frozenset({"engine_api_key"})
+# read from the environment after parsing, so --help never shows them (a URL may hold a password)
+_SECRET_OPTIONS = frozenset({"engine_api_key", "session_store"})
 _CHOICES: dict[str, Sequence[str]] = {
     "engine": ENGINES,
     "prompt_format": FORMATS,
@@ -275,6 +304,12 @@ def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
     values = {k: v for k, v in vars(args).items() if k in known}
     values["cache_dir"] = Path(args.cache_dir) if args.cache_dir else None
     values["engine_api_key"] = args.engine_api_key or _env("engine_api_key", None) or None
+    try:
+        values["session_store"] = session_store(
+            args.session_store or _env("session_store", _DEFAULTS.session_store)
+        )
+    except argparse.ArgumentTypeError as e:
+        parser.error(str(e))
     values["tokens"] = tuple(args.token)
     values["allowed_origins"] = tuple(args.allowed_origin)
     values["allowed_hosts"] = tuple(args.allowed_host)

@@ -57,6 +57,7 @@ def _connect_openai(settings: Settings) -> Engine:
             api_key=settings.engine_api_key,
             prompt_format=settings.prompt_format,
             context_tokens=settings.context_tokens,
+            images=settings.engine_images,
         )
     )
 

@@ -1,11 +1,11 @@
 """``Hub``: what all connections share: settings, the engine, generation slots, connection
-quotas, server stats and the ``SessionStore`` (store.py)."""
+quotas, server stats and the ``SessionStore`` (store.py: in memory or in Redis)."""
 
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..engine import Engine
 from ..settings import Settings
@@ -13,7 +13,7 @@ from .quotas import ConnectionCaps
 from .session import Session
 from .slots import GenerationSlots
 from .stats import ServerStats
-from .store import SessionStore
+from .store import SessionStore, open_store
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -33,7 +33,7 @@ class Hub:
 
     def __post_init__(self) -> None:
         self.slots = GenerationSlots(self.settings.max_concurrent, self.settings.max_queue)
-        self.sessions = SessionStore(self.settings.resume_window_s, self.settings.max_connections)
+        self.sessions = open_store(self.settings, self.restore_session)
         self.stats = ServerStats()
         self.caps = ConnectionCaps(
             self.settings.max_connections, self.settings.max_connections_per_client
@@ -42,16 +42,28 @@ class Hub:
     def set_engine(self, engine: Engine) -> None:
         self.engine = engine
 
-    def new_session(self) -> Session:
+    def new_session(self, key: str | None = None) -> Session:
         assert self.engine is not None
-        session = Session(secrets.token_hex(8), self.engine, self.slots, self.settings)
+        session = Session(key or secrets.token_hex(8), self.engine, self.slots, self.settings)
         session.listeners.append(self.stats.on_run_event)
+        session.boundary = self.sessions.checkpoint
+        return session
+
+    def restore_session(self, key: str, state: dict[str, Any]) -> Session:
+        """A session another connection (maybe another replica) left, from its state;
+        ``ValueError`` when the state is not one this engine can take."""
+        session = self.new_session(key)
+        try:
+            session.import_state(state)
+        except Exception:
+            session.chat.close()
+            raise
         return session
 
     async def end_connection(self, session: Session) -> None:
         """After its connection is over: keep ``session`` for resumption, or close it and
         forget its engine state; the same for detached sessions past their window."""
-        gone = [] if self.sessions.detach(session) else [session]
+        gone = [] if await self.sessions.detach(session) else [session]
         for ended in [*gone, *self.sessions.expire()]:
             await ended.close()
             self.forget(ended)

@@ -26,6 +26,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from wschat.protocol import (
+    BadFrame,
     Busy,
     Cancel,
     ClientFrame,
@@ -46,6 +47,7 @@ from wschat.protocol import (
     SessionMisuse,
     TooLarge,
     Unsupported,
+    parse_params,
 )
 
 from ..engine import Engine, Refusal, SamplingParams, Turn
@@ -118,6 +120,8 @@ class Session:
         self._ids: set[str] = set()  # every generation id this session has had
         self.send: Send = _discard  # the connection's outbox
         self.listeners: list[RunListener] = []
+        # called at each turn boundary (done, configure, reset, image_ok): the store saves
+        self.boundary: Callable[[Session], None] = _no_boundary
 
     RULES: ClassVar[dict[SessionState, dict[type[ClientFrame], Handler]]]
 
@@ -166,6 +170,7 @@ class Session:
         if frame.params is not None:
             self.defaults = frame.params.merged_over(self.defaults)
         await self.send(Configured())
+        self.boundary(self)
 
     async def _cancel_run(self, frame: Cancel) -> None:
         assert self.run is not None  # QUEUED and RUNNING have one
@@ -184,6 +189,7 @@ class Session:
         self.chat.reset()
         self._staged.clear()
         await self.send(ResetOk())
+        self.boundary(self)
 
     async def _on_image(self, frame: Image) -> None:
         self._require_images(frame.id)
@@ -192,6 +198,7 @@ class Session:
         (image,) = await self._check_images([frame.data], frame.id)
         self._staged.append(image)
         await self.send(ImageOk(frame.id, image.width, image.height))
+        self.boundary(self)
 
     async def _on_prompt(self, frame: Prompt) -> None:
         if frame.id in self._ids:
@@ -240,6 +247,7 @@ class Session:
             self.run = None
             self.last_active_at = time.monotonic()
             self._change(Change.ENDED)
+            self.boundary(self)
 
     @property
     def generation_task(self) -> asyncio.Task[None] | None:
@@ -258,6 +266,39 @@ class Session:
         """For good: the generation is stopped, later frames are dropped. Idempotent."""
         await self.stop_generation()
         self._change(Change.CLOSE)
+
+    # -- state, for a store that keeps it outside this process --------------------------
+
+    def export_state(self) -> dict[str, Any]:
+        """What a resume needs, as plain data (images in the engine's form): the conversation,
+        the defaults, the staged images as checked and every id used. A running turn is not in
+        it: it joins the conversation when it ends, the next boundary."""
+        return {
+            "defaults": self.defaults.to_wire(),
+            "chat": self.chat.export_state(),
+            "staged": [
+                {"image": c.image, "width": c.width, "height": c.height, "format": c.format}
+                for c in self._staged
+            ],
+            "ids": sorted(self._ids),
+        }
+
+    def import_state(self, state: dict[str, Any]) -> None:
+        """An exported state; ``ValueError`` when it is not one (nothing is changed then)."""
+        from .images import CheckedImage
+
+        try:
+            defaults = parse_params(state["defaults"])
+            staged = [
+                CheckedImage(c["image"], int(c["width"]), int(c["height"]), str(c["format"]))
+                for c in state["staged"]
+            ]
+            ids = {str(i) for i in state["ids"]}
+            chat_state = state["chat"]
+        except (KeyError, TypeError, BadFrame, InvalidParams) as e:
+            raise ValueError(f"not an exported session: {e!r}") from e
+        self.chat.import_state(chat_state)
+        self.defaults, self._staged, self._ids = defaults, staged, ids
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -344,6 +385,10 @@ class Session:
 
 
 async def _discard(frame: Frame) -> None:
+    return None
+
+
+def _no_boundary(session: Session) -> None:
     return None
 
 

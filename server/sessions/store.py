@@ -1,5 +1,7 @@
-"""``SessionStore``: live sessions by key, and detached ones kept for ``?resume=`` within the
-resume window."""
+"""Where sessions are kept between connections: the ``SessionStore`` interface, and
+``MemorySessionStore``, which keeps detached sessions in this process for ``?resume=`` within
+the resume window. ``redis_store.py`` keeps them in Redis, where every replica can claim them.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +9,71 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
+from ..settings import STORE_SCHEMES, Settings
 from .session import Session, SessionState
+
+# A session rebuilt from its exported state (``Session.import_state``) under its key.
+Rebuild = Callable[[str, dict[str, Any]], Session]
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a resume token gave: the session, or None (a new session starts); ``unavailable``
+    says why a resume could not even be tried (the store is down)."""
+
+    session: Session | None
+    unavailable: str | None = None
+
+
+class SessionStore(Protocol):
+    live: dict[str, Session]  # connected here, by key
+
+    @property
+    def detached_count(self) -> int: ...
+
+    @property
+    def errors(self) -> int:
+        """Operations on the store that failed (each retry counts)."""
+        ...
+
+    async def add(self, session: Session) -> str:
+        """``session`` is connected here and owned by this connection; its new resume token."""
+        ...
+
+    async def claim(self, token: str) -> Claim:
+        """The detached session of ``token``, once (a token is single-use), and only while no
+        connection owns it."""
+        ...
+
+    def checkpoint(self, session: Session) -> None:
+        """A turn boundary: the session's state is to be kept (without waiting for it)."""
+        ...
+
+    async def detach(self, session: Session) -> bool:
+        """The connection is over: keep the conversation for resumption (the generation was
+        already stopped); False when it is not kept: no resume window, or the session was
+        closed (shutdown)."""
+        ...
+
+    def expire(self) -> list[Session]:
+        """Detached sessions this process no longer keeps; the caller forgets their engine
+        state."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def open_store(settings: Settings, rebuild: Rebuild) -> SessionStore:
+    """The store ``--session-store`` names: ``memory``, or a Redis URL."""
+    if settings.session_store == "memory":
+        return MemorySessionStore(settings.resume_window_s, settings.max_connections)
+    if not settings.session_store.startswith(STORE_SCHEMES):
+        raise ValueError(f"--session-store: 'memory' or a URL starting {', '.join(STORE_SCHEMES)}")
+    from .redis_store import RedisSessionStore  # redis-py loads only when it is used
+
+    return RedisSessionStore(settings, rebuild)
 
 
 @dataclass(eq=False)
@@ -17,12 +82,14 @@ class _Detached:
     expires_at: float
 
 
-class SessionStore:
+class MemorySessionStore:
     """Sessions by key; a resume token maps to the key of a detached session.
 
     Detached sessions are bounded in time (the resume window) and in number (``max_detached``,
     oldest dropped first), so connection churn cannot pile them up.
     """
+
+    errors = 0
 
     def __init__(
         self,
@@ -37,15 +104,13 @@ class SessionStore:
         self._detached: dict[str, _Detached] = {}  # by resume token
         self._tokens: dict[str, str] = {}  # session key -> resume token
 
-    def add(self, session: Session) -> str:
+    async def add(self, session: Session) -> str:
         self.live[session.key] = session
         token = secrets.token_urlsafe(24)
         self._tokens[session.key] = token
         return token
 
-    def detach(self, session: Session) -> bool:
-        """Keep the conversation for resumption (the generation was already stopped); False
-        when it is not kept: no resume window, or the session was closed (shutdown)."""
+    async def detach(self, session: Session) -> bool:
         self.live.pop(session.key, None)
         token = self._tokens.pop(session.key, None)
         if token is None or self.resume_window_s <= 0 or session.state is SessionState.CLOSED:
@@ -53,17 +118,18 @@ class SessionStore:
         self._detached[token] = _Detached(session, self.clock() + self.resume_window_s)
         return True
 
-    def claim(self, token: str) -> Session | None:
-        """The detached session of ``token`` while its window is open (``expire`` drops the
-        rest: the caller forgets their engine state)."""
+    async def claim(self, token: str) -> Claim:
+        """While its window is open (``expire`` drops the rest)."""
         entry = self._detached.get(token)
         if entry is None or entry.expires_at <= self.clock():
-            return None
+            return Claim(None)
         del self._detached[token]
-        return entry.session
+        return Claim(entry.session)
+
+    def checkpoint(self, session: Session) -> None:
+        return None  # the session itself is what is kept
 
     def expire(self) -> list[Session]:
-        """Drop detached sessions past their window or over the cap; returns them."""
         now = self.clock()
         gone = [t for t, d in self._detached.items() if d.expires_at <= now]
         over = len(self._detached) - len(gone) - self.max_detached
@@ -74,3 +140,6 @@ class SessionStore:
     @property
     def detached_count(self) -> int:
         return len(self._detached)
+
+    async def aclose(self) -> None:
+        return None

@@ -76,9 +76,11 @@ async def chat(websocket: WebSocket) -> None:
 
 async def _serve_session(websocket: WebSocket, hub: Hub) -> None:
     token = websocket.query_params.get("resume")
-    session = hub.sessions.claim(token) if token else None
-    session = session or hub.new_session()
-    resume_token = hub.sessions.add(session)
+    claim = await hub.sessions.claim(token) if token else None
+    if claim is not None and claim.unavailable:
+        log.warning("a resume was not possible (%s): a new session", claim.unavailable)
+    session = (claim.session if claim else None) or hub.new_session()
+    resume_token = await hub.sessions.add(session)
     connection = Connection(websocket, hub)
     hub.connections.add(connection)
     try:
@@ -105,6 +107,7 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
         finally:
             if loader is not None:
                 loader.cancel()
+            await hub.sessions.aclose()
             if hub.engine is not None:
                 await hub.engine.aclose()
 

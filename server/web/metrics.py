@@ -115,6 +115,11 @@ class _HubCollector(Collector):
         yield _gauge("wschat_generations_running", "Generations decoding now.", hub.slots.running)
         yield _gauge("wschat_generations_queued", "Prompts waiting for a slot.", hub.slots.queued)
         yield _gauge("wschat_sessions_active", "Connected chat sessions.", len(hub.sessions.live))
+        yield _counter(
+            "wschat_session_store_errors",
+            "Session store operations that failed (Redis unreachable or erroring).",
+            hub.sessions.errors,
+        )
         threads = _engine_threads(hub)
         if threads is not None:
             yield _gauge(

@@ -28,7 +28,11 @@ def env_actions() -> list[argparse.Action]:
 
 
 # Options whose values are checked by a parser of their own: a valid one other than the default.
-VALID_SAMPLES = {"threads": "3"}
+VALID_SAMPLES = {
+    "threads": "3",
+    "session_store": "redis://127.0.0.1:6379/0",
+    "engine_images": "2",
+}
 
 
 def value_other_than_default(action: argparse.Action) -> str:
@@ -158,3 +162,14 @@ def test_an_unknown_engine_in_the_environment_is_refused_when_the_arguments_are_
         settings_from_args([])
     assert exited.value.code == 2
     assert "WSCHAT_ENGINE: invalid choice 'bogus'" in capsys.readouterr().err
+
+
+def test_session_store_takes_memory_or_a_redis_url_and_refuses_the_rest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert settings_from_args([]).session_store == "memory"
+    url = "unix:///run/redis.sock"
+    assert settings_from_args(["--session-store", url]).session_store == url
+    with pytest.raises(SystemExit):
+        settings_from_args(["--session-store", "http://secret@host"])
+    assert "secret" not in capsys.readouterr().err  # only the scheme is echoed

@@ -1,4 +1,4 @@
-"""``SessionStore``: detached sessions are kept for resumption, bounded in time and number;
+"""``MemorySessionStore``: detached sessions are kept for resumption, bounded in time and number;
 ``Hub.end_connection`` closes the sessions it does not keep."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from wschat.server.sessions.hub import Hub
 from wschat.server.sessions.session import Session, SessionState
 from wschat.server.sessions.slots import GenerationSlots
-from wschat.server.sessions.store import SessionStore
+from wschat.server.sessions.store import MemorySessionStore
 from wschat.server.settings import Settings
 
 from tests.fakes.scripted import ScriptedEngine
@@ -16,47 +16,47 @@ def session(key: str) -> Session:
     return Session(key, ScriptedEngine(), GenerationSlots(1, 1), Settings())
 
 
-def detached(store: SessionStore, key: str) -> str:
-    token = store.add(session(key))
-    store.detach(store.live[key])
+async def detached(store: MemorySessionStore, key: str) -> str:
+    token = await store.add(session(key))
+    await store.detach(store.live[key])
     return token
 
 
-def test_churn_keeps_at_most_max_detached_sessions_dropping_the_oldest() -> None:
-    store = SessionStore(resume_window_s=120, max_detached=3)
-    tokens = [detached(store, f"s{i}") for i in range(5)]
+async def test_churn_keeps_at_most_max_detached_sessions_dropping_the_oldest() -> None:
+    store = MemorySessionStore(resume_window_s=120, max_detached=3)
+    tokens = [await detached(store, f"s{i}") for i in range(5)]
     dropped = store.expire()
     assert [s.key for s in dropped] == ["s0", "s1"]
     assert store.detached_count == 3
-    assert store.claim(tokens[0]) is None
-    claimed = store.claim(tokens[4])
+    assert (await store.claim(tokens[0])).session is None
+    claimed = (await store.claim(tokens[4])).session
     assert claimed is not None and claimed.key == "s4"
 
 
-def test_a_session_past_its_window_cannot_be_claimed_and_expires() -> None:
+async def test_a_session_past_its_window_cannot_be_claimed_and_expires() -> None:
     now = [1000.0]
-    store = SessionStore(resume_window_s=10.0, clock=lambda: now[0])
-    token = detached(store, "s")
+    store = MemorySessionStore(resume_window_s=10.0, clock=lambda: now[0])
+    token = await detached(store, "s")
     now[0] += 9.5
     assert store.expire() == []
     now[0] += 0.5
-    assert store.claim(token) is None
+    assert (await store.claim(token)).session is None
     assert [s.key for s in store.expire()] == ["s"]
     assert store.detached_count == 0
 
 
-def test_without_a_window_nothing_is_kept() -> None:
-    store = SessionStore(resume_window_s=0.0)
-    assert store.claim(detached(store, "s")) is None
+async def test_without_a_window_nothing_is_kept() -> None:
+    store = MemorySessionStore(resume_window_s=0.0)
+    assert (await store.claim(await detached(store, "s"))).session is None
     assert store.detached_count == 0
 
 
-def test_a_closed_session_is_not_kept_for_resumption() -> None:
-    store = SessionStore(resume_window_s=120)
+async def test_a_closed_session_is_not_kept_for_resumption() -> None:
+    store = MemorySessionStore(resume_window_s=120)
     closed = session("s")
     closed.state = SessionState.CLOSED  # as a shutdown leaves it
-    store.add(closed)
-    assert store.detach(closed) is False
+    await store.add(closed)
+    assert await store.detach(closed) is False
     assert store.detached_count == 0
 
 
@@ -64,7 +64,7 @@ async def test_ending_a_connection_without_a_resume_window_closes_its_session() 
     hub = Hub(Settings(resume_window_s=0.0))
     hub.set_engine(ScriptedEngine())
     ended = hub.new_session()
-    hub.sessions.add(ended)
+    await hub.sessions.add(ended)
     await hub.end_connection(ended)
     assert ended.state is SessionState.CLOSED
 
@@ -73,10 +73,11 @@ async def test_a_detached_session_is_closed_when_its_window_expires() -> None:
     hub = Hub(Settings(resume_window_s=10.0))
     hub.set_engine(ScriptedEngine())
     now = [1000.0]
+    assert isinstance(hub.sessions, MemorySessionStore)
     hub.sessions.clock = lambda: now[0]
     first, second = hub.new_session(), hub.new_session()
     for s in (first, second):
-        hub.sessions.add(s)
+        await hub.sessions.add(s)
     await hub.end_connection(first)
     assert first.state is SessionState.IDLE  # kept for a resume
     now[0] += 10.0

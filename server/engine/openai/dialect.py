@@ -98,6 +98,13 @@ class Dialect:
             return {"logprobs": 1}
         return {"return_token_ids": True}
 
+    def chat_ids_request(self) -> dict[str, Any]:
+        """The same for the chat API, whose ``logprobs`` is a flag: llama.cpp gives each token's
+        id with its top-1 entry."""
+        if self.is_llama_cpp:
+            return {"logprobs": True, "top_logprobs": 1}
+        return {"return_token_ids": True}
+
     def chunk_ids(self, choice: dict[str, Any]) -> list[int]:
         if self.is_llama_cpp:
             content = (choice.get("logprobs") or {}).get("content") or []

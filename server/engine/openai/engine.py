@@ -40,6 +40,7 @@ from .client import EngineHttp
 from .dialect import Dialect
 from .errors import lost
 from .tokenizer import GatewayTokenizer, TokenizerError, load_tokenizer
+from .vision import ImageTokens, TurnTokens, VisionError, chat_messages, normalise
 
 log = logging.getLogger("wschat.engine.openai")
 
@@ -49,6 +50,7 @@ NAME = "openai"
 PROBE = "Hello, world! 12345 café 日本語 😀 def f(x): return x  <start_of_turn>user\n\tEnd."
 _WAIT_LOG_EVERY_S = 10.0
 _REACHABLE_TTL_S = 1.0
+DETECTED_MAX_IMAGES = 4  # per prompt, for an engine that says it reads images (as in process)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +62,8 @@ class OpenAIEngineConfig:
     api_key: str | None = field(default=None, repr=False)
     prompt_format: str = "auto"
     context_tokens: int = 8192
+    # images per prompt the engine's model reads: None asks the engine (where it says), 0: none
+    images: int | None = None
 
 
 class HttpGeneration(Generation):
@@ -88,6 +92,7 @@ class OpenAIEngine:
         tokenizer: GatewayTokenizer,
         prompt_format: PromptFormat,
         context_tokens: int,
+        max_images: int = 0,
     ) -> None:
         self.http = http
         self.dialect = dialect
@@ -101,10 +106,11 @@ class OpenAIEngine:
             dialect.name,
             "remote",
             context_tokens,
-            False,
-            0,
+            max_images > 0,
+            max_images,
             prompt_format=prompt_format.name,
         )
+        self._vision = _vision_tokens(tokenizer, prompt_format) if max_images > 0 else None
         ends = sorted(prompt_format.end_ids)
         # End tokens that are line breaks (a transcript's) stop as the text "\n" on every
         # engine; the others as ids where the engine reads stop_token_ids, else as its own
@@ -119,17 +125,25 @@ class OpenAIEngine:
     def chat(self, key: str) -> TokenChat:
         return TokenChat(self, key)
 
-    def prepare_image(self, image: Any) -> Any:
-        raise ImagesUnsupported(f"the model {self.model!r} does not read images here")
-
-    def image_placeholder_ids(self) -> list[int]:
-        raise ImagesUnsupported(f"the model {self.model!r} does not read images here")
-
     def kv_usage(self) -> KVUsage | None:
         return None  # the engine's own cache, which it reports per reply (cached_tokens)
 
     def worker_threads(self) -> int | None:
         return None
+
+    def image_placeholder_ids(self) -> list[int]:
+        """The ids one image stands for in a prompt (its tokens in the engine's context)."""
+        return self._require_vision()[0].placeholder()
+
+    def prepare_image(self, image: Any) -> Any:
+        """A checked image as the session keeps it: at the vision tower's input size."""
+        self._require_vision()
+        return normalise(image)
+
+    def _require_vision(self) -> tuple[ImageTokens, TurnTokens]:
+        if self._vision is None:
+            raise ImagesUnsupported(f"the model {self.model!r} does not read images")
+        return self._vision
 
     def forget(self, session_key: str) -> None:
         """Nothing to drop: the engine's prefix cache is keyed by the ids, not the session."""
@@ -175,6 +189,18 @@ class OpenAIEngine:
             **self.dialect.ids_request(),
         }
 
+    def chat_body(self, request: GenerationRequest) -> dict[str, Any]:
+        """A prompt with images, for ``/v1/chat/completions``: the same conversation as
+        messages, the images as data URIs, the same sampling fields."""
+        image, turns = self._require_vision()
+        body = self.completion_body(request)
+        for key in ("prompt", *self.dialect.ids_request()):
+            del body[key]
+        messages = chat_messages(
+            request.prompt_ids, request.images, turns, image, self.tokenizer.decode
+        )
+        return {"messages": messages, **body, **self.dialect.chat_ids_request()}
+
     async def _run(self, request: GenerationRequest, generation: Generation) -> None:
         ids: list[int] = []
         texts: list[str] = []
@@ -182,15 +208,20 @@ class OpenAIEngine:
         strip = self.prompt_format.strips_leading_space
         finished: Finished
         try:
-            body = self.completion_body(request)
-            async for chunk in self.http.stream("/completions", body, request.session_key):
+            chat = bool(request.images)
+            body = self.chat_body(request) if chat else self.completion_body(request)
+            path = "/chat/completions" if chat else "/completions"
+            async for chunk in self.http.stream(path, body, request.session_key):
                 usage = chunk.get("usage")
                 if usage:
                     details = usage.get("prompt_tokens_details") or {}
                     generation.cached_tokens = int(details.get("cached_tokens") or 0)
                 for choice in chunk.get("choices") or []:
-                    text = str(choice.get("text") or "")
+                    delta = choice.get("delta") or {}  # a chat chunk's
+                    text = str(choice.get("text") or delta.get("content") or "")
                     new_ids = self.dialect.chunk_ids(choice)
+                    if chat and text and not new_ids:  # an engine that gives chat text alone
+                        new_ids = self.tokenizer.tokenize_text(text)
                     if strip and text and not ids:
                         text = text.removeprefix(" ")
                     ids += new_ids
@@ -250,7 +281,55 @@ def connect(config: OpenAIEngineConfig) -> OpenAIEngine:
         engine_context or "unknown",
         fmt.name,
     )
-    return OpenAIEngine(http, dialect, model, tokenizer, fmt, context)
+    images = _max_images(config.images, http, dialect, tokenizer, fmt)
+    return OpenAIEngine(http, dialect, model, tokenizer, fmt, context, images)
+
+
+def _vision_tokens(
+    tokenizer: GatewayTokenizer, fmt: PromptFormat
+) -> tuple[ImageTokens, TurnTokens]:
+    """What image turns need: Gemma 3's image tokens and its turn markup (the chat API's
+    messages are read back from Gemma turns)."""
+    if not isinstance(fmt, GemmaTurns):
+        raise VisionError(f"images need the gemma-turns prompt format, not {fmt.name!r}")
+    image = ImageTokens.of(tokenizer.token_id)
+    turns = TurnTokens(
+        tokenizer.token_id("<start_of_turn>"),
+        tokenizer.token_id("<end_of_turn>"),
+        tuple(tokenizer.tokenize_text("user\n")),
+        tuple(tokenizer.tokenize_text("model\n")),
+    )
+    return image, turns
+
+
+def _max_images(
+    requested: int | None,
+    http: EngineHttp,
+    dialect: Dialect,
+    tokenizer: GatewayTokenizer,
+    fmt: PromptFormat,
+) -> int:
+    """Images per prompt: as configured (refusing to start if they cannot be placed), else
+    what the engine says (llama.cpp's ``/props`` ``modalities.vision``; vLLM says nothing)."""
+    if requested is not None:
+        if requested > 0:
+            _vision_tokens(tokenizer, fmt)  # a VisionError stops the start with its reason
+        return max(0, requested)
+    if not dialect.is_llama_cpp:
+        return 0
+    try:
+        props = http.get_json("/props", root=True)
+    except httpx.HTTPError as error:
+        log.info("no /props on the engine (%s): no images", error)
+        return 0
+    if not (props.get("modalities") or {}).get("vision"):
+        return 0
+    try:
+        _vision_tokens(tokenizer, fmt)
+    except VisionError as error:
+        log.warning("the engine reads images, but they cannot be sent: %s", error)
+        return 0
+    return DETECTED_MAX_IMAGES
 
 
 def _wait_for_engine(http: EngineHttp) -> dict[str, Any]:

@@ -1,0 +1,45 @@
+"""One fixture, ``chat_url``: a real server on each engine the protocol is served from, so the
+same tests hold every engine to PROTOCOL.md. The tiny random model runs on the batched and the
+generate engines; the openai engine is in front of llama.cpp's server on the embedded GGUF
+(started once per run: the ``llama`` fixture)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.support import running_server
+
+if TYPE_CHECKING:
+    from wschat.server.engine import Engine
+
+ENGINES = ("batched", "generate", "openai")
+
+
+def _engine(name: str, request: pytest.FixtureRequest) -> Engine:
+    if name == "openai":
+        request.getfixturevalue("live_llama")  # up again if a test before this one stopped it
+        engine: Engine = request.getfixturevalue("connected_openai")
+        return engine
+    loaded = request.getfixturevalue("tiny_text_loaded")
+    if name == "batched":
+        from wschat.server.engine.local.batched import BatchedEngine
+
+        return BatchedEngine(loaded, width=2)
+    from wschat.server.engine.local.hf import HFEngine
+
+    return HFEngine(loaded)
+
+
+@pytest.fixture(params=ENGINES)
+async def chat_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """``ws://.../v1/chat`` of a server on the engine named by the parameter; the engine is
+    closed after (the shared openai engine only closes its HTTP client, as ``openai_engine``)."""
+    engine = _engine(request.param, request)
+    try:
+        async with running_server(engine) as url:
+            yield url
+    finally:
+        await engine.aclose()

@@ -1,0 +1,209 @@
+"""Image turns for --engine openai, as request bodies: the conversation the session rendered, as
+``/v1/chat/completions`` messages with the images as data URIs in their places. No vision
+server runs here (the embedded GGUF reads text only), so these check the bodies built, and that
+a text-only engine refuses images as the in-process ones do."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from PIL import Image
+from wschat.server.engine import GenerationRequest, ImagesUnsupported, SamplingParams
+from wschat.server.engine.formats import Exchange, GemmaTurns, Transcript, UserTurn
+from wschat.server.engine.history import Conversation
+from wschat.server.engine.openai.client import EngineHttp
+from wschat.server.engine.openai.dialect import LLAMA_CPP, VLLM, Dialect
+from wschat.server.engine.openai.engine import OpenAIEngine, _vision_tokens
+from wschat.server.engine.openai.tokenizer import (
+    GatewayTokenizer,
+    default_cache_dir,
+    load_tokenizer,
+)
+from wschat.server.engine.openai.vision import (
+    IMAGE_SIZE,
+    TOKENS_PER_IMAGE,
+    VisionError,
+    chat_messages,
+    data_uri,
+    normalise,
+)
+
+from tests.openai.llama import LlamaServer
+from tests.support import TIMEOUT
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> GatewayTokenizer:
+    return load_tokenizer("embedded", default_cache_dir())
+
+
+def gemma(tokenizer: GatewayTokenizer) -> GemmaTurns:
+    ends = frozenset({tokenizer.token_id("<eos>"), tokenizer.token_id("<end_of_turn>")})
+    return GemmaTurns(tokenizer, ends)
+
+
+def engine(tokenizer: GatewayTokenizer, dialect: str, max_images: int) -> OpenAIEngine:
+    """An engine that is never connected: it only builds bodies."""
+    http = EngineHttp("http://127.0.0.1:9/v1", None)
+    return OpenAIEngine(
+        http, Dialect(dialect), "gemma-3-12b-it", tokenizer, gemma(tokenizer), 8192, max_images
+    )
+
+
+def picture(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> Image.Image:
+    return Image.new("RGB", size, color)
+
+
+def decoded(uri: str) -> Image.Image:
+    head, data = uri.split(",", 1)
+    assert head == "data:image/png;base64"
+    return Image.open(io.BytesIO(base64.b64decode(data)))
+
+
+@pytest.fixture
+def two_turns(tokenizer: GatewayTokenizer) -> Iterator[tuple[list[int], list[Any]]]:
+    """A session's second prompt: a system prompt, a first turn with a red image and its
+    reply, then a turn with a green and a blue image; the ids as the session renders them."""
+    fmt = gemma(tokenizer)
+    vision = engine(tokenizer, LLAMA_CPP, 4)
+    placeholder = vision.image_placeholder_ids()
+    red, green, blue = (normalise(picture(c)) for c in ((255, 0, 0), (0, 255, 0), (0, 0, 255)))
+    first = Exchange(
+        tokenizer.tokenize_text("What is this?"),
+        [placeholder],
+        [red],
+        [*tokenizer.tokenize_text("A red square."), tokenizer.token_id("<end_of_turn>")],
+    )
+    system = tokenizer.tokenize_text("Answer briefly.")
+    user = UserTurn(tokenizer.tokenize_text("And these two?"), [placeholder, placeholder])
+    yield fmt.render(system, [first], user), [red, green, blue]
+
+
+def test_a_conversation_with_images_becomes_messages_with_data_uris_in_place(
+    tokenizer: GatewayTokenizer, two_turns: tuple[list[int], list[Any]]
+) -> None:
+    ids, images = two_turns
+    image, turns = _vision_tokens(tokenizer, gemma(tokenizer))
+    messages = chat_messages(ids, images, turns, image, tokenizer.decode)
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    first, reply, last = messages
+    # the system prompt where Gemma 3's template puts it: the head of the first user turn
+    assert [p["type"] for p in first["content"]] == ["text", "image_url", "text"]
+    assert first["content"][0]["text"] == "Answer briefly.\n\n"
+    assert first["content"][2]["text"] == "What is this?"
+    assert reply["content"] == "A red square."
+    assert [p["type"] for p in last["content"]] == ["image_url", "image_url", "text"]
+    assert last["content"][2]["text"] == "And these two?"
+    uris = [p["image_url"]["url"] for m in (first, last) for p in m["content"] if "image_url" in p]
+    colors = [decoded(u).getpixel((0, 0)) for u in uris]
+    assert colors == [(255, 0, 0), (0, 255, 0), (0, 0, 255)]  # each image in its place
+
+
+def test_images_and_placeholders_that_do_not_pair_up_are_refused(
+    tokenizer: GatewayTokenizer, two_turns: tuple[list[int], list[Any]]
+) -> None:
+    ids, images = two_turns
+    image, turns = _vision_tokens(tokenizer, gemma(tokenizer))
+    with pytest.raises(ValueError, match="more image placeholders"):
+        chat_messages(ids, images[:2], turns, image, tokenizer.decode)
+    with pytest.raises(ValueError, match="without a placeholder"):
+        chat_messages(ids, [*images, images[0]], turns, image, tokenizer.decode)
+
+
+@pytest.mark.parametrize("dialect", [LLAMA_CPP, VLLM])
+def test_the_chat_body_carries_the_messages_and_every_sampling_field_of_the_text_body(
+    tokenizer: GatewayTokenizer, two_turns: tuple[list[int], list[Any]], dialect: str
+) -> None:
+    ids, images = two_turns
+    vision = engine(tokenizer, dialect, 4)
+    params = SamplingParams(max_new_tokens=32, temperature=0.7, top_k=40, seed=7)
+    request = GenerationRequest(ids, params, images, "session-1")
+    chat, text = vision.chat_body(request), vision.completion_body(request)
+    assert "prompt" not in chat and chat["messages"][-1]["role"] == "user"
+    ids_fields = {*vision.dialect.ids_request(), *vision.dialect.chat_ids_request()}
+    assert {k: v for k, v in chat.items() if k not in {"messages", *ids_fields}} == {
+        k: v for k, v in text.items() if k not in {"prompt", *ids_fields}
+    }
+    assert {k: chat[k] for k in vision.dialect.chat_ids_request()} == (
+        {"logprobs": True, "top_logprobs": 1}
+        if dialect == LLAMA_CPP
+        else {"return_token_ids": True}
+    )
+    assert chat["temperature"] == 0.7 and chat["max_tokens"] == 32 and chat["stream"] is True
+
+
+def test_an_image_takes_its_tokens_in_the_context_and_is_kept_at_the_input_size(
+    tokenizer: GatewayTokenizer,
+) -> None:
+    vision = engine(tokenizer, LLAMA_CPP, 2)
+    assert vision.info.images and vision.info.max_images == 2
+    placeholder = vision.image_placeholder_ids()
+    assert len(placeholder) == TOKENS_PER_IMAGE + 2
+    assert placeholder[0] == tokenizer.token_id("<start_of_image>")
+    assert placeholder[-1] == tokenizer.token_id("<end_of_image>")
+    kept = vision.prepare_image(picture((1, 2, 3), (1200, 500)))
+    assert kept.size == (IMAGE_SIZE, IMAGE_SIZE)
+    assert decoded(data_uri(kept)).size == (IMAGE_SIZE, IMAGE_SIZE)
+
+
+def test_an_engine_without_images_refuses_them(tokenizer: GatewayTokenizer) -> None:
+    text_only = engine(tokenizer, LLAMA_CPP, 0)
+    assert not text_only.info.images and text_only.info.max_images == 0
+    for call in (
+        text_only.image_placeholder_ids,
+        lambda: text_only.prepare_image(picture((0,) * 3)),
+    ):
+        with pytest.raises(ImagesUnsupported, match="does not read images"):
+            call()
+
+
+def test_images_need_gemma_turns(tokenizer: GatewayTokenizer) -> None:
+    ends = frozenset({tokenizer.token_id("<eos>")})
+    transcript = Transcript(tokenizer, ends, tokenizer.newline_ids())
+    with pytest.raises(VisionError, match="gemma-turns"):
+        _vision_tokens(tokenizer, transcript)
+
+
+def test_a_text_prompt_still_goes_to_completions_as_ids(tokenizer: GatewayTokenizer) -> None:
+    vision = engine(tokenizer, LLAMA_CPP, 4)
+    conversation = Conversation(vision.prompt_format)
+    ids = conversation.prompt_ids(conversation.tokenize_user("Hello."))
+    body = vision.completion_body(GenerationRequest(ids, SamplingParams(max_new_tokens=4)))
+    assert body["prompt"] == ids and "messages" not in body
+
+
+async def test_llama_cpp_takes_the_chat_body_and_streams_text_with_its_ids(
+    live_llama: LlamaServer, connected_openai: OpenAIEngine
+) -> None:
+    """The chat body's fields as llama.cpp's server reads them (a text-only conversation: its
+    model reads no images): a greedy reply of max_tokens tokens, each chunk with its token id."""
+    base = connected_openai
+    chat = OpenAIEngine(
+        EngineHttp(live_llama.api_url, None),
+        base.dialect,
+        base.model,
+        base.tokenizer,
+        gemma(base.tokenizer),  # images need Gemma turns; the base model's default is not
+        base.info.context_tokens,
+        1,
+    )
+    conversation = Conversation(chat.prompt_format)
+    ids = conversation.prompt_ids(conversation.tokenize_user("Name three colors."))
+    body = chat.chat_body(GenerationRequest(ids, SamplingParams(max_new_tokens=6)))
+    texts, got, reasons = [], [], []
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            async for chunk in chat.http.stream("/chat/completions", body, "s1"):
+                for choice in chunk.get("choices") or []:
+                    texts.append((choice.get("delta") or {}).get("content") or "")
+                    got += chat.dialect.chunk_ids(choice)
+                    reasons.append(choice.get("finish_reason"))
+    finally:
+        await chat.aclose()
+    assert reasons[-1] == "length" and len(got) == 6
+    assert chat.tokenizer.decode(got) == "".join(texts)
