@@ -3,6 +3,7 @@ waits into fewer ``token`` frames, and drops none of it."""
 
 from __future__ import annotations
 
+import asyncio
 import tracemalloc
 
 from tests.fakes.scripted import Script, ScriptedEngine
@@ -14,6 +15,16 @@ SERVER_SIDE = [
     tracemalloc.Filter(False, __file__),
     tracemalloc.Filter(False, tracemalloc.__file__),
 ]
+
+
+async def loop_caught_up() -> None:
+    """Once every callback the worker thread queued on the loop before now has run: they are
+    first in line, so a callback queued now runs after them."""
+    loop = asyncio.get_running_loop()
+    barrier = loop.create_future()
+    loop.call_soon(barrier.set_result, None)
+    async with asyncio.timeout(30):
+        await barrier
 
 
 async def test_a_stalled_reader_gets_all_text_in_merged_frames_with_bounded_memory() -> None:
@@ -31,6 +42,7 @@ async def test_a_stalled_reader_gets_all_text_in_merged_frames_with_bounded_memo
             await peer.recv_until("token")
             peer.ws.transport.pause_reading()  # socket buffers fill up, then the server waits
             await wait_until(lambda: not engine.threads)  # every token produced meanwhile
+            await loop_caught_up()  # the worker's hand-overs ran: what is left is what is held
             stalled = tracemalloc.take_snapshot()
         finally:
             tracemalloc.stop()
