@@ -20,7 +20,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,16 +51,27 @@ class LlamaWork:
     tokens: int = 64
     streams: tuple[int, ...] = (1, 4, 8)
     rounds: int = 3
-    threads: int = 0  # 0: every core this process may use
+    threads: int = 0  # 0: every engine core (see split_cores)
     cancels: int = 10
     inprocess: bool = True  # wschat's in-process engine as a row beside them
+    # The engine on cores of its own, the gateway and the load generator on the last core, as
+    # where the engine has its own machine. Shared cores measure the scheduler instead: llama.cpp's
+    # threads spin between steps, and a third runnable process stalls a whole step.
+    split_cores: bool = True
 
     @classmethod
     def quick(cls) -> LlamaWork:
         return cls(tokens=16, rounds=1, cancels=3)
 
+    def cores(self) -> tuple[set[int], set[int]]:
+        """(the engine's cores, the front's: gateway and load generator)."""
+        usable = sorted(os.sched_getaffinity(0))
+        if not self.split_cores or len(usable) < 2:
+            return set(usable), set(usable)
+        return set(usable[:-1]), {usable[-1]}
+
     def thread_count(self) -> int:
-        return self.threads or len(os.sched_getaffinity(0))
+        return self.threads or len(self.cores()[0])
 
 
 def available() -> str | None:
@@ -154,7 +165,9 @@ def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
     work = result["workload"]
     lines = [
         f"llama.cpp's server (xllamacpp {result.get('xllamacpp', '?')}) on the embedded GGUF, "
-        f"{result['threads']} threads, {result['slots']} slots; wschat --engine openai in front;",
+        f"{result['threads']} threads on cores {result.get('engine_cores', '?')}, "
+        f"{result['slots']} slots; wschat --engine openai in front and the load generator on "
+        f"cores {result.get('front_cores', '?')};",
         f"{work['tokens']} tokens per stream, greedy, median of {work['rounds']} rounds; "
         "ratios and differences are to llama.cpp direct, round by round",
     ]
@@ -299,24 +312,48 @@ async def direct_cancels(
     return waits
 
 
+@contextlib.contextmanager
+def _pinned(cores: set[int]) -> Iterator[None]:
+    """This process on ``cores`` while in the block."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def run(work: LlamaWork, logs: Path, engine: str = "batched") -> dict[str, Any]:
     import xllamacpp
 
     logs.mkdir(parents=True, exist_ok=True)
     threads, slots = work.thread_count(), max(work.streams)
+    engine_cores, front_cores = work.cores()
     systems = [DIRECT, GATEWAY] + ([f"wschat-{engine}"] if work.inprocess else [])
     rounds: dict[str, dict[int, list[list[StreamTimes]]]] = {
         s: {n: [] for n in work.streams} for s in systems
     }
     with contextlib.ExitStack() as stack:
-        log.info("starting llama.cpp's server: %d threads, %d slots", threads, slots)
-        llama = stack.enter_context(procs.llama_cpp(threads, slots, SLOT_CONTEXT, logs))
+        stack.enter_context(_pinned(front_cores))  # the load generator
+        log.info(
+            "starting llama.cpp's server: %d threads on cores %s, %d slots; the gateway and the "
+            "load generator on cores %s",
+            threads,
+            sorted(engine_cores),
+            slots,
+            sorted(front_cores),
+        )
+        llama = stack.enter_context(
+            procs.llama_cpp(threads, slots, SLOT_CONTEXT, logs, cores=engine_cores)
+        )
         slots_url = f"{llama.base}/slots"
         direct = Direct(llama.base)
         log.info("starting wschat --engine openai in front of it")
         gateway_args = ("--engine-url", f"{llama.base}/v1", "--tokenizer", "embedded")
         gateway = stack.enter_context(
-            procs.wschat("openai", logs, 64, gateway_args, name="wschat-openai-llamacpp")
+            procs.wschat(
+                "openai", logs, 64, gateway_args, name="wschat-openai-llamacpp", cores=front_cores
+            )
         )
         measure: dict[str, Callable[[list[str], int], list[StreamTimes]]] = {
             DIRECT: direct.streams,
@@ -349,6 +386,8 @@ def run(work: LlamaWork, logs: Path, engine: str = "batched") -> dict[str, Any]:
         "workload": dataclasses.asdict(work),
         "engine": engine,
         "threads": threads,
+        "engine_cores": sorted(engine_cores),
+        "front_cores": sorted(front_cores),
         "slots": slots,
         "xllamacpp": getattr(xllamacpp, "__version__", "?"),
         "figures": figures,

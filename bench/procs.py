@@ -5,13 +5,14 @@ CPU-bound process pinned to one core)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,12 +58,21 @@ def _wait_healthy(running: Running, path: str) -> None:
 
 @contextlib.contextmanager
 def _run(
-    command: list[str], path: str, port: int, log: Path, env: Mapping[str, str] | None = None
+    command: list[str],
+    path: str,
+    port: int,
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    cores: Set[int] | None = None,
 ) -> Iterator[Running]:
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    # pinned before it starts, so every thread it makes inherits the cores
+    pin = None if cores is None else functools.partial(os.sched_setaffinity, 0, set(cores))
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=pin
+        )
     running = Running(process, f"http://127.0.0.1:{port}", log)
     try:
         _wait_healthy(running, path)
@@ -79,10 +89,11 @@ def wschat(
     extra: Sequence[str] = (),
     name: str | None = None,
     env: Mapping[str, str] | None = None,
+    cores: Set[int] | None = None,
 ) -> Iterator[Running]:
     """``python -m wschat.server`` on the embedded model; ``sessions`` connections allowed;
-    ``extra`` options after ours, ``env`` added to its environment; its log is
-    ``logs/<name or wschat-engine>.log``."""
+    ``extra`` options after ours, ``env`` added to its environment, pinned to ``cores`` when
+    given; its log is ``logs/<name or wschat-engine>.log``."""
     port = free_port()
     command = [
         sys.executable, "-m", "wschat.server",
@@ -97,7 +108,7 @@ def wschat(
         *extra,
     ]  # fmt: skip
     log = logs / f"{name or f'wschat-{engine}'}.log"
-    with _run(command, "/readyz", port, log, env) as running:
+    with _run(command, "/readyz", port, log, env, cores) as running:
         yield running
 
 
@@ -166,9 +177,12 @@ def transformers_serve(model_dir: Path, batching: bool, logs: Path) -> Iterator[
 
 
 @contextlib.contextmanager
-def llama_cpp(threads: int, slots: int, slot_context: int, logs: Path) -> Iterator[Running]:
+def llama_cpp(
+    threads: int, slots: int, slot_context: int, logs: Path, cores: Set[int] | None = None
+) -> Iterator[Running]:
     """llama.cpp's server (``xllamacpp``) on the embedded GGUF: ``slots`` requests at once, each
-    with ``slot_context`` KV tokens; ``swa_full`` as the tests and compose run it."""
+    with ``slot_context`` KV tokens; ``swa_full`` as the tests and compose run it; pinned to
+    ``cores`` when given."""
     port = free_port()
     command = [
         sys.executable, "-m", "wschat.server.engine.openai.llamacpp",
@@ -178,5 +192,5 @@ def llama_cpp(threads: int, slots: int, slot_context: int, logs: Path) -> Iterat
         "--ctx", str(slots * slot_context),
         "--swa-full",
     ]  # fmt: skip
-    with _run(command, "/health", port, logs / "llama-cpp.log") as running:
+    with _run(command, "/health", port, logs / "llama-cpp.log", cores=cores) as running:
         yield running

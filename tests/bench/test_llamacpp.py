@@ -101,3 +101,18 @@ def test_the_table_has_a_row_per_system_and_count_the_cancels_and_the_targets() 
     assert "cancel to slot idle median 25 ms, p95 30 ms" in text
     assert "direct close to slot idle median 15 ms" in text
     assert text.count(" NO") == 1
+
+
+def test_the_engine_gets_every_core_but_the_last_and_the_front_the_last(monkeypatch: Any) -> None:
+    monkeypatch.setattr(llamacpp.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    work = llamacpp.LlamaWork()
+    assert work.cores() == ({0, 1, 2}, {3})
+    assert work.thread_count() == 3
+    assert llamacpp.LlamaWork(threads=2).thread_count() == 2
+
+
+def test_one_core_or_no_split_shares_every_core(monkeypatch: Any) -> None:
+    monkeypatch.setattr(llamacpp.os, "sched_getaffinity", lambda pid: {5})
+    assert llamacpp.LlamaWork().cores() == ({5}, {5})
+    monkeypatch.setattr(llamacpp.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert llamacpp.LlamaWork(split_cores=False).cores() == ({0, 1}, {0, 1})

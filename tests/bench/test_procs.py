@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 import pytest
@@ -82,3 +83,12 @@ def test_the_neighbour_exits_by_itself_when_the_bench_dies() -> None:
     finally:
         if not gone(pid):
             psutil.Process(pid).kill()
+
+
+def test_a_server_started_on_cores_runs_pinned_to_them(tmp_path: Path) -> None:
+    core = max(os.sched_getaffinity(0))
+    port = procs.free_port()
+    command = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    with procs._run(command, "/", port, tmp_path / "http.log", cores={core}) as running:
+        assert psutil.Process(running.process.pid).cpu_affinity() == [core]
+    assert running.process.poll() is not None
