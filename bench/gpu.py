@@ -110,6 +110,13 @@ def build(shape: dict[str, Any], tokenizer_dir: str, device: str, dtype: str) ->
             config, dtype=torch_dtype, attn_implementation=attention
         )
     with torch.no_grad():
+        # transformers 5 may leave weights as allocated: give every one a value, as the
+        # model's own init would (normal, std initializer_range), norms at zero (Gemma's 1 + w)
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.zero_()
+            else:
+                parameter.normal_(0.0, config.initializer_range)
         for token in END_IDS:
             model.model.embed_tokens.weight[token].zero_()  # tied: the output row too
     model.generation_config.eos_token_id = list(END_IDS)
