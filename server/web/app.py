@@ -22,12 +22,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
+from wschat.protocol import SESSION_HEADER
 
 from ..engine import Engine
 from ..sessions.connection import Connection
 from ..sessions.hub import Hub
 from ..settings import Settings
-from .admission import serve_admitted
+from .admission import Accept, serve_admitted
 from .pages import web_routes
 from .stats_feed import StatsFeed
 
@@ -71,10 +72,16 @@ async def readyz(request: Request) -> Response:
 
 async def chat(websocket: WebSocket) -> None:
     hub: Hub = websocket.app.state.hub
-    await serve_admitted(websocket, hub, lambda: _serve_session(websocket, hub), needs_engine=True)
+
+    async def serve(accept: Accept) -> None:
+        await _serve_session(websocket, hub, accept)
+
+    await serve_admitted(websocket, hub, serve, needs_engine=True)
 
 
-async def _serve_session(websocket: WebSocket, hub: Hub) -> None:
+async def _serve_session(websocket: WebSocket, hub: Hub, accept: Accept) -> None:
+    # ?session= (SESSION_PARAM) is the load balancer's routing key: never looked at here, the
+    # resume token alone decides which session this is
     token = websocket.query_params.get("resume")
     claim = await hub.sessions.claim(token) if token else None
     if claim is not None and claim.unavailable:
@@ -84,6 +91,8 @@ async def _serve_session(websocket: WebSocket, hub: Hub) -> None:
     connection = Connection(websocket, hub)
     hub.connections.add(connection)
     try:
+        # PROTOCOL.md "Transport": the routing key a load balancer learns from the handshake
+        await accept([(SESSION_HEADER.encode(), session.key.encode())])
         await connection.serve(session, resume_token)
     finally:
         hub.connections.discard(connection)
