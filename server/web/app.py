@@ -1,11 +1,11 @@
 """The Starlette application: ``/v1/chat``, ``/healthz``, ``/readyz``.
 
 The model loads in a worker thread after the server starts listening, so ``/healthz`` answers at
-once and ``/readyz`` turns 200 when the engine is ready; a chat connection before then is
-accepted and closed with 1013 and the reason ``MODEL_LOADING_REASON`` (a client may wait), as is
-one over the connection caps (with another reason). A load that fails turns ``/healthz`` 503 and
-closes chats with 1011, and ``serve`` exits 1. Tokens and Origin are checked before anything
-else (``access``).
+once and ``/readyz`` turns 200 when the engine is ready (503 ``draining`` again once a drain
+began); a chat connection before then is accepted and closed with 1013 and the reason
+``MODEL_LOADING_REASON`` (a client may wait), as is one over the connection caps (with another
+reason). A load that fails turns ``/healthz`` 503 and closes chats with 1011, and ``serve`` exits
+1. Tokens and Origin are checked before anything else (``access``).
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     hub: Hub = request.app.state.hub
+    if hub.shutting_down:  # runtime/shutdown.py: out of rotation while its replies finish
+        return JSONResponse({"ready": False, "status": "draining"}, status_code=503)
     if hub.engine is None:
         status = "failed" if hub.load_error else "loading"
         return JSONResponse({"ready": False, "status": status}, status_code=503)
