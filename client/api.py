@@ -88,7 +88,8 @@ class Chat:
 
     @property
     def resume_token(self) -> str:
-        """Pass as ``connect(url, resume=...)`` to pick the conversation up after a drop."""
+        """Pass as ``connect(url, resume=..., session=chat.session)`` to pick the conversation
+        up after a drop."""
         return self.ready.resume
 
     @property

@@ -21,6 +21,7 @@ from websockets.typing import Subprotocol
 from wschat.protocol import (
     BEARER_PREFIX,
     MODEL_LOADING_REASON,
+    SESSION_PARAM,
     SUBPROTOCOL,
     CloseCode,
     Error,
@@ -37,12 +38,15 @@ from .errors import ConnectError, ModelLoadingError
 DEFAULT_MAX_SIZE = 16 * 1024 * 1024
 
 
-def session_url(url: str, resume: str | None) -> str:
-    """``url`` with ``?resume=`` set when resuming an earlier session."""
+def session_url(url: str, resume: str | None, session: str | None = None) -> str:
+    """``url`` with ``?resume=`` set when resuming an earlier session, and ``?session=``, its id,
+    when known: the routing key a load balancer sends the reconnect on by (PROTOCOL.md
+    "Transport"; never a secret, unlike the token)."""
     if resume is None:
         return url
+    added = {"resume": resume} | ({SESSION_PARAM: session} if session else {})
     parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "resume"] + [("resume", resume)]
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in added] + list(added.items())
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
@@ -59,6 +63,7 @@ async def open_connection(
     resume: str | None,
     timeout: float | None,
     options: Mapping[str, Any],
+    session: str | None = None,
 ) -> tuple[ClientConnection, Ready]:
     """The open WebSocket and the server's ``ready``; ``ConnectError`` on any failure."""
     kwargs: dict[str, Any] = {
@@ -68,7 +73,7 @@ async def open_connection(
         **options,
     }
     try:
-        ws = await ws_connect(session_url(url, resume), **kwargs)
+        ws = await ws_connect(session_url(url, resume, session), **kwargs)
     except InvalidStatus as e:
         status = e.response.status_code
         raise ConnectError(
@@ -138,7 +143,8 @@ class connect:  # used like a function, as websockets' own ``connect``
     """Open a session: ``async with connect(url) as chat`` or ``chat = await connect(url)``.
 
     ``token`` authenticates (sent as the ``bearer.TOKEN`` subprotocol); ``resume`` is a
-    ``resume_token`` of an earlier connection whose conversation to continue. ``timeout`` bounds
+    ``resume_token`` of an earlier connection whose conversation to continue, and ``session``
+    that connection's ``session``, which a load balancer routes the resume by. ``timeout`` bounds
     each try at opening and each request; ``reply_timeout`` each wait for a reply's next piece.
     A refused or failed opening raises ``ConnectError`` (``status`` holds the HTTP status).
 
@@ -156,6 +162,7 @@ class connect:  # used like a function, as websockets' own ``connect``
         timeout: float | None = DEFAULT_TIMEOUT,
         reply_timeout: float | None = None,
         resume: str | None = None,
+        session: str | None = None,
         on_goaway: Callable[[GoAway], None] | None = None,
         load_wait: float = 0.0,
         on_loading: Callable[[], None] | None = None,
@@ -166,6 +173,7 @@ class connect:  # used like a function, as websockets' own ``connect``
         self.timeout = timeout
         self.reply_timeout = reply_timeout
         self.resume = resume
+        self.session = session
         self.on_goaway = on_goaway
         self.load_wait = load_wait
         self.on_loading = on_loading
@@ -180,7 +188,12 @@ class connect:  # used like a function, as websockets' own ``connect``
         while True:
             try:
                 return await open_connection(
-                    self.url, self.token, self.resume, self.timeout, self.websocket_options
+                    self.url,
+                    self.token,
+                    self.resume,
+                    self.timeout,
+                    self.websocket_options,
+                    self.session,
                 )
             except ModelLoadingError as loading:
                 left = deadline - loop.time()

@@ -16,6 +16,8 @@ from .codec import (
 from .constants import (
     BEARER_PREFIX,
     MODEL_LOADING_REASON,
+    SESSION_HEADER,
+    SESSION_PARAM,
     SUBPROTOCOL,
     VERSION,
     CloseCode,
@@ -73,6 +75,8 @@ __all__ = [
     "DEFAULT_LIMITS",
     "MODEL_LOADING_REASON",
     "SERVER_FRAME_LIMITS",
+    "SESSION_HEADER",
+    "SESSION_PARAM",
     "SUBPROTOCOL",
     "VERSION",
     "BadFrame",

@@ -14,7 +14,9 @@ session taken over, so of two replicas racing one token exactly one gets it.
 
 Writes do not hold up the session: a boundary marks it dirty and one task writes the latest
 state, retrying with a backoff while Redis is down (a detached session's write is given up once
-its window is over). Every failed operation counts in ``errors``.
+its window is over). Every failed operation counts in ``errors``. ``aclose`` waits for the writes
+still pending (at most ``FLUSH_S``), so the sessions a draining replica detached are in Redis
+for another replica to resume.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ PREFIX = "wschat:"
 TIMEOUT_S = 1.0  # one Redis round trip; past it the store counts as down
 MAX_BACKOFF_S = 1.0
 MAX_TOKEN_CHARS = 64
+FLUSH_S = 2.0  # how long aclose waits for the pending writes
 
 # KEYS: the token; ARGV: the owner, the lease (ms), the prefix. {0}: no such token or
 # session; {2}: owned by a live connection (the token stays); {1, key, state}: claimed.
@@ -95,6 +98,8 @@ STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 
 
 class RedisSessionStore:
+    shared = True
+
     def __init__(self, settings: Settings, rebuild: Rebuild) -> None:
         self.settings = settings
         self.resume_window_s = settings.resume_window_s
@@ -116,7 +121,9 @@ class RedisSessionStore:
         self._dirty: dict[str, tuple[Session, float | None]] = {}  # key -> (session, give up at)
         self._detaching: dict[str, Session] = {}  # detached, their last write not yet done
         self._ended: list[Session] = []  # detached and written (or given up): expire() them
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # set when a session is dirty; the write loop clears it
+        self._flushed = asyncio.Event()  # set by the write loop once nothing is left to write
+        self._flushed.set()
         self._tasks: list[asyncio.Task[None]] = []
         self.errors = 0
         self._down_since: float | None = None
@@ -164,7 +171,7 @@ class RedisSessionStore:
     def checkpoint(self, session: Session) -> None:
         if session.key in self.live or session.key in self._detaching:
             self._dirty[session.key] = (session, self._dirty.get(session.key, (None, None))[1])
-            self._wake.set()
+            self._mark_dirty()
 
     async def detach(self, session: Session) -> bool:
         self.live.pop(session.key, None)
@@ -175,7 +182,7 @@ class RedisSessionStore:
             return False
         self._detaching[session.key] = session
         self._dirty[session.key] = (session, time.monotonic() + self.resume_window_s)
-        self._wake.set()
+        self._mark_dirty()
         return True
 
     def expire(self) -> list[Session]:
@@ -183,6 +190,12 @@ class RedisSessionStore:
         return ended
 
     async def aclose(self) -> None:
+        """Stop, once the pending writes are done or ``FLUSH_S`` has passed (Redis down)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(FLUSH_S):
+                await self._flushed.wait()
+        if self._dirty:
+            log.warning("session store: %d sessions not written at exit", len(self._dirty))
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -200,6 +213,10 @@ class RedisSessionStore:
                 asyncio.create_task(self._write_loop()),
                 asyncio.create_task(self._heartbeat_loop()),
             ]
+
+    def _mark_dirty(self) -> None:
+        self._flushed.clear()
+        self._wake.set()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -239,6 +256,7 @@ class RedisSessionStore:
                 self._recovered()
                 if key not in self._dirty:
                     self._written(session)
+            self._flushed.set()
 
     def _written(self, session: Session) -> None:
         """A detached session's last state is kept (or given up): this process lets it go."""

@@ -29,6 +29,9 @@ class Claim:
 
 class SessionStore(Protocol):
     live: dict[str, Session]  # connected here, by key
+    # other processes (replicas) can resume what it keeps: a replica that shuts down leaves its
+    # sessions there (runtime/shutdown.py) rather than closing them
+    shared: bool
 
     @property
     def detached_count(self) -> int: ...
@@ -90,6 +93,7 @@ class MemorySessionStore:
     """
 
     errors = 0
+    shared = False
 
     def __init__(
         self,

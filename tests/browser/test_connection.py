@@ -3,7 +3,7 @@ still loading, capacity."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from playwright.async_api import expect
@@ -127,6 +127,8 @@ async def test_a_dropped_connection_resumes_the_same_conversation(new_page: NewP
         async with cuttable_proxy(port) as proxy:
             chat = await ChatPage(await new_page(), f"http://127.0.0.1:{proxy.port}").open()
             session = await chat.session()
+            opened: list[str] = []
+            chat.page.on("websocket", lambda ws: opened.append(ws.url))
             first = await chat.send("a long one")
             await expect(chat.text(first)).to_contain_text(" w3")
             proxy.cut()
@@ -134,6 +136,9 @@ async def test_a_dropped_connection_resumes_the_same_conversation(new_page: NewP
             await chat.connected()
             await expect(chat.notices).to_have_text("Reconnected: the conversation was kept.")
             assert await chat.session() == session
+            # PROTOCOL.md "Transport": the resume names its session, the load balancer's key
+            query = parse_qs(urlsplit(opened[-1]).query)
+            assert query["session"] == [session] and len(query["resume"]) == 1
             second = await chat.send("go on")
             assert await chat.finished(second) == "stop"
     # PROTOCOL.md "Resumption": the cut reply was cancelled and its partial text kept

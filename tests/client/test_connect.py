@@ -202,3 +202,35 @@ async def test_missing_or_wrong_token_raises_connect_error_401() -> None:
                 await connect(url, token=token, timeout=WAIT)
             assert refused.value.status == 401
         assert offers == [["wschat.v1"], ["wschat.v1", "bearer.wrong"]]
+
+
+@contextlib.asynccontextmanager
+async def path_recording_server() -> AsyncIterator[tuple[str, list[str]]]:
+    """A WebSocket server that sends ``READY`` and records each handshake's path and query."""
+    paths: list[str] = []
+
+    def record(connection: ServerConnection, request: Request) -> None:
+        paths.append(request.path)
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.send(encode(READY))
+        await connection.wait_closed()
+
+    async with serve(handler, "127.0.0.1", 0, process_request=record) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        yield f"ws://127.0.0.1:{port}/v1/chat?lang=en", paths
+
+
+async def test_a_resume_names_its_session_as_the_routing_key_beside_the_token() -> None:
+    async with path_recording_server() as (url, paths):
+        async with connect(url, timeout=WAIT):
+            pass
+        async with connect(url, timeout=WAIT, resume="r1", session="s1"):
+            pass
+        async with connect(url, timeout=WAIT, resume="r1"):
+            pass
+    assert paths == [
+        "/v1/chat?lang=en",
+        "/v1/chat?lang=en&resume=r1&session=s1",
+        "/v1/chat?lang=en&resume=r1",
+    ]

@@ -81,7 +81,9 @@ function connect() {
   state.ready = null;
   state.goingAway = false;
   setConnection(ui.conn, "connecting", state.session ? "Reconnecting…" : "Connecting…");
-  const ws = openSocket("/v1/chat", { token: getToken(), query: { resume: state.resume } });
+  // session: the routing key a load balancer sends the resume by (PROTOCOL.md "Transport")
+  const query = { session: state.session, resume: state.resume };
+  const ws = openSocket("/v1/chat", { token: getToken(), query });
   state.ws = ws;
   let opened = false;
   ws.onopen = () => {
