@@ -3,6 +3,7 @@ quotas, server stats and the ``SessionStore`` (store.py: in memory or in Redis).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..engine import Engine
 from ..settings import Settings
 from .quotas import ConnectionCaps
-from .session import Session
+from .session import DETACHED_STATES, Session
 from .slots import GenerationSlots
 from .stats import ServerStats
 from .store import SessionStore, open_store
@@ -70,3 +71,12 @@ class Hub:
 
     def forget(self, session: Session) -> None:
         session.chat.close()
+
+    async def stop_held_replies(self) -> None:
+        """Cancel the replies that go on without a connection for a resume (shutdown)."""
+        held = [s for s in self.sessions.detached() if s.state in DETACHED_STATES]
+        await asyncio.gather(*(s.stop_generation() for s in held))
+
+    async def aclose(self) -> None:
+        await self.stop_held_replies()
+        await self.sessions.aclose()

@@ -182,6 +182,9 @@ class RedisSessionStore:
         ended, self._ended = self._ended, []
         return ended
 
+    def detached(self) -> list[Session]:
+        return list(self._detaching.values())
+
     async def aclose(self) -> None:
         for task in self._tasks:
             task.cancel()
