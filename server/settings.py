@@ -77,7 +77,7 @@ class Settings:
     # rediss://, unix://), which any replica can resume from; may hold a password
     session_store: str = field(default="memory", repr=False)
     # a replica renews its hold on each connected session's stored state this often (a third)
-    session_lease_s: float = 10.0
+    session_lease_s: float = 6.0
     tokens: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     # Host names a request may name when no token is set (DNS rebinding); the local names and

@@ -47,6 +47,7 @@ class GenerationRun:
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     generation: Generation | None = None
     text: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)  # every token generated so far (a checkpoint's)
     finished: Finished | None = None
     reason: FinishReason | None = None  # the done's, once sent
     completion_tokens: int = 0
@@ -112,6 +113,7 @@ class GenerationRun:
             except TimeoutError:
                 return await self._stalled(send)
             text, ids, finished = self._merge(items)
+            self.ids += ids
             if text:
                 self.completion_tokens += len(ids)
                 frame = Token(

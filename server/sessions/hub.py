@@ -48,14 +48,18 @@ class Hub:
         session = Session(key or secrets.token_hex(8), self.engine, self.slots, self.settings)
         session.listeners.append(self.stats.on_run_event)
         session.boundary = self.sessions.checkpoint
+        session.progress = self.sessions.progress
         return session
 
-    def restore_session(self, key: str, state: dict[str, Any]) -> Session:
-        """A session another connection (maybe another replica) left, from its state;
-        ``ValueError`` when the state is not one this engine can take."""
+    def restore_session(
+        self, key: str, state: dict[str, Any], partial: dict[str, Any] | None = None
+    ) -> Session:
+        """A session another connection (maybe another replica) left, from its state and the
+        checkpoint of the reply it was generating (``Session.import_state``); ``ValueError``
+        when the state is not one this engine can take."""
         session = self.new_session(key)
         try:
-            session.import_state(state)
+            session.import_state(state, partial)
         except Exception:
             session.chat.close()
             raise

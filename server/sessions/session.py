@@ -63,7 +63,7 @@ from wschat.protocol.frames import CLIENT_FRAMES
 from ..engine import Engine, Refusal, SamplingParams, Turn
 from ..settings import Settings
 from .error_boundary import wire_error
-from .events import RunEvent, RunListener, RunStarted
+from .events import RunEvent, RunListener, RunStarted, TokensSent
 from .generation import GenerationRun
 from .relay import CatchUp, Relay
 from .slots import GenerationSlots
@@ -153,8 +153,10 @@ class Session:
         # disconnect; cancelled by resume, the reply's end and close)
         self._grace: asyncio.TimerHandle | None = None
         self.listeners: list[RunListener] = []
-        # called at each turn boundary (done, configure, reset, image_ok): the store saves
-        self.boundary: Callable[[Session], None] = _no_boundary
+        # called at each turn boundary (done, configure, reset, image_ok, a reply's start): the
+        # store saves; ``progress`` as the running reply grows: the store checkpoints it
+        self.boundary: Callable[[Session], None] = _ignore
+        self.progress: Callable[[Session], None] = _ignore
 
     RULES: ClassVar[dict[SessionState, dict[type[ClientFrame], Handler]]]
 
@@ -275,6 +277,9 @@ class Session:
     def _on_run_event(self, event: RunEvent) -> None:
         if isinstance(event, RunStarted):
             self._change(Change.STARTED)
+            self.boundary(self)  # the running turn is kept, should this process die
+        elif isinstance(event, TokensSent):
+            self.progress(self)
 
     async def _drive(self, run: GenerationRun) -> None:
         try:
@@ -344,9 +349,13 @@ class Session:
 
     def export_state(self) -> dict[str, Any]:
         """What a resume needs, as plain data (images in the engine's form): the conversation,
-        the defaults, the staged images as checked and every id used. A running turn is not in
-        it: it joins the conversation when it ends, the next boundary."""
+        the defaults, the staged images as checked, every id used, and the running turn as it
+        was prompted (its reply's tokens are checkpointed on their own: ``reply_checkpoint``).
+        A running turn joins the conversation when it ends, the next boundary; should this
+        process die first, ``import_state`` keeps it as a cancelled exchange."""
+        run, running = self.run, self.chat.export_running()
         return {
+            "running": {"id": run.id, "turn": running} if run and running else None,
             "defaults": self.defaults.to_wire(),
             "chat": self.chat.export_state(),
             "staged": [
@@ -357,8 +366,19 @@ class Session:
             "last_prompt": self.last_prompt,
         }
 
-    def import_state(self, state: dict[str, Any]) -> None:
-        """An exported state; ``ValueError`` when it is not one (nothing is changed then)."""
+    def reply_checkpoint(self) -> dict[str, Any] | None:
+        """The running reply so far (its prompt's id, the tokens generated): with the running
+        turn of ``export_state``, what a crash leaves of it."""
+        run = self.run
+        if run is None or run.generation is None:
+            return None
+        return {"id": run.id, "ids": list(run.ids)}
+
+    def import_state(self, state: dict[str, Any], partial: dict[str, Any] | None = None) -> None:
+        """An exported state; ``ValueError`` when it is not one (nothing is changed then). A
+        turn that was running in it (its process died mid-reply) is kept as a cancelled
+        exchange whose reply is ``partial``'s tokens (a ``reply_checkpoint``; none when it is
+        another turn's)."""
         from .images import CheckedImage
 
         try:
@@ -374,9 +394,20 @@ class Session:
             raise ValueError(f"not an exported session: {e!r}") from e
         if last_prompt is not None and not isinstance(last_prompt, str):
             raise ValueError("not an exported session: last_prompt is not a string")
+        running = state.get("running")
         self.chat.import_state(chat_state)
+        if running:
+            self._keep_cancelled(running, partial)
+            last_prompt = str(running["id"])
         self.defaults, self._staged, self._ids = defaults, staged, ids
         self.last_prompt = last_prompt
+
+    def _keep_cancelled(self, running: dict[str, Any], partial: dict[str, Any] | None) -> None:
+        reply = partial["ids"] if partial and partial.get("id") == running.get("id") else []
+        try:
+            self.chat.add_cancelled(running["turn"], reply)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not an exported session: its running turn: {e!r}") from e
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -462,7 +493,7 @@ class Session:
             )
 
 
-def _no_boundary(session: Session) -> None:
+def _ignore(session: Session) -> None:
     return None
 
 

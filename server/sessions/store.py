@@ -20,8 +20,9 @@ from .session import Session, SessionState
 # connection drop, and reconnect, before the server does)
 HANDOVER_S = 2.0
 
-# A session rebuilt from its exported state (``Session.import_state``) under its key.
-Rebuild = Callable[[str, dict[str, Any]], Session]
+# A session rebuilt under its key from its exported state and the checkpoint of a reply that
+# was running (``Session.import_state``).
+Rebuild = Callable[[str, dict[str, Any], dict[str, Any] | None], Session]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,10 @@ class SessionStore(Protocol):
 
     def checkpoint(self, session: Session) -> None:
         """A turn boundary: the session's state is to be kept (without waiting for it)."""
+        ...
+
+    def progress(self, session: Session) -> None:
+        """The running reply grew: its checkpoint is to be kept (at most once a second)."""
         ...
 
     async def detach(self, session: Session) -> bool:
@@ -154,6 +159,9 @@ class MemorySessionStore:
 
     def checkpoint(self, session: Session) -> None:
         return None  # the session itself is what is kept
+
+    def progress(self, session: Session) -> None:
+        return None
 
     def expire(self) -> list[Session]:
         now = self.clock()
