@@ -5,7 +5,8 @@ Prints a table of figures and ratios, writes bench/results/latest.json and draws
 A full run ends with the busy-neighbour scenario (bench/threads.py), which ``--quick`` leaves
 out; ``--only threads`` runs it alone and writes bench/results/threads.json. So does the
 llama.cpp scenario (bench/llamacpp.py; ``--only llamacpp``: bench/results/llamacpp.json), when
-``xllamacpp`` is installed.
+``xllamacpp`` is installed. ``--only resume`` runs the mid-reply resume scenario alone
+(bench/resume.py: 20 drops, resume latency and whole replies; bench/results/resume.json).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import chart, llamacpp, report, threads
+from . import chart, llamacpp, report, resume, threads
 from .workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,6 +61,10 @@ def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         result = {"llamacpp": llamacpp.run(work, args.logs, engine=args.engine)}
         text = report.llamacpp_table(result)
         return {**result, "targets": llamacpp.targets(result["llamacpp"])}, text
+    if args.only == "resume":
+        drops = resume.ResumeWork.quick() if args.quick else resume.ResumeWork()
+        result = {"resume": resume.run(drops, args.logs, engine=args.engine)}
+        return {**result, "targets": resume.targets(result["resume"])}, report.resume_table(result)
     from .run import run
 
     work = Workload.quick() if args.quick else Workload()
@@ -82,9 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="batched", help="the wschat engine measured")
     parser.add_argument(
         "--only",
-        choices=["threads", "llamacpp"],
+        choices=["threads", "llamacpp", "resume"],
         help="run one scenario alone: 'threads' (a busy neighbour), 'llamacpp' (llama.cpp's "
-        "server direct and with wschat --engine openai in front)",
+        "server direct and with wschat --engine openai in front), 'resume' (replies dropped "
+        "mid-stream and resumed)",
     )
     parser.add_argument("--json", type=Path, help="where the results go (default: by scenario)")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "bench.png")

@@ -50,6 +50,7 @@ async def drain(hub: Hub, stats_feed: StatsFeed, grace_s: float) -> None:
         if session.state is SessionState.QUEUED and session.run is not None:
             session.run.cancel()  # it would start after the deadline anyway
     running = {t for s in sessions if (t := session_task(s)) is not None}
+    await hub.stop_held_replies()  # no connection to finish them for: cancelled at once
     if running:
         _, late = await asyncio.wait(running, timeout=grace_s)
         if late:

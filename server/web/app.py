@@ -88,17 +88,26 @@ async def _serve_session(websocket: WebSocket, hub: Hub, accept: Accept) -> None
     claim = await hub.sessions.claim(token) if token else None
     if claim is not None and claim.unavailable:
         log.warning("a resume was not possible (%s): a new session", claim.unavailable)
-    session = (claim.session if claim else None) or hub.new_session()
+    resumed = claim.session if claim else None
+    session = resumed or hub.new_session()
     resume_token = await hub.sessions.add(session)
     connection = Connection(websocket, hub)
     hub.connections.add(connection)
     try:
         # PROTOCOL.md "Transport": the routing key a load balancer learns from the handshake
         await accept([(SESSION_HEADER.encode(), session.key.encode())])
-        await connection.serve(session, resume_token)
+        last = _token_index(websocket.query_params.get("last"))
+        await connection.serve(session, resume_token, resumed is not None, last)
     finally:
         hub.connections.discard(connection)
         await hub.end_connection(session)
+
+
+def _token_index(value: str | None) -> int | None:
+    """``?last=``: a token index (PROTOCOL.md section 10); anything else counts as absent."""
+    if value is None or not (value.isascii() and value.isdigit()) or len(value) > 12:
+        return None
+    return int(value)
 
 
 def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
@@ -118,7 +127,7 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
         finally:
             if loader is not None:
                 loader.cancel()
-            await hub.sessions.aclose()
+            await hub.aclose()
             if hub.engine is not None:
                 await hub.engine.aclose()
 

@@ -14,7 +14,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 from wschat.client import Chat, ConnectError, ConnectionClosedError, ModelLoadingError, connect
-from wschat.client.opening import loading_retry_delays
+from wschat.client.opening import retry_delays
 from wschat.protocol import MODEL_LOADING_REASON, Capabilities, Limits, Ready, encode
 from wschat.server.web.admission import MODEL_FAILED_REASON
 
@@ -128,8 +128,8 @@ async def test_connect_stops_waiting_once_the_model_failed_to_load() -> None:
     assert (refused.value.close_code, refused.value.close_reason) == (1011, MODEL_FAILED_REASON)
 
 
-def test_loading_retry_delays_double_from_a_quarter_second_up_to_two() -> None:
-    assert list(itertools.islice(loading_retry_delays(), 6)) == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
+def test_retry_delays_double_from_a_quarter_second_up_to_two() -> None:
+    assert list(itertools.islice(retry_delays(), 6)) == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
 
 
 async def test_nothing_listening_raises_connect_error_without_status() -> None:
