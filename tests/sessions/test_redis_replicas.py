@@ -161,11 +161,15 @@ async def turn(peer: RawPeer, id: str, text: str, max_new_tokens: int = 8) -> di
 
 
 async def detached(store: RedisProcess, session: str) -> None:
-    """Until the replica that held ``session`` let it go (its owner key is gone)."""
+    """Until the replica that held ``session`` let it go: its state is stored and its owner key
+    is gone. (An owner key alone can be absent before anything was written: a replica whose
+    write waits out a backoff writes a session added and detached meanwhile once, as detached.)
+    """
     client = aioredis.from_url(store.url)
+    state, owner = f"wschat:s:{session}", f"wschat:o:{session}"
     try:
         async with asyncio.timeout(TIMEOUT):
-            while await client.exists(f"wschat:o:{session}"):
+            while not await client.exists(state) or await client.exists(owner):
                 await asyncio.sleep(0.02)  # another process: nothing to await
     finally:
         await client.aclose()
