@@ -178,6 +178,21 @@ async def test_a_clean_close_mid_reply_cancels_at_once() -> None:
     assert resumed["resumed"] == {"last_prompt": "p1", "reply": None}
 
 
+async def test_a_close_frame_with_another_code_counts_as_a_drop() -> None:
+    engine = endless()
+    async with running_server(engine) as url:
+        async with raw_peer(url) as (peer, ready):
+            await prompt(peer, "p1")
+            got = await tokens_until(peer, 1)
+            await peer.ws.close(code=4000)  # not 1000 or 1001: the reply goes on
+        async with raw_peer(resume_url(url, ready, got[0]["index"])) as (peer, resumed):
+            more = await tokens_until(peer, 2)
+            await peer.send({"type": "cancel"})
+            await peer.recv_until("done")
+    assert resumed["resumed"] == {"last_prompt": None, "reply": "p1"}
+    assert more[0]["index"] > got[0]["index"]
+
+
 async def test_with_no_grace_a_drop_cancels_at_once_as_before() -> None:
     engine = endless()
     async with running_server(engine, resume_grace_s=0.0) as url:
