@@ -68,11 +68,23 @@ async def dropped_until_it_ends(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A prompt whose connection is dropped after its first token, and the wait until its
     generation is over; the ``ready`` and the token frames the client got."""
+    ready, got = await left_mid_reply(url, 1)
+    await wait_until(lambda: not engine.threads)
+    return ready, got
+
+
+async def left_mid_reply(
+    url: str, count: int, close_code: int | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A prompt whose connection is dropped (or closed with ``close_code``) once ``count``
+    token frames came; the ``ready`` and those frames."""
     async with raw_peer(url) as (peer, ready):
         await prompt(peer, "p1")
-        got = await tokens_until(peer, 1)
-        drop(peer)
-    await wait_until(lambda: not engine.threads)
+        got = await tokens_until(peer, count)
+        if close_code is None:
+            drop(peer)
+        else:
+            await peer.ws.close(code=close_code)
     return ready, got
 
 
@@ -111,10 +123,7 @@ async def test_a_reply_dropped_mid_stream_resumes_with_every_token_once(
 async def test_the_resumed_stream_is_the_missed_text_in_one_frame_then_live_frames() -> None:
     engine = endless()
     async with running_server(engine) as url:
-        async with raw_peer(url) as (peer, ready):
-            await prompt(peer, "p1")
-            got = await tokens_until(peer, 3)
-            drop(peer)
+        ready, got = await left_mid_reply(url, 3)
         async with raw_peer(resume_url(url, ready, got[0]["index"])) as (peer, resumed):
             assert resumed["resumed"] == {"last_prompt": None, "reply": "p1"}
             replay, *live = await tokens_until(peer, 4)
@@ -181,10 +190,7 @@ async def test_a_clean_close_mid_reply_cancels_at_once() -> None:
 async def test_a_close_frame_with_another_code_counts_as_a_drop() -> None:
     engine = endless()
     async with running_server(engine) as url:
-        async with raw_peer(url) as (peer, ready):
-            await prompt(peer, "p1")
-            got = await tokens_until(peer, 1)
-            await peer.ws.close(code=4000)  # not 1000 or 1001: the reply goes on
+        ready, got = await left_mid_reply(url, 1, close_code=4000)  # the reply goes on
         async with raw_peer(resume_url(url, ready, got[0]["index"])) as (peer, resumed):
             more = await tokens_until(peer, 2)
             await peer.send({"type": "cancel"})
