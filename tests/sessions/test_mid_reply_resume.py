@@ -68,11 +68,23 @@ async def dropped_until_it_ends(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A prompt whose connection is dropped after its first token, and the wait until its
     generation is over; the ``ready`` and the token frames the client got."""
+    ready, got = await left_mid_reply(url, 1)
+    await wait_until(lambda: not engine.threads)
+    return ready, got
+
+
+async def left_mid_reply(
+    url: str, count: int, close_code: int | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A prompt whose connection is dropped (or closed with ``close_code``) once ``count``
+    token frames came; the ``ready`` and those frames."""
     async with raw_peer(url) as (peer, ready):
         await prompt(peer, "p1")
-        got = await tokens_until(peer, 1)
-        drop(peer)
-    await wait_until(lambda: not engine.threads)
+        got = await tokens_until(peer, count)
+        if close_code is None:
+            drop(peer)
+        else:
+            await peer.ws.close(code=close_code)
     return ready, got
 
 
@@ -111,17 +123,15 @@ async def test_a_reply_dropped_mid_stream_resumes_with_every_token_once(
 async def test_the_resumed_stream_is_the_missed_text_in_one_frame_then_live_frames() -> None:
     engine = endless()
     async with running_server(engine) as url:
-        async with raw_peer(url) as (peer, ready):
-            await prompt(peer, "p1")
-            got = await tokens_until(peer, 3)
-            drop(peer)
+        ready, got = await left_mid_reply(url, 3)
         async with raw_peer(resume_url(url, ready, got[0]["index"])) as (peer, resumed):
             assert resumed["resumed"] == {"last_prompt": None, "reply": "p1"}
             replay, *live = await tokens_until(peer, 4)
             await peer.send({"type": "cancel", "id": "p1"})
             tail = await peer.recv_until("done")
     sent = [replay, *live, *(f for f in tail if f["type"] == "token")]
-    assert replay["text"].startswith(" t1 t2")  # from the frame after the one it named
+    # from the frame after the one it named: the two the client got but did not name included
+    assert replay["text"].startswith(got[1]["text"] + got[2]["text"])
     assert [f["index"] for f in sent] == sorted({f["index"] for f in sent})
     text = got[0]["text"] + token_text(sent)
     generated = tail[-1]["usage"]["completion_tokens"]
@@ -175,6 +185,18 @@ async def test_a_clean_close_mid_reply_cancels_at_once() -> None:
             await peer.send({"type": "ping", "t": 1})
             assert (await peer.recv())["type"] == "pong"  # nothing of p1 came first
     assert resumed["resumed"] == {"last_prompt": "p1", "reply": None}
+
+
+async def test_a_close_frame_with_another_code_counts_as_a_drop() -> None:
+    engine = endless()
+    async with running_server(engine) as url:
+        ready, got = await left_mid_reply(url, 1, close_code=4000)  # the reply goes on
+        async with raw_peer(resume_url(url, ready, got[0]["index"])) as (peer, resumed):
+            more = await tokens_until(peer, 2)
+            await peer.send({"type": "cancel"})
+            await peer.recv_until("done")
+    assert resumed["resumed"] == {"last_prompt": None, "reply": "p1"}
+    assert more[0]["index"] > got[0]["index"]
 
 
 async def test_with_no_grace_a_drop_cancels_at_once_as_before() -> None:
