@@ -20,7 +20,13 @@ import websockets
 
 from tests.deploy.cluster import HAPROXY, Replica, cluster, holders, status_is
 from tests.hardening.test_shutdown import exit_status, frames_until_closed
-from tests.sessions.test_redis_replicas import REDIS_SERVER, detached, turn, turn_refused
+from tests.sessions.test_redis_replicas import (
+    REDIS_SERVER,
+    detached,
+    reply_checkpoint,
+    turn,
+    turn_refused,
+)
 from tests.support import RawPeer, raw_peer
 
 pytestmark = pytest.mark.skipif(
@@ -98,7 +104,7 @@ async def test_a_draining_replica_is_taken_out_and_its_sessions_resume_on_the_ot
             await streams(peer, "next", "go on")
 
 
-async def test_a_replica_killed_mid_reply_leaves_its_finished_turns_to_the_other(
+async def test_a_replica_killed_mid_reply_leaves_its_turns_and_partial_reply_to_the_other(
     tmp_path: Path,
 ) -> None:
     async with cluster(tmp_path) as deployed:
@@ -111,6 +117,7 @@ async def test_a_replica_killed_mid_reply_leaves_its_finished_turns_to_the_other
             killed = (await holders(deployed.replicas, [session]))[session]
             await peer.send(LONG)
             await peer.recv_until("token")
+            await reply_checkpoint(deployed.store, session, 1)  # at most a second behind
             killed.process.kill()
             with pytest.raises(websockets.ConnectionClosedError):
                 await peer.recv_until("done")
@@ -121,9 +128,10 @@ async def test_a_replica_killed_mid_reply_leaves_its_finished_turns_to_the_other
             assert (await holders([survivor], [session]))[session] is survivor
             assert (await turn_refused(peer, "S"))["code"] == "invalid_params"
             start = await streams(peer, "next", "go on")
-    # The finished turn is in the conversation: the next prompt holds at least what it holds
-    # where nothing was killed. (Whatever of the cut reply a store kept makes it longer.)
-    assert start["prompt_tokens"] >= unmoved["usage"]["prompt_tokens"]
+    # The finished turn is in the conversation, and so is the cut reply as a cancelled
+    # exchange (its checkpointed tokens): the next prompt holds more than where nothing was
+    # killed (tests/sessions/test_redis_replicas.py checks the exchange token for token).
+    assert start["prompt_tokens"] > unmoved["usage"]["prompt_tokens"]
 
 
 async def streams(peer: RawPeer, id: str, text: str) -> dict[str, Any]:
