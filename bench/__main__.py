@@ -2,8 +2,10 @@
 in-process ceiling of the same run (and optionally against ``transformers serve``).
 
 Prints a table of figures and ratios, writes bench/results/latest.json and draws docs/bench.png.
-A full run ends with the busy-neighbour scenario (bench/threads.py), which ``--quick`` leaves
-out; ``--only threads`` runs it alone and writes bench/results/threads.json. So does the
+A full run ends with the busy-neighbour scenario (bench/threads.py) and the batch widths
+(bench/widths.py), which ``--quick`` leaves out; ``--only threads`` runs the first alone and
+writes bench/results/threads.json, ``--only widths`` the second (bench/results/widths.json). So
+does the
 llama.cpp scenario (bench/llamacpp.py; ``--only llamacpp``: bench/results/llamacpp.json), when
 ``xllamacpp`` is installed.
 """
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import chart, llamacpp, report, threads
+from . import chart, llamacpp, report, threads, widths
 from .workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +54,11 @@ def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         result = {"threads": threads.run(alone, args.logs, engine=args.engine)}
         text = report.threads_table(result)
         return {**result, "targets": threads.targets(result["threads"])}, text
+    if args.only == "widths":
+        batch = widths.WidthsWork.quick() if args.quick else widths.WidthsWork()
+        result = {"widths": widths.run(batch, args.logs, engine=args.engine)}
+        text = report.widths_table(result)
+        return {**result, "targets": widths.targets(result["widths"])}, text
     if args.only == "llamacpp":
         why_not = llamacpp.available()
         if why_not:
@@ -66,6 +73,7 @@ def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     result = run(work, engine=args.engine, peer_wanted=not args.no_peer, logs=args.logs)
     if not args.quick:  # --quick stays short; --quick --only threads is the scenario's own
         result["threads"] = threads.run(threads.ThreadsWork(), args.logs, engine=args.engine)
+        result["widths"] = widths.run(widths.WidthsWork(), args.logs, engine=args.engine)
         why_not = llamacpp.available()
         result["llamacpp"] = (
             {"skipped": why_not}
@@ -82,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="batched", help="the wschat engine measured")
     parser.add_argument(
         "--only",
-        choices=["threads", "llamacpp"],
-        help="run one scenario alone: 'threads' (a busy neighbour), 'llamacpp' (llama.cpp's "
-        "server direct and with wschat --engine openai in front)",
+        choices=["threads", "widths", "llamacpp"],
+        help="run one scenario alone: 'threads' (a busy neighbour), 'widths' (8/16/32 sessions "
+        "at batch widths 8/16/32), 'llamacpp' (llama.cpp's server direct and with wschat "
+        "--engine openai in front)",
     )
     parser.add_argument("--json", type=Path, help="where the results go (default: by scenario)")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "bench.png")

@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Any
 
-from . import llamacpp, threads
+from . import llamacpp, threads, widths
 
 
 def _get(result: dict[str, Any], *path: Any) -> Any:
@@ -27,6 +27,8 @@ def _fmt(value: Any, unit: str = "") -> str:
         return f"{value:.3f}x"
     if unit == "MB":
         return f"{value:.1f} MB"
+    if unit == "n":
+        return f"{value:.0f}"
     return f"{value:.1f}"
 
 
@@ -80,6 +82,8 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         )  # fmt: skip
     if "threads" in result:
         out += threads.targets(result["threads"])
+    if "widths" in result:
+        out += widths.targets(result["widths"])
     if "figures" in result.get("llamacpp", {}):
         out += llamacpp.targets(result["llamacpp"])
     return out
@@ -133,6 +137,8 @@ def table(result: dict[str, Any]) -> str:
     )
     if "threads" in result:
         lines += ["", threads.table(result["threads"], _fmt)]
+    if "widths" in result:
+        lines += ["", widths.table(result["widths"], _fmt)]
     if "figures" in result.get("llamacpp", {}):
         lines += ["", llamacpp.table(result["llamacpp"], _fmt)]
     elif "llamacpp" in result:
@@ -145,6 +151,12 @@ def threads_table(result: dict[str, Any]) -> str:
     """``--only threads``: the busy-neighbour table and its targets."""
     rows = threads.targets(result["threads"])
     return "\n".join([threads.table(result["threads"], _fmt), "", *target_lines(rows)])
+
+
+def widths_table(result: dict[str, Any]) -> str:
+    """``--only widths``: the batch-width table and its targets."""
+    rows = widths.targets(result["widths"])
+    return "\n".join([widths.table(result["widths"], _fmt), "", *target_lines(rows)])
 
 
 def llamacpp_table(result: dict[str, Any]) -> str:
