@@ -2,10 +2,10 @@
 in-process ceiling of the same run (and optionally against ``transformers serve``).
 
 Prints a table of figures and ratios, writes bench/results/latest.json and draws docs/bench.png.
-A full run ends with the busy-neighbour scenario (bench/threads.py) and the batch widths
-(bench/widths.py), which ``--quick`` leaves out; ``--only threads`` runs the first alone and
-writes bench/results/threads.json, ``--only widths`` the second (bench/results/widths.json). So
-does the
+A full run ends with the busy-neighbour scenario (bench/threads.py), the batch widths
+(bench/widths.py) and image conversations (bench/images.py), which ``--quick`` leaves out;
+``--only threads`` runs the first alone and writes bench/results/threads.json, ``--only widths``
+and ``--only images`` the others (bench/results/<name>.json). So does the
 llama.cpp scenario (bench/llamacpp.py; ``--only llamacpp``: bench/results/llamacpp.json), when
 ``xllamacpp`` is installed.
 """
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import chart, llamacpp, report, threads, widths
+from . import chart, images, llamacpp, report, threads, widths
 from .workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +59,11 @@ def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         result = {"widths": widths.run(batch, args.logs, engine=args.engine)}
         text = report.widths_table(result)
         return {**result, "targets": widths.targets(result["widths"])}, text
+    if args.only == "images":
+        talks = images.ImagesWork.quick() if args.quick else images.ImagesWork()
+        result = {"images": images.run(talks, args.logs, engine=args.engine)}
+        text = report.images_table(result)
+        return {**result, "targets": images.targets(result["images"])}, text
     if args.only == "llamacpp":
         why_not = llamacpp.available()
         if why_not:
@@ -74,6 +79,7 @@ def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     if not args.quick:  # --quick stays short; --quick --only threads is the scenario's own
         result["threads"] = threads.run(threads.ThreadsWork(), args.logs, engine=args.engine)
         result["widths"] = widths.run(widths.WidthsWork(), args.logs, engine=args.engine)
+        result["images"] = images.run(images.ImagesWork(), args.logs, engine=args.engine)
         why_not = llamacpp.available()
         result["llamacpp"] = (
             {"skipped": why_not}
@@ -90,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="batched", help="the wschat engine measured")
     parser.add_argument(
         "--only",
-        choices=["threads", "widths", "llamacpp"],
+        choices=["threads", "widths", "images", "llamacpp"],
         help="run one scenario alone: 'threads' (a busy neighbour), 'widths' (8/16/32 sessions "
-        "at batch widths 8/16/32), 'llamacpp' (llama.cpp's server direct and with wschat "
-        "--engine openai in front)",
+        "at batch widths 8/16/32), 'images' (8 conversations, half with an image in turn 1), "
+        "'llamacpp' (llama.cpp's server direct and with wschat --engine openai in front)",
     )
     parser.add_argument("--json", type=Path, help="where the results go (default: by scenario)")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "bench.png")

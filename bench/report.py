@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Any
 
-from . import llamacpp, threads, widths
+from . import images, llamacpp, threads, widths
 
 
 def _get(result: dict[str, Any], *path: Any) -> Any:
@@ -84,6 +84,8 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         out += threads.targets(result["threads"])
     if "widths" in result:
         out += widths.targets(result["widths"])
+    if "images" in result:
+        out += images.targets(result["images"])
     if "figures" in result.get("llamacpp", {}):
         out += llamacpp.targets(result["llamacpp"])
     return out
@@ -139,6 +141,8 @@ def table(result: dict[str, Any]) -> str:
         lines += ["", threads.table(result["threads"], _fmt)]
     if "widths" in result:
         lines += ["", widths.table(result["widths"], _fmt)]
+    if "images" in result:
+        lines += ["", images.table(result["images"], _fmt)]
     if "figures" in result.get("llamacpp", {}):
         lines += ["", llamacpp.table(result["llamacpp"], _fmt)]
     elif "llamacpp" in result:
@@ -157,6 +161,12 @@ def widths_table(result: dict[str, Any]) -> str:
     """``--only widths``: the batch-width table and its targets."""
     rows = widths.targets(result["widths"])
     return "\n".join([widths.table(result["widths"], _fmt), "", *target_lines(rows)])
+
+
+def images_table(result: dict[str, Any]) -> str:
+    """``--only images``: image conversations against text ones, and the targets."""
+    rows = images.targets(result["images"])
+    return "\n".join([images.table(result["images"], _fmt), "", *target_lines(rows)])
 
 
 def llamacpp_table(result: dict[str, Any]) -> str:
