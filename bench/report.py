@@ -119,6 +119,7 @@ def table(result: dict[str, Any]) -> str:
             lines.append(f"peers: {name}: {value}")
         elif isinstance(value, dict) and "error" in value:
             lines.append(f"{name:<30} failed: {value['error']}")
+    lines += peer_lines(result)
     lines.append("")
     turns = result["conversation"]
     lines.append(
@@ -149,6 +150,24 @@ def table(result: dict[str, Any]) -> str:
         lines += ["", f"no llama.cpp scenario: {result['llamacpp']['skipped']}"]
     lines += ["", *target_lines(targets(result))]
     return "\n".join(lines)
+
+
+def peer_lines(result: dict[str, Any]) -> list[str]:
+    """llama.cpp's server beside ours, round by round: one stream's decode rate and TTFT, the
+    aggregate and TTFT p95 at the most sessions."""
+    theirs = _get(result, "peers", llamacpp.PEER)
+    if not isinstance(theirs, dict) or "error" in theirs:
+        return []
+    ours = result[f"wschat-{result['engine']}"]
+    top = max(n for n in ours if n in theirs)
+    one, many = theirs[1], theirs[top]
+    return [
+        f"llama.cpp's server / wschat: 1 stream {_fmt(paired(one, ours[1], 'stream_tps'), 'x')} "
+        f"tokens/s, TTFT {_fmt(one['ttft_median_s'], 'ms')} vs "
+        f"{_fmt(ours[1]['ttft_median_s'], 'ms')}; {top} sessions "
+        f"{_fmt(paired(many, ours[top], 'aggregate_tps'), 'x')} aggregate, TTFT p95 "
+        f"{_fmt(many['ttft_p95_s'], 'ms')} vs {_fmt(ours[top]['ttft_p95_s'], 'ms')}"
+    ]
 
 
 def threads_table(result: dict[str, Any]) -> str:
