@@ -2,8 +2,10 @@
 in-process ceiling of the same run (and optionally against ``transformers serve``).
 
 Prints a table of figures and ratios, writes bench/results/latest.json and draws docs/bench.png.
-A full run ends with the busy-neighbour scenario (bench/threads.py), which ``--quick`` leaves
-out; ``--only threads`` runs it alone and writes bench/results/threads.json. So does the
+A full run ends with the busy-neighbour scenario (bench/threads.py), the batch widths
+(bench/widths.py) and image conversations (bench/images.py), which ``--quick`` leaves out;
+``--only threads`` runs the first alone and writes bench/results/threads.json, ``--only widths``
+and ``--only images`` the others (bench/results/<name>.json). So does the
 llama.cpp scenario (bench/llamacpp.py; ``--only llamacpp``: bench/results/llamacpp.json), when
 ``xllamacpp`` is installed. ``--only resume`` runs the mid-reply resume scenario alone
 (bench/resume.py: 20 drops, resume latency and whole replies; bench/results/resume.json).
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import chart, llamacpp, report, resume, threads
+from . import chart, images, llamacpp, report, resume, threads, widths
 from .workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,6 +55,16 @@ def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         result = {"threads": threads.run(alone, args.logs, engine=args.engine)}
         text = report.threads_table(result)
         return {**result, "targets": threads.targets(result["threads"])}, text
+    if args.only == "widths":
+        batch = widths.WidthsWork.quick() if args.quick else widths.WidthsWork()
+        result = {"widths": widths.run(batch, args.logs, engine=args.engine)}
+        text = report.widths_table(result)
+        return {**result, "targets": widths.targets(result["widths"])}, text
+    if args.only == "images":
+        talks = images.ImagesWork.quick() if args.quick else images.ImagesWork()
+        result = {"images": images.run(talks, args.logs, engine=args.engine)}
+        text = report.images_table(result)
+        return {**result, "targets": images.targets(result["images"])}, text
     if args.only == "llamacpp":
         why_not = llamacpp.available()
         if why_not:
@@ -71,6 +83,8 @@ def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     result = run(work, engine=args.engine, peer_wanted=not args.no_peer, logs=args.logs)
     if not args.quick:  # --quick stays short; --quick --only threads is the scenario's own
         result["threads"] = threads.run(threads.ThreadsWork(), args.logs, engine=args.engine)
+        result["widths"] = widths.run(widths.WidthsWork(), args.logs, engine=args.engine)
+        result["images"] = images.run(images.ImagesWork(), args.logs, engine=args.engine)
         why_not = llamacpp.available()
         result["llamacpp"] = (
             {"skipped": why_not}
@@ -87,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="batched", help="the wschat engine measured")
     parser.add_argument(
         "--only",
-        choices=["threads", "llamacpp", "resume"],
-        help="run one scenario alone: 'threads' (a busy neighbour), 'llamacpp' (llama.cpp's "
-        "server direct and with wschat --engine openai in front), 'resume' (replies dropped "
-        "mid-stream and resumed)",
+        choices=["threads", "widths", "images", "llamacpp", "resume"],
+        help="run one scenario alone: 'threads' (a busy neighbour), 'widths' (8/16/32 sessions "
+        "at batch widths 8/16/32), 'images' (8 conversations, half with an image in turn 1), "
+        "'llamacpp' (llama.cpp's server direct and with wschat --engine openai in front), "
+        "'resume' (replies dropped mid-stream and resumed)",
     )
     parser.add_argument("--json", type=Path, help="where the results go (default: by scenario)")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "bench.png")

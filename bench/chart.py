@@ -12,6 +12,7 @@ STYLES = {
     "transformers-cb-inprocess": ("transformers CB manager (in process)", "tab:gray", ":"),
     "transformers-serve": ("transformers serve", "tab:orange", "-"),
     "transformers-serve-cb": ("transformers serve --continuous-batching", "tab:red", "-"),
+    "llama.cpp-server": ("llama.cpp's server (same GGUF, Q4_K_M kernels)", "tab:green", "-"),
 }
 
 

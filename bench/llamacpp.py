@@ -37,6 +37,7 @@ log = logging.getLogger("bench.llamacpp")
 
 DIRECT = "llama.cpp direct"
 GATEWAY = "wschat-openai"
+PEER = "llama.cpp-server"  # the peer row of the main run (bench/run.py)
 TARGET_RATIO = 0.95  # aggregate tokens/s of wschat in front, over llama.cpp direct
 TTFT_LIMIT_S = 0.015  # TTFT over llama.cpp direct's
 JUDGED = (1, 8)  # the stream counts the targets hold
@@ -253,6 +254,17 @@ class Direct:
     def streams(self, texts: list[str], tokens: int) -> list[StreamTimes]:
         bodies = [self.body(t, tokens) for t in texts]
         return asyncio.run(direct_concurrent(self.url, bodies))
+
+
+@contextlib.contextmanager
+def peer(logs: Path, slots: int, threads: int) -> Iterator[Callable[[list[str], int], Any]]:
+    """llama.cpp's server as a peer row of the main run: ``threads`` threads on the cores the
+    rest of the run shares, ``slots`` slots, measured directly with the gateway's request bodies
+    (``Direct``); warmed up at ``slots`` streams (its first use of a slot is slow)."""
+    with procs.llama_cpp(threads, slots, SLOT_CONTEXT, logs) as llama:
+        direct = Direct(llama.base)
+        direct.streams([story(i) for i in range(slots)], 4)
+        yield direct.streams
 
 
 async def _idle_after(http: httpx.AsyncClient, slots_url: str, since: float) -> float:

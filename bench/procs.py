@@ -90,13 +90,15 @@ def wschat(
     name: str | None = None,
     env: Mapping[str, str] | None = None,
     cores: Set[int] | None = None,
+    module: str = "wschat.server",
 ) -> Iterator[Running]:
-    """``python -m wschat.server`` on the embedded model; ``sessions`` connections allowed;
-    ``extra`` options after ours, ``env`` added to its environment, pinned to ``cores`` when
-    given; its log is ``logs/<name or wschat-engine>.log``."""
+    """``python -m wschat.server`` (or ``module``, which takes its options) on the embedded
+    model; ``sessions`` connections allowed; ``extra`` options after ours (a later ``--model``
+    wins), ``env`` added to its environment, pinned to ``cores`` when given; its log is
+    ``logs/<name or wschat-engine>.log``."""
     port = free_port()
     command = [
-        sys.executable, "-m", "wschat.server",
+        sys.executable, "-m", module,
         "--model", "embedded",
         "--engine", engine,
         "--prompt-format", PROMPT_FORMAT,

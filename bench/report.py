@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Any
 
-from . import llamacpp, resume, threads
+from . import images, llamacpp, resume, threads, widths
 
 
 def _get(result: dict[str, Any], *path: Any) -> Any:
@@ -27,6 +27,8 @@ def _fmt(value: Any, unit: str = "") -> str:
         return f"{value:.3f}x"
     if unit == "MB":
         return f"{value:.1f} MB"
+    if unit == "n":
+        return f"{value:.0f}"
     return f"{value:.1f}"
 
 
@@ -80,6 +82,10 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         )  # fmt: skip
     if "threads" in result:
         out += threads.targets(result["threads"])
+    if "widths" in result:
+        out += widths.targets(result["widths"])
+    if "images" in result:
+        out += images.targets(result["images"])
     if "figures" in result.get("llamacpp", {}):
         out += llamacpp.targets(result["llamacpp"])
     return out
@@ -113,6 +119,7 @@ def table(result: dict[str, Any]) -> str:
             lines.append(f"peers: {name}: {value}")
         elif isinstance(value, dict) and "error" in value:
             lines.append(f"{name:<30} failed: {value['error']}")
+    lines += peer_lines(result)
     lines.append("")
     turns = result["conversation"]
     lines.append(
@@ -133,6 +140,10 @@ def table(result: dict[str, Any]) -> str:
     )
     if "threads" in result:
         lines += ["", threads.table(result["threads"], _fmt)]
+    if "widths" in result:
+        lines += ["", widths.table(result["widths"], _fmt)]
+    if "images" in result:
+        lines += ["", images.table(result["images"], _fmt)]
     if "figures" in result.get("llamacpp", {}):
         lines += ["", llamacpp.table(result["llamacpp"], _fmt)]
     elif "llamacpp" in result:
@@ -141,10 +152,40 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def peer_lines(result: dict[str, Any]) -> list[str]:
+    """llama.cpp's server beside ours, round by round: one stream's decode rate and TTFT, the
+    aggregate and TTFT p95 at the most sessions."""
+    theirs = _get(result, "peers", llamacpp.PEER)
+    if not isinstance(theirs, dict) or "error" in theirs:
+        return []
+    ours = result[f"wschat-{result['engine']}"]
+    top = max(n for n in ours if n in theirs)
+    one, many = theirs[1], theirs[top]
+    return [
+        f"llama.cpp's server / wschat: 1 stream {_fmt(paired(one, ours[1], 'stream_tps'), 'x')} "
+        f"tokens/s, TTFT {_fmt(one['ttft_median_s'], 'ms')} vs "
+        f"{_fmt(ours[1]['ttft_median_s'], 'ms')}; {top} sessions "
+        f"{_fmt(paired(many, ours[top], 'aggregate_tps'), 'x')} aggregate, TTFT p95 "
+        f"{_fmt(many['ttft_p95_s'], 'ms')} vs {_fmt(ours[top]['ttft_p95_s'], 'ms')}"
+    ]
+
+
 def threads_table(result: dict[str, Any]) -> str:
     """``--only threads``: the busy-neighbour table and its targets."""
     rows = threads.targets(result["threads"])
     return "\n".join([threads.table(result["threads"], _fmt), "", *target_lines(rows)])
+
+
+def widths_table(result: dict[str, Any]) -> str:
+    """``--only widths``: the batch-width table and its targets."""
+    rows = widths.targets(result["widths"])
+    return "\n".join([widths.table(result["widths"], _fmt), "", *target_lines(rows)])
+
+
+def images_table(result: dict[str, Any]) -> str:
+    """``--only images``: image conversations against text ones, and the targets."""
+    rows = images.targets(result["images"])
+    return "\n".join([images.table(result["images"], _fmt), "", *target_lines(rows)])
 
 
 def llamacpp_table(result: dict[str, Any]) -> str:

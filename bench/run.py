@@ -1,7 +1,8 @@
-"""One benchmark run. The in-process ceiling, the server and the peer with continuous batching
-are measured back to back in each round, so the drift of a shared machine's load hits all of
-them alike; then the conversation, cancels, idle sessions, the other engine, transformers'
-continuous batching manager in process, and the peer without continuous batching."""
+"""One benchmark run. The in-process ceiling, the server, the peer with continuous batching and
+llama.cpp's server are measured back to back in each round, so the drift of a shared machine's
+load hits all of them alike; then the conversation, cancels, idle sessions, the other engine,
+transformers' continuous batching manager in process, and the peer without continuous
+batching."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +68,12 @@ def run(work: Workload, *, engine: str, peer_wanted: bool, logs: Path) -> dict[s
     why_not = procs.peer_available() if peer_wanted else "--no-peer"
     if why_not is None:
         systems.append("transformers-serve-cb")
+    # imported here: llamacpp takes _figures from this module
+    from . import llamacpp
+
+    llama_why_not = llamacpp.available() if peer_wanted else "--no-peer"
+    if llama_why_not is None:
+        systems.append(llamacpp.PEER)
     rounds: dict[str, dict[int, list[list[StreamTimes]]]] = {
         name: {n: [] for n in work.concurrency} for name in systems
     }
@@ -90,6 +98,13 @@ def run(work: Workload, *, engine: str, peer_wanted: bool, logs: Path) -> dict[s
             measure["transformers-serve-cb"] = lambda t, k: asyncio.run(
                 peer.concurrent(peer_server.base, model_dir, t, k)
             )
+        if llama_why_not is None:
+            # llama.cpp's server on the same GGUF with as many threads as ours takes on free
+            # cores, on the same cores as the rest, in every round beside ours
+            threads = len(os.sched_getaffinity(0))
+            log.info("starting llama.cpp's server, %d threads", threads)
+            slots = max(work.concurrency)
+            measure[llamacpp.PEER] = stack.enter_context(llamacpp.peer(logs, slots, threads))
         for r in range(work.repeats):
             for n in work.concurrency:
                 log.info("round %d: %d streams: %s", r + 1, n, ", ".join(systems))
@@ -115,6 +130,11 @@ def run(work: Workload, *, engine: str, peer_wanted: bool, logs: Path) -> dict[s
         peers["transformers-serve-cb"] = {
             n: _figures(r) for n, r in rounds["transformers-serve-cb"].items()
         }
+    peers[llamacpp.PEER] = (
+        {n: _figures(r) for n, r in rounds[llamacpp.PEER].items()}
+        if llama_why_not is None
+        else llama_why_not
+    )
     result["engine"] = engine
     result["conversation"] = turns
     step = result["ceiling"][1]["itl_median_s"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgpack
@@ -51,17 +51,27 @@ async def session(url: str) -> AsyncIterator[Peer]:
 
 
 async def stream(
-    peer: Peer, text: str, max_new_tokens: int, frame_id: str = "p"
+    peer: Peer,
+    text: str,
+    max_new_tokens: int,
+    frame_id: str = "p",
+    images: Sequence[bytes] = (),
 ) -> tuple[StreamTimes, dict[str, Any]]:
-    """One prompt: a timestamp per generated token (a merged frame stamps all of its tokens)."""
+    """One prompt: a timestamp per generated token (a merged frame stamps all of its tokens);
+    the frames' facts: ``start``'s fields, when it came (``start_at``), the places ``queued``
+    frames gave (``positions``, none when a slot was free) and ``done``. ``images`` go with the
+    prompt (encoded files)."""
     params = {"max_new_tokens": max_new_tokens, "temperature": 0}
     times = StreamTimes(time.perf_counter(), [])
-    await peer.send({"type": "prompt", "id": frame_id, "text": text, "params": params})
-    seen, start = 0, {}
+    prompt = {"type": "prompt", "id": frame_id, "text": text, "params": params}
+    await peer.send({**prompt, "images": list(images)} if images else prompt)
+    seen, start, positions = 0, {}, []
     while True:
         frame = await peer.recv()
-        if frame["type"] == "start":
-            start = frame
+        if frame["type"] == "queued":
+            positions.append(frame["position"])
+        elif frame["type"] == "start":
+            start = {**frame, "start_at": time.perf_counter(), "positions": positions}
         elif frame["type"] == "token":
             now = time.perf_counter()
             times.tokens.extend([now] * (frame["index"] - seen))
@@ -70,14 +80,23 @@ async def stream(
             return times, {**start, "done": frame}
 
 
-async def concurrent(url: str, texts: list[str], max_new_tokens: int) -> list[StreamTimes]:
-    """One fresh session per text, all prompts sent at once once every session is ready."""
+async def served(
+    url: str, texts: list[str], max_new_tokens: int
+) -> list[tuple[StreamTimes, dict[str, Any]]]:
+    """One fresh session per text, all prompts sent at once once every session is ready; each
+    stream with its frames' facts (``stream``)."""
     async with contextlib.AsyncExitStack() as stack:
         peers = [await stack.enter_async_context(session(url)) for _ in texts]
-        results = await asyncio.gather(
-            *(stream(p, t, max_new_tokens) for p, t in zip(peers, texts, strict=True))
+        return list(
+            await asyncio.gather(
+                *(stream(p, t, max_new_tokens) for p, t in zip(peers, texts, strict=True))
+            )
         )
-    return [times for times, _ in results]
+
+
+async def concurrent(url: str, texts: list[str], max_new_tokens: int) -> list[StreamTimes]:
+    """``served``'s streams alone."""
+    return [times for times, _ in await served(url, texts, max_new_tokens)]
 
 
 async def conversation(url: str, turns: list[str], max_new_tokens: int) -> list[dict[str, Any]]:

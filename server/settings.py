@@ -9,6 +9,9 @@ from pathlib import Path
 ENGINES = ("batched", "generate", "openai")
 # What --session-store may name besides "memory" (sessions/store.py opens it)
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
+# Generations at once under --max-concurrent auto for an engine that does not batch
+# ("generate": a thread each; "openai": requests in flight to its server)
+UNBATCHED_CONCURRENT = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +37,10 @@ class Settings:
     # how a conversation becomes prompt ids (server/engine/formats.py); "auto" picks per model
     prompt_format: str = "auto"
     # generations decoding at once across sessions (the batched engine's batch width); more wait
-    # in a queue of max_queue
-    max_concurrent: int = 8
+    # in a queue of max_queue. None (auto): the batched engine's width for its device, never
+    # more rows than the memory left holds (runtime/batch_width.py says what and why); the other
+    # engines take UNBATCHED_CONCURRENT
+    max_concurrent: int | None = None
     # prompt tokens the batched engine prefills per pass, so decoding rows never wait long
     prefill_chunk_tokens: int = 512
     # CPU threads torch uses in the engine's worker; None: auto (every usable core while the

@@ -133,6 +133,9 @@ class EngineInfo:
     max_images: int
     # The prompt format's name (engine/formats.py): how conversations are rendered.
     prompt_format: str = ""
+    # Generations it decodes in one forward pass, when it batches them (the sessions' slots
+    # follow it unless --max-concurrent is set); None when each runs on its own
+    batch_width: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.formats import FORMATS
-from ..settings import ENGINES, STORE_SCHEMES, Settings
+from ..settings import ENGINES, STORE_SCHEMES, UNBATCHED_CONCURRENT, Settings
+from .batch_width import PREFERRED
 
 _DEFAULTS = Settings()
 # Options whose value must be one of a few: refused when the arguments are read, not at load.
@@ -62,8 +63,8 @@ def _env(name: str, default: Any) -> Any:
     return os.environ.get(f"WSCHAT_{name.upper()}", default)
 
 
-def thread_count(value: str) -> int | None:
-    """``--threads``: 'auto' (None) or a whole number of threads, 1 or more."""
+def _count_or_auto(value: str, what: str, env: str) -> int | None:
+    """'auto' (None) or a whole number of ``what``, 1 or more."""
     if value.strip().lower() == "auto":
         return None
     try:
@@ -72,10 +73,20 @@ def thread_count(value: str) -> int | None:
         count = 0
     if count < 1:
         raise argparse.ArgumentTypeError(
-            f"expected 'auto' or a whole number of threads, 1 or more "
-            f"(from the flag or WSCHAT_THREADS); got {value!r}"
+            f"expected 'auto' or a whole number of {what}, 1 or more "
+            f"(from the flag or {env}); got {value!r}"
         )
     return count
+
+
+def thread_count(value: str) -> int | None:
+    """``--threads``: 'auto' (None) or a whole number of threads, 1 or more."""
+    return _count_or_auto(value, "threads", "WSCHAT_THREADS")
+
+
+def concurrency(value: str) -> int | None:
+    """``--max-concurrent``: 'auto' (None) or a whole number of generations, 1 or more."""
+    return _count_or_auto(value, "generations", "WSCHAT_MAX_CONCURRENT")
 
 
 def session_store(value: str) -> str:
@@ -155,8 +166,12 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ),
     (
         "max_concurrent",
-        int,
-        "generations running at once across all sessions (the batched engine's batch width)",
+        concurrency,
+        "generations running at once across all sessions (the batched engine's batch width; "
+        "more wait in the queue, first come first served): a number, or 'auto' (the default): "
+        f"{PREFERRED['cpu']} on a CPU, {PREFERRED['cuda']} on a GPU, fewer where the memory "
+        "left after the model cannot hold that many rows of KV cache at --context-tokens; "
+        f"{UNBATCHED_CONCURRENT} for the other engines",
     ),
     ("prefill_chunk_tokens", int, "prompt tokens the batched engine prefills per pass"),
     (

@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 from ..engine import Engine
-from ..settings import ENGINES, Settings
+from ..settings import ENGINES, UNBATCHED_CONCURRENT, Settings
 
 log = logging.getLogger("wschat.serve")
 
@@ -83,7 +83,7 @@ def _build_engine(settings: Settings) -> Engine:
 
         engine = BatchedEngine(
             loaded,
-            width=settings.max_concurrent,
+            width=_batch_width(settings, loaded),
             prefill_tokens=settings.prefill_chunk_tokens,
             threads=threads,
             **common,
@@ -99,7 +99,33 @@ def _build_engine(settings: Settings) -> Engine:
         info.model,
         info.device,
         info.dtype,
-        settings.max_concurrent,
+        info.batch_width or settings.max_concurrent or UNBATCHED_CONCURRENT,
         info.prompt_format,
     )
     return engine
+
+
+def _batch_width(settings: Settings, loaded: Any) -> int:
+    """``--max-concurrent`` when given; else the default for the device and the memory left
+    (runtime/batch_width.py), from the loaded model's shape."""
+    if settings.max_concurrent is not None:
+        return settings.max_concurrent
+    from ..engine.local.memory import free_bytes
+    from .batch_width import KVShape, default_width
+
+    text = getattr(loaded.model.config, "text_config", loaded.model.config)
+    layers = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    context = min(settings.context_tokens, int(getattr(text, "max_position_embeddings", 8192)))
+    shape = KVShape.of(
+        layers,
+        int(getattr(text, "sliding_window", None) or context),
+        int(text.num_key_value_heads),
+        int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads),
+        loaded.model.dtype.itemsize,
+    )
+    reserved = settings.kv_budget_mib << 20  # the idle sessions' KV state, on the same device
+    chosen = default_width(
+        loaded.device, shape.row_bytes(context), free_bytes(loaded.device), reserved
+    )
+    log.info("batch width (--max-concurrent auto): %s", chosen.reason)
+    return chosen.width

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..engine import Engine
-from ..settings import Settings
+from ..settings import UNBATCHED_CONCURRENT, Settings
 from .quotas import ConnectionCaps
 from .session import DETACHED_STATES, Session
 from .slots import GenerationSlots
@@ -33,7 +33,9 @@ class Hub:
     shutting_down: bool = False
 
     def __post_init__(self) -> None:
-        self.slots = GenerationSlots(self.settings.max_concurrent, self.settings.max_queue)
+        # until the engine is loaded and says its batch width (set_engine), under auto
+        width = self.settings.max_concurrent or UNBATCHED_CONCURRENT
+        self.slots = GenerationSlots(width, self.settings.max_queue)
         self.sessions = open_store(self.settings, self.restore_session)
         self.stats = ServerStats()
         self.caps = ConnectionCaps(
@@ -41,7 +43,11 @@ class Hub:
         )
 
     def set_engine(self, engine: Engine) -> None:
+        """The engine, loaded; under ``--max-concurrent auto`` the slots take its batch width
+        (no chat runs before this, so no ticket is held yet)."""
         self.engine = engine
+        if self.settings.max_concurrent is None and engine.info.batch_width:
+            self.slots.max_concurrent = engine.info.batch_width
 
     def new_session(self, key: str | None = None) -> Session:
         assert self.engine is not None

@@ -30,6 +30,7 @@ def env_actions() -> list[argparse.Action]:
 # Options whose values are checked by a parser of their own: a valid one other than the default.
 VALID_SAMPLES = {
     "threads": "3",
+    "max_concurrent": "4",
     "session_store": "redis://127.0.0.1:6379/0",
     "engine_images": "2",
 }

@@ -88,7 +88,7 @@ class BatchedEngine:
             prompt_format=prompt_format,
             threads=self.threads,
         )
-        self.info = replace(self.single.info, name=self.name)
+        self.info = replace(self.single.info, name=self.name, batch_width=width)
         self.prompt_format = self.single.prompt_format
         self.text_tokenizer = self.single.text_tokenizer
         self.model = loaded.model
