@@ -19,7 +19,9 @@ from dataclasses import dataclass
 # 8, and 32 at little more than 16 while each stream's steps got slower. GPU: a decode step
 # reads every weight once whatever the rows, so it costs about the same for 8 rows as for 64:
 # Gemma 3 12B's shape in bf16 on an H200 took 13.9 s for 8 sessions of 64 tokens and under
-# 15.9 s for 64 (about 37 and over 258 tokens/s), so it takes the widest the memory allows.
+# 15.9 s for 64 (about 37 and over 258 tokens/s; read off the log's timestamps of a
+# `python -m bench.gpu` run whose time limit cut it before its table), so it takes the
+# widest the memory allows.
 PREFERRED = {"cpu": 16, "cuda": 64}
 # Of the memory free once the model is loaded, the share the batch's KV buffers may take: a GPU
 # is the engine's alone (the rest: activations, the allocator's slack); RAM is shared with the
