@@ -7,7 +7,8 @@ A full run ends with the busy-neighbour scenario (bench/threads.py), the batch w
 ``--only threads`` runs the first alone and writes bench/results/threads.json, ``--only widths``
 and ``--only images`` the others (bench/results/<name>.json). So does the
 llama.cpp scenario (bench/llamacpp.py; ``--only llamacpp``: bench/results/llamacpp.json), when
-``xllamacpp`` is installed.
+``xllamacpp`` is installed. ``--only resume`` runs the mid-reply resume scenario alone
+(bench/resume.py: 20 drops, resume latency and whole replies; bench/results/resume.json).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import chart, images, llamacpp, report, threads, widths
+from . import chart, images, llamacpp, report, resume, threads, widths
 from .workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +73,10 @@ def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         result = {"llamacpp": llamacpp.run(work, args.logs, engine=args.engine)}
         text = report.llamacpp_table(result)
         return {**result, "targets": llamacpp.targets(result["llamacpp"])}, text
+    if args.only == "resume":
+        drops = resume.ResumeWork.quick() if args.quick else resume.ResumeWork()
+        result = {"resume": resume.run(drops, args.logs, engine=args.engine)}
+        return {**result, "targets": resume.targets(result["resume"])}, report.resume_table(result)
     from .run import run
 
     work = Workload.quick() if args.quick else Workload()
@@ -96,10 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="batched", help="the wschat engine measured")
     parser.add_argument(
         "--only",
-        choices=["threads", "widths", "images", "llamacpp"],
+        choices=["threads", "widths", "images", "llamacpp", "resume"],
         help="run one scenario alone: 'threads' (a busy neighbour), 'widths' (8/16/32 sessions "
         "at batch widths 8/16/32), 'images' (8 conversations, half with an image in turn 1), "
-        "'llamacpp' (llama.cpp's server direct and with wschat --engine openai in front)",
+        "'llamacpp' (llama.cpp's server direct and with wschat --engine openai in front), "
+        "'resume' (replies dropped mid-stream and resumed)",
     )
     parser.add_argument("--json", type=Path, help="where the results go (default: by scenario)")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "bench.png")

@@ -6,7 +6,7 @@ import math
 import statistics
 from typing import Any
 
-from . import images, llamacpp, threads, widths
+from . import images, llamacpp, resume, threads, widths
 
 
 def _get(result: dict[str, Any], *path: Any) -> Any:
@@ -192,6 +192,12 @@ def llamacpp_table(result: dict[str, Any]) -> str:
     """``--only llamacpp``: the llama.cpp table and its targets."""
     rows = llamacpp.targets(result["llamacpp"])
     return "\n".join([llamacpp.table(result["llamacpp"], _fmt), "", *target_lines(rows)])
+
+
+def resume_table(result: dict[str, Any]) -> str:
+    """``--only resume``: the mid-reply resume figures and their target."""
+    rows = resume.targets(result["resume"])
+    return "\n".join([resume.table(result["resume"], _fmt), "", *target_lines(rows)])
 
 
 def target_lines(rows: list[dict[str, Any]]) -> list[str]:

@@ -21,6 +21,7 @@ TIMEOUT = 300.0
 class Peer:
     def __init__(self, ws: ClientConnection) -> None:
         self.ws = ws
+        self.ready: dict[str, Any] = {}  # the session's ready frame, once received
 
     async def send(self, frame: dict[str, Any]) -> None:
         await self.ws.send(msgpack.packb(frame, use_bin_type=True))
@@ -40,8 +41,8 @@ async def session(url: str) -> AsyncIterator[Peer]:
         ws = await websockets.connect(url, subprotocols=["wschat.v1"], max_queue=None)
     try:
         peer = Peer(ws)
-        ready = await peer.recv()
-        assert ready["type"] == "ready", ready
+        peer.ready = await peer.recv()
+        assert peer.ready["type"] == "ready", peer.ready
         yield peer
     finally:
         with contextlib.suppress(Exception):

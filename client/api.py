@@ -7,6 +7,14 @@ for, so an answer without ``id`` always matches the request registered with it.
 Concurrency: ``prompt`` returns at once (its frame is queued); every other request waits for the
 server's answer, at most ``timeout`` seconds (``TimeoutError``). One generation runs at a time per
 session: a second ``prompt`` while one runs raises ``BusyError`` from its reply.
+
+A dropped connection (no close frame from the server) is resumed when ``connect`` says so
+(PROTOCOL.md section 10): the reader opens the session again through ``reopen``, naming the last
+token index of the reply in flight, and goes on reading; the writer waits for the new connection
+and sends what was queued meanwhile. The reply in flight goes on where it was (each piece once);
+a reply the server did not resume ends with ``ReplyLostError``; requests still waiting for an
+answer end with ``ConnectionClosedError`` (their answer may have been lost). A resume that fails
+ends everything as a close does.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Any, Self
 
@@ -55,6 +63,10 @@ log = logging.getLogger("wschat.client")
 _CLOSED = object()
 DEFAULT_TIMEOUT = 30.0
 
+# (the ready of the session that dropped, the last token index of its reply in flight) -> the
+# connection resumed and its ready, or None when it could not be resumed
+Reopen = Callable[[Ready, int | None], Awaitable[tuple[ClientConnection, Ready] | None]]
+
 
 class Chat:
     """One session on a wschat server. Build it with ``connect()``."""
@@ -67,13 +79,20 @@ class Chat:
         timeout: float | None = DEFAULT_TIMEOUT,
         reply_timeout: float | None = None,
         on_goaway: Callable[[GoAway], None] | None = None,
+        reopen: Reopen | None = None,
     ) -> None:
         self.ready = ready
         self.timeout = timeout
         self.reply_timeout = reply_timeout
+        self.resumes = 0  # dropped connections resumed so far
         self._ws = ws
+        self._reopen = reopen
+        self._closing = False  # close() was called: an end is not a drop
+        self._resuming = False  # the reader is opening the session again
+        self._swapped = asyncio.Event()  # set by the reader on a new connection, or the end
         self._router = FrameRouter(on_goaway)
-        self._outbox: asyncio.Queue[bytes | object] = asyncio.Queue()
+        # frames to send; a prompt's comes with its reply, which learns it was sent
+        self._outbox: asyncio.Queue[bytes | tuple[bytes, Reply] | object] = asyncio.Queue()
         self._id_prefix = secrets.token_hex(3)  # ids stay unique across resumed connections
         self._next_id = 0
         self._ping_seq = 0
@@ -88,7 +107,8 @@ class Chat:
 
     @property
     def resume_token(self) -> str:
-        """Pass as ``connect(url, resume=...)`` to pick the conversation up after a drop."""
+        """Pass as ``connect(url, resume=..., session=chat.session)`` to pick the conversation
+        up after a drop."""
         return self.ready.resume
 
     @property
@@ -147,8 +167,9 @@ class Chat:
         check_frame_size(data, self.limits)
         self._raise_if_closed()
         reply = Reply(frame_id, send_cancel=self._send_cancel, timeout=self.reply_timeout)
+        reply.prompt_frame = data
         self._router.add_reply(reply)
-        self._outbox.put_nowait(data)
+        self._outbox.put_nowait((data, reply))
         return reply
 
     async def cancel(self, id: str | None = None) -> None:
@@ -233,14 +254,41 @@ class Chat:
         return time.perf_counter() - sent
 
     async def _write(self) -> None:
-        while (data := await self._outbox.get()) is not _CLOSED:
+        while (item := await self._outbox.get()) is not _CLOSED:
+            data, reply = item if isinstance(item, tuple) else (item, None)
             assert isinstance(data, bytes)
+            if reply is not None:
+                reply.sent = True
+            ws = self._ws
             try:
-                await self._ws.send(data)
+                await ws.send(data)
             except ConnectionClosed:
-                return  # the reader sees the close and ends everything waiting
+                # lost with the connection; the reader resumes it (or ends everything)
+                while self._ws is ws and self._router.closed is None:
+                    self._swapped.clear()
+                    await self._swapped.wait()
+                if self._router.closed is not None:
+                    return
 
     async def _read(self) -> None:
+        try:
+            while True:
+                await self._read_connection()
+                if not await self._resumed():
+                    break
+        finally:
+            self._router.close(
+                ConnectionClosedError(
+                    self._ws.close_code,
+                    self._ws.close_reason or "",
+                    error=self._router.unclaimed_error,
+                )
+            )
+            self._swapped.set()
+            self._outbox.put_nowait(_CLOSED)
+
+    async def _read_connection(self) -> None:
+        """Route every frame of the current connection until it ends."""
         try:
             async for message in self._ws:
                 if isinstance(message, str):
@@ -254,18 +302,36 @@ class Chat:
                 self._router.route(frame)
         except ConnectionClosed:
             pass
+
+    async def _resumed(self) -> bool:
+        """After the connection ended: True once a dropped one is resumed (PROTOCOL.md
+        section 10); False when it was closed, or could not be resumed."""
+        dropped = self._ws.protocol.close_rcvd is None and not self._closing
+        if not dropped or self._reopen is None:
+            return False
+        self._router.fail_requests(ConnectionClosedError(1006, "the connection dropped"))
+        replies = [r for r in self._router.replies.values() if r.sent]
+        in_flight = next((r for r in replies if r.accepted), replies[-1] if replies else None)
+        self._resuming = True
+        try:
+            opened = await self._reopen(self.ready, in_flight.last_index if in_flight else None)
         finally:
-            self._router.close(
-                ConnectionClosedError(
-                    self._ws.close_code,
-                    self._ws.close_reason or "",
-                    error=self._router.unclaimed_error,
-                )
-            )
-            self._outbox.put_nowait(_CLOSED)
+            self._resuming = False
+        if opened is None:
+            return False
+        self._ws, self.ready = opened
+        self.resumes += 1
+        for lost in self._router.resumed(self.ready.resumed):
+            assert lost.prompt_frame is not None
+            self._outbox.put_nowait((lost.prompt_frame, lost))  # the server never had it
+        self._swapped.set()
+        return True
 
     async def close(self) -> None:
         """Close the connection (1000); replies still running end with ``ConnectionClosedError``."""
+        self._closing = True
+        if self._resuming:
+            self._reader.cancel()  # no connection to close: stop trying
         await self._ws.close()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader

@@ -25,12 +25,19 @@ from wschat.protocol import (
     Pong,
     Queued,
     ResetOk,
+    Resumed,
     ServerFrame,
     Start,
     Token,
 )
 
-from .errors import ChatError, ClientError, ConnectionClosedError, error_from_frame
+from .errors import (
+    ChatError,
+    ClientError,
+    ConnectionClosedError,
+    ReplyLostError,
+    error_from_frame,
+)
 from .reply import Reply
 
 log = logging.getLogger("wschat.client")
@@ -173,7 +180,28 @@ class FrameRouter:
         for reply in self.replies.values():
             reply._fail(error)
         self.replies.clear()
+        self.fail_requests(error)
+
+    def fail_requests(self, error: ClientError) -> None:
+        """Every request still waiting for its answer ends with ``error`` (replies go on)."""
         for waiter in [*self._by_id.values(), *self._in_order]:
             waiter.fail(error)
         self._by_id.clear()
         self._in_order.clear()
+
+    def resumed(self, resumed: Resumed | None) -> list[Reply]:
+        """A dropped connection was resumed (PROTOCOL.md section 10): the reply whose frames
+        follow goes on; one the server had and does not resume is lost (its conversation keeps
+        it as cancelled); one whose prompt never reached it is returned, to be sent again (its
+        id is unused). Replies whose prompt is still to be sent are not touched."""
+        coming = resumed.reply if resumed else None
+        kept = resumed.last_prompt if resumed else None
+        again: list[Reply] = []
+        for reply in [r for r in self.replies.values() if r.sent and r.id != coming]:
+            if reply.id != kept and reply.prompt_frame is not None:
+                reply.sent = False
+                again.append(reply)
+                continue
+            reply._fail(ReplyLostError(reply.id, kept=reply.id == kept))
+            del self.replies[reply.id]
+        return again

@@ -13,6 +13,7 @@
     │   ├── OverloadedError          overloaded
     │   └── InternalError            internal
     ├── ConnectionClosedError        the WebSocket closed (close code and reason)
+    │   └── ReplyLostError           it dropped, the session resumed, but not this reply
     └── ConnectError                 the connection could not be opened (refused, HTTP 401/403...)
         └── ModelLoadingError        closed 1013 because the server's model is still loading
 
@@ -133,6 +134,21 @@ class ConnectionClosedError(ClientError):
         if error is not None:
             text += f" after error {error}"
         super().__init__(text)
+
+
+class ReplyLostError(ConnectionClosedError):
+    """The connection dropped and the session was resumed, but not this reply's stream
+    (PROTOCOL.md section 10). ``kept``: the server had the prompt, and its conversation keeps
+    the exchange as cancelled (the reply's ``text`` is what came before the drop); else the
+    prompt never reached the server, its id is unused and it can be sent again."""
+
+    def __init__(self, id: str, *, kept: bool) -> None:
+        lost = (
+            "the rest of the reply was lost (kept as cancelled)" if kept else "the prompt was lost"
+        )
+        super().__init__(1006, f"dropped mid-reply; the session resumed but {lost}: {id}")
+        self.id = id
+        self.kept = kept
 
 
 class ConnectError(ClientError):

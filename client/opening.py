@@ -4,11 +4,16 @@ Every way an opening can fail becomes ``ConnectError`` (PROTOCOL.md "Authenticat
 or wrong token is HTTP 401, a refused origin 403; "Close codes": 1013 while the server is full).
 A server that is up but still loading its model closes with 1013 and ``MODEL_LOADING_REASON``:
 that is ``ModelLoadingError``, and ``connect(load_wait=...)`` keeps trying until the model is in.
+
+A connection that drops (it ends without a close frame from the server: a lost network, a reset)
+is opened again to resume its session, the reply in flight included (PROTOCOL.md section 10):
+``connect(resume_within=...)`` says for how long it tries.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any
@@ -21,6 +26,7 @@ from websockets.typing import Subprotocol
 from wschat.protocol import (
     BEARER_PREFIX,
     MODEL_LOADING_REASON,
+    SESSION_PARAM,
     SUBPROTOCOL,
     CloseCode,
     Error,
@@ -33,16 +39,28 @@ from wschat.protocol import (
 from .api import DEFAULT_TIMEOUT, Chat
 from .errors import ConnectError, ModelLoadingError
 
+log = logging.getLogger("wschat.client")
+
 # Server frames are small but for ``done`` (the whole reply); this bounds one incoming message.
 DEFAULT_MAX_SIZE = 16 * 1024 * 1024
+# how long a dropped connection is tried again: the server's default --resume-grace-s, within
+# which the reply in flight goes on
+DEFAULT_RESUME_WITHIN = 15.0
+# HTTP statuses that no later try changes: credentials or origin refused
+_FINAL_STATUSES = frozenset({401, 403})
 
 
-def session_url(url: str, resume: str | None) -> str:
-    """``url`` with ``?resume=`` set when resuming an earlier session."""
+def session_url(
+    url: str, resume: str | None, session: str | None = None, last: int | None = None
+) -> str:
+    """``url`` with ``?resume=`` set when resuming an earlier session, with its ``session`` (the
+    key a load balancer routes on) and ``last`` (the last token index of the reply in flight)."""
     if resume is None:
         return url
     parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "resume"] + [("resume", resume)]
+    ours = {"resume": resume, SESSION_PARAM: session, "last": None if last is None else str(last)}
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in ours]
+    query += [(k, v) for k, v in ours.items() if v is not None]
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
@@ -59,6 +77,8 @@ async def open_connection(
     resume: str | None,
     timeout: float | None,
     options: Mapping[str, Any],
+    session: str | None = None,
+    last: int | None = None,
 ) -> tuple[ClientConnection, Ready]:
     """The open WebSocket and the server's ``ready``; ``ConnectError`` on any failure."""
     kwargs: dict[str, Any] = {
@@ -68,7 +88,7 @@ async def open_connection(
         **options,
     }
     try:
-        ws = await ws_connect(session_url(url, resume), **kwargs)
+        ws = await ws_connect(session_url(url, resume, session, last), **kwargs)
     except InvalidStatus as e:
         status = e.response.status_code
         raise ConnectError(
@@ -125,9 +145,10 @@ def _waited_out(last: ModelLoadingError, seconds: float) -> ModelLoadingError:
     )
 
 
-def loading_retry_delays(first_s: float = 0.25, max_s: float = 2.0) -> Iterator[float]:
+def retry_delays(first_s: float = 0.25, max_s: float = 2.0) -> Iterator[float]:
     """Pauses between tries while the model loads: 0.25 s, 0.5 s, 1 s, then every 2 s, so a
-    session opens within about 2 s of the model being in, for the price of a handshake."""
+    session opens within about 2 s of the model being in, for the price of a handshake. A
+    dropped connection's tries start from 0.1 s."""
     delay = first_s
     while True:
         yield delay
@@ -138,14 +159,20 @@ class connect:  # used like a function, as websockets' own ``connect``
     """Open a session: ``async with connect(url) as chat`` or ``chat = await connect(url)``.
 
     ``token`` authenticates (sent as the ``bearer.TOKEN`` subprotocol); ``resume`` is a
-    ``resume_token`` of an earlier connection whose conversation to continue. ``timeout`` bounds
+    ``resume_token`` of an earlier connection whose conversation to continue, and ``session``
+    that connection's ``session``, which a load balancer routes the resume by. ``timeout`` bounds
     each try at opening and each request; ``reply_timeout`` each wait for a reply's next piece.
     A refused or failed opening raises ``ConnectError`` (``status`` holds the HTTP status).
 
-    While the server's model loads, ``connect`` tries again (``loading_retry_delays``) for up to
+    While the server's model loads, ``connect`` tries again (``retry_delays``) for up to
     ``load_wait`` seconds, calling ``on_loading()`` once when it starts waiting; past that, or at
     once with the default ``load_wait=0``, it raises ``ModelLoadingError``. A full server is not
     waited for: it raises ``ConnectError`` at once.
+
+    A connection that drops is resumed: tried again at once, then after 0.1 s, 0.2 s, 0.4 s...
+    (at most 2 s apart) for ``resume_within`` seconds (0: never), naming the session, its resume
+    token and the last token index of the reply in flight, which then goes on where it was:
+    each piece of it is yielded once. See ``Chat`` for what a resume that fails ends with.
     """
 
     def __init__(
@@ -156,9 +183,11 @@ class connect:  # used like a function, as websockets' own ``connect``
         timeout: float | None = DEFAULT_TIMEOUT,
         reply_timeout: float | None = None,
         resume: str | None = None,
+        session: str | None = None,
         on_goaway: Callable[[GoAway], None] | None = None,
         load_wait: float = 0.0,
         on_loading: Callable[[], None] | None = None,
+        resume_within: float = DEFAULT_RESUME_WITHIN,
         **websocket_options: Any,
     ) -> None:
         self.url = url
@@ -166,21 +195,28 @@ class connect:  # used like a function, as websockets' own ``connect``
         self.timeout = timeout
         self.reply_timeout = reply_timeout
         self.resume = resume
+        self.session = session
         self.on_goaway = on_goaway
         self.load_wait = load_wait
         self.on_loading = on_loading
+        self.resume_within = resume_within
         self.websocket_options = websocket_options
         self._chat: Chat | None = None
 
     async def _open_once_loaded(self) -> tuple[ClientConnection, Ready]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.load_wait
-        delays = loading_retry_delays()
+        delays = retry_delays()
         waited = False
         while True:
             try:
                 return await open_connection(
-                    self.url, self.token, self.resume, self.timeout, self.websocket_options
+                    self.url,
+                    self.token,
+                    self.resume,
+                    self.timeout,
+                    self.websocket_options,
+                    self.session,
                 )
             except ModelLoadingError as loading:
                 left = deadline - loop.time()
@@ -201,7 +237,44 @@ class connect:  # used like a function, as websockets' own ``connect``
             timeout=self.timeout,
             reply_timeout=self.reply_timeout,
             on_goaway=self.on_goaway,
+            reopen=self._reopen if self.resume_within > 0 else None,
         )
+
+    async def _reopen(
+        self, dropped: Ready, last: int | None
+    ) -> tuple[ClientConnection, Ready] | None:
+        """A connection to ``dropped``'s session again, or None once ``resume_within`` is over,
+        credentials are refused, or the server no longer has the session (a new one)."""
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + self.resume_within
+        delays = retry_delays(first_s=0.1)
+        delay = 0.0
+        while (left := give_up_at - loop.time()) > delay:
+            await asyncio.sleep(delay)
+            delay = next(delays)
+            timeout = min(self.timeout or left, left)
+            try:
+                ws, ready = await open_connection(
+                    self.url,
+                    self.token,
+                    dropped.resume,
+                    timeout,
+                    self.websocket_options,
+                    dropped.session,
+                    last,
+                )
+            except ConnectError as e:
+                if e.status in _FINAL_STATUSES:
+                    log.warning("resuming the session failed: %s", e)
+                    return None
+                log.info("resuming the session: %s; trying again", e)
+                continue
+            if ready.session == dropped.session:
+                return ws, ready
+            log.warning("the session could not be resumed: the server started a new one")
+            await ws.close()
+            return None
+        return None
 
     def __await__(self) -> Generator[Any, None, Chat]:
         return self._open().__await__()

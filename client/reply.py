@@ -44,6 +44,9 @@ class Reply:
         self.done: Done | None = None
         self.error: ClientError | None = None
         self._send_cancel = send_cancel
+        self.sent = False  # its prompt was handed to a connection (maybe lost with it)
+        # the encoded prompt, until the server took it: sent again should a drop lose it
+        self.prompt_frame: bytes | None = None
         self._pieces: asyncio.Queue[object] = asyncio.Queue()
         self._finished = asyncio.Event()
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
@@ -76,6 +79,11 @@ class Reply:
         return None if self.start is not None or self.queued is None else self.queued.position
 
     @property
+    def last_index(self) -> int:
+        """The ``index`` of the last ``token`` frame received (0: none): a resume's ``last``."""
+        return self.tokens[-1].index if self.tokens else 0
+
+    @property
     def text(self) -> str:
         """The whole reply so far (``done.text`` once done)."""
         if self.done is not None:
@@ -101,15 +109,19 @@ class Reply:
         return self.finished
 
     def _on_token(self, frame: Token) -> None:
+        if self.tokens and frame.index <= self.tokens[-1].index:
+            return  # PROTOCOL.md section 10: never sent twice; if it were, shown once
         self.tokens.append(frame)
         if frame.text:
             self._pieces.put_nowait(frame.text)
 
     def _on_start(self, frame: Start) -> None:
         self.start = frame
+        self.prompt_frame = None
 
     def _on_queued(self, frame: Queued) -> None:
         self.queued = frame
+        self.prompt_frame = None
 
     def _on_done(self, frame: Done) -> None:
         self.done = frame
@@ -128,6 +140,7 @@ class Reply:
             self._finish()
 
     def _finish(self) -> None:
+        self.prompt_frame = None
         self._finished.set()
         self._pieces.put_nowait(_END)
 

@@ -14,6 +14,11 @@ BEARER_PREFIX = "bearer."
 # PROTOCOL.md "Close codes": the one close reason with a meaning. A 1013 with exactly this reason
 # says the model is loading (wait and retry); a 1013 with any other reason says the server is full.
 MODEL_LOADING_REASON = "the model is still loading"
+# PROTOCOL.md "Transport": the routing key a load balancer sticks on. A (re)connect names its
+# session in the query (``?session=<id>``, never authority: the resume token decides), and the
+# handshake's response names the session it got in a header, so a new session's key is learnt.
+SESSION_PARAM = "session"
+SESSION_HEADER = "wschat-session"
 
 
 class FrameType(StrEnum):

@@ -242,6 +242,16 @@ class Limits(Record):
 
 
 @dataclass(frozen=True, slots=True)
+class Resumed(Record):
+    """What a resumed session's ``ready`` says (PROTOCOL.md section 10): the id of the last
+    prompt whose exchange the conversation holds, and the reply whose frames follow (both nil
+    when there is none)."""
+
+    last_prompt: str | None = spec(optional(_str), keep_nil=True, default=None)
+    reply: str | None = spec(optional(_str), keep_nil=True, default=None)
+
+
+@dataclass(frozen=True, slots=True)
 class Ready(Frame):
     TYPE = FrameType.READY
     v: int = spec(required(_int))
@@ -252,6 +262,7 @@ class Ready(Frame):
     limits: Limits = spec(required(_nested(Limits)))
     engine: str | None = spec(optional(_str), default=None)
     prompt_format: str | None = spec(optional(_str), default=None)
+    resumed: Resumed | None = spec(optional(_nested(Resumed)), default=None)
 
 
 @dataclass(frozen=True, slots=True)

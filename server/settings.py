@@ -75,11 +75,14 @@ class Settings:
     max_pending_handshakes: int = 256
     shutdown_grace_s: float = 10.0
     resume_window_s: float = 120.0
+    # a connection that drops mid-reply without a close frame keeps its reply generating this
+    # long, its frames kept for a resume (PROTOCOL.md section 10); 0: cancelled at once
+    resume_grace_s: float = 15.0
     # where detached sessions are kept: "memory" (this process) or a Redis URL (redis://,
     # rediss://, unix://), which any replica can resume from; may hold a password
     session_store: str = field(default="memory", repr=False)
     # a replica renews its hold on each connected session's stored state this often (a third)
-    session_lease_s: float = 10.0
+    session_lease_s: float = 6.0
     tokens: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     # Host names a request may name when no token is set (DNS rebinding); the local names and

@@ -313,14 +313,18 @@ def free_port() -> int:
 
 
 async def wait_ready(
-    proc: subprocess.Popen[bytes], port: int, log: Path, timeout: float = TIMEOUT
+    proc: subprocess.Popen[bytes],
+    port: int,
+    log: Path,
+    timeout: float = TIMEOUT,
+    host: str = "127.0.0.1",
 ) -> None:
     """Until a server process answers ``/readyz`` 200; fails with its log if it exits."""
     async with asyncio.timeout(timeout), httpx.AsyncClient(timeout=5) as http:
         while True:  # another process: nothing to await but its /readyz
             assert proc.poll() is None, log.read_text()
             try:
-                if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
+                if (await http.get(f"http://{host}:{port}/readyz")).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -333,18 +337,21 @@ async def server_process(
     *options: str,
     preexec_fn: Callable[[], None] | None = None,
     env: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
 ) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
     """The real ``serve`` on the scripted engine in a process of its own
     (``tests/hardening/scripted_server.py``), with ``wschat-server`` options and ``env`` added
-    to the environment; yields the process and ``ws://.../v1/chat`` once it is ready, and kills
-    it by its pid if it is still running."""
-    port = free_port()
-    command = [sys.executable, "-m", "tests.hardening.scripted_server", str(port), *options]
+    to the environment, on ``host`` and ``port`` (default: a free one); yields the process and
+    ``ws://.../v1/chat`` once it is ready, and kills it by its pid if it is still running."""
+    port = port or free_port()
+    module = "tests.hardening.scripted_server"
+    command = [sys.executable, "-m", module, str(port), "--host", host, *options]
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     async with command_until_ready(
-        command, port, log, env, TIMEOUT, cwd=ROOT, preexec_fn=preexec_fn
+        command, port, log, env, TIMEOUT, host=host, cwd=ROOT, preexec_fn=preexec_fn
     ) as proc:
-        yield proc, f"ws://127.0.0.1:{port}/v1/chat"
+        yield proc, f"ws://{host}:{port}/v1/chat"
 
 
 @contextlib.asynccontextmanager
@@ -354,14 +361,17 @@ async def command_until_ready(
     log: Path,
     env: dict[str, str],
     start_timeout: float,
+    *,
+    host: str = "127.0.0.1",
     **popen: Any,
 ) -> AsyncIterator[subprocess.Popen[bytes]]:
     """A server process (``command``, its output in ``log``) once it answers ``/readyz`` on
-    ``port``; killed by its pid if it still runs at the end. ``popen``: more ``Popen`` options."""
+    ``host``:``port``; killed by its pid if it still runs at the end. ``popen``: more ``Popen``
+    options."""
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=sink, env=env, **popen)
     try:
-        await wait_ready(process, port, log, start_timeout)
+        await wait_ready(process, port, log, start_timeout, host)
         yield process
     finally:
         if process.poll() is None:

@@ -297,6 +297,16 @@ class Chat(Protocol):
         """Replace the conversation with an exported one; ``ValueError`` when it is not one."""
         ...
 
+    def export_running(self) -> dict[str, Any] | None:
+        """The running turn as it was prompted, as plain data (None when none runs): what
+        ``add_cancelled`` needs to keep it, should the process generating it die."""
+        ...
+
+    def add_cancelled(self, running: dict[str, Any], reply_ids: Sequence[int]) -> None:
+        """A turn ``export_running`` gave (maybe in another process) joins the conversation as
+        a cancelled exchange whose reply is ``reply_ids``; ``ValueError`` when it is not one."""
+        ...
+
 
 class Engine(Protocol):
     info: EngineInfo

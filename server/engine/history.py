@@ -275,3 +275,20 @@ class TokenChat:
         self._running = None
         self.conversation.import_state(state)
         self._engine.forget(self.key)  # KV state kept for this key was another conversation's
+
+    def export_running(self) -> dict[str, Any] | None:
+        if self._running is None:
+            return None
+        prepared = self._running[1]
+        ids = prepared.rendered
+        assert isinstance(ids, _Ids)
+        return {"user": ids.user, "image_ids": ids.images, "images": list(prepared.turn.images)}
+
+    def add_cancelled(self, running: dict[str, Any], reply_ids: Sequence[int]) -> None:
+        try:
+            user = _int_list(running["user"])
+            image_ids = [_int_list(run) for run in running["image_ids"]]
+            images = list(running["images"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not an exported running turn: {e!r}") from e
+        self.conversation.add_exchange(user, image_ids, images, _int_list(list(reply_ids)))

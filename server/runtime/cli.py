@@ -221,6 +221,12 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("shutdown_grace_s", float, "on SIGTERM, how long running replies may take to finish"),
     ("resume_window_s", float, "how long a dropped session can be resumed"),
     (
+        "resume_grace_s",
+        float,
+        "a connection dropped mid-reply without a close frame: how long its reply goes on for a "
+        "resume to pick up (0: cancelled at once)",
+    ),
+    (
         "session_store",
         session_store,
         "where dropped sessions are kept for resumption: 'memory' (this process) or a Redis URL "

@@ -1,5 +1,8 @@
-"""Graceful shutdown (PROTOCOL.md "Limits"): ``goaway``, no new prompts, a grace period for the
-generations already running, ``done`` reason ``cancelled`` for the rest, then close 1001.
+"""Graceful shutdown (PROTOCOL.md "Limits"): ``goaway``, no new prompts, ``/readyz`` 503
+``draining`` (a load balancer takes the replica out), a grace period for the generations already
+running, ``done`` reason ``cancelled`` for the rest, then close 1001. With a session store that
+other replicas share (Redis), each session is left there detached, as a dropped connection
+leaves it, so its client resumes on another replica; with the in-memory store it is closed.
 
 ``GracefulServer`` runs ``drain`` on the first SIGTERM/SIGINT and lets uvicorn exit when it is
 over; a second signal exits at once. No peer can hold the exit up: the drain has a hard deadline
@@ -47,24 +50,28 @@ async def drain(hub: Hub, stats_feed: StatsFeed, grace_s: float) -> None:
         if session.state is SessionState.QUEUED and session.run is not None:
             session.run.cancel()  # it would start after the deadline anyway
     running = {t for s in sessions if (t := session_task(s)) is not None}
+    await hub.stop_held_replies()  # no connection to finish them for: cancelled at once
     if running:
         _, late = await asyncio.wait(running, timeout=grace_s)
         if late:
             log.info("shutting down: cancelling %d generations past the grace period", len(late))
     # each connection on its own again: one whose done frame cannot be sent holds up only its
     # own close (until the deadline in GracefulServer)
+    keep = hub.sessions.shared
     await asyncio.gather(
-        *(_end(c) for c in connections),
+        *(_end(c, keep) for c in connections),
         stats_feed.close_all(CloseCode.GOING_AWAY, "server shutting down"),
     )
     for notice in notices:
         notice.cancel()
 
 
-async def _end(connection: Connection) -> None:
+async def _end(connection: Connection, keep: bool) -> None:
+    """Stop its reply and close it; ``keep``: the session outlives this process (the end of the
+    connection detaches it to the shared store, app.py), else it is closed for good."""
     session = getattr(connection, "session", None)
     if session is not None:
-        await session.close()
+        await (session.stop_generation() if keep else session.close())
     await connection.close(CloseCode.GOING_AWAY, "server shutting down")
 
 

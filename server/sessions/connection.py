@@ -6,12 +6,18 @@ them with the protocol's limits and feeds them to the session; what the session 
 which counts every ``error`` (PROTOCOL.md "Errors": the session goes on). It also enforces what
 is per connection (PROTOCOL.md "Limits"): the frame rate (a flood is closed with 1008) and the idle
 timeout (no frame and no generation: close 1000).
+
+How it ended decides what becomes of a reply in flight (PROTOCOL.md section 10): a close frame
+from the peer with 1000 or 1001, or a close of ours, cancels it at once; a drop (no close frame,
+a missed keepalive ping, another close code) lets it go on for ``--resume-grace-s`` for a
+resume to pick up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 
@@ -29,6 +35,7 @@ from wschat.protocol import (
     Overloaded,
     ProtocolError,
     Ready,
+    Resumed,
     decode_client_frame,
     encode,
 )
@@ -36,9 +43,13 @@ from wschat.protocol import (
 from .error_boundary import Outbox, expected
 from .hub import Hub
 from .quotas import FrameRate
+from .relay import CatchUp
 from .session import Session
 
 log = logging.getLogger("wschat.connection")
+
+# a peer's close codes that end its reply at once; any other end is a drop (section 10)
+CLEAN_CLOSES = frozenset({CloseCode.NORMAL, CloseCode.GOING_AWAY})
 
 
 class Connection:
@@ -46,6 +57,8 @@ class Connection:
         self.ws = websocket
         self.hub = hub
         self.closed = False
+        # the peer closed with a code of CLEAN_CLOSES, or we closed: not a drop
+        self.clean_end = False
         self._send_lock = asyncio.Lock()  # one frame at a time on the socket, in order
         self.outbox = Outbox(self._send_now, hub.stats.count_error)
         s = hub.settings
@@ -73,25 +86,50 @@ class Connection:
             except (WebSocketDisconnect, RuntimeError, OSError):
                 self.closed = True
 
-    async def serve(self, session: Session, resume_token: str) -> None:
+    async def serve(
+        self, session: Session, resume_token: str, resumed: bool = False, last: int | None = None
+    ) -> None:
+        """Serve ``session`` until the connection ends. ``resumed``: taken over by a resume
+        whose ``last`` is the index of the last ``token`` frame the client got."""
         self.session = session
-        session.send = self.outbox
-        await self.send(self._ready(session, resume_token))
+        catch_up = session.resume(last) if resumed else None
         try:
+            await self._open(session, resume_token, catch_up)
             while not self.closed and await self._handle_next():
                 pass
-        except WebSocketDisconnect:
-            pass
+        except WebSocketDisconnect as e:
+            self.clean_end = self.clean_end or e.code in CLEAN_CLOSES
         finally:
             self.closed = True
-            await session.stop_generation()
+            await session.disconnect(0.0 if self.clean_end else self._grace_s())
+
+    async def _open(self, session: Session, resume_token: str, catch_up: CatchUp | None) -> None:
+        """``ready``, what a resumed reply's client missed, then the session's frames live."""
+        ready = self._ready(session, resume_token)
+        if catch_up is not None:
+            ready = dataclasses.replace(ready, resumed=Resumed(session.last_prompt, catch_up.reply))
+        await self.send(ready)
+        for frame in catch_up.frames if catch_up else ():
+            await self.send(frame)
+        await session.relay.attach(self.outbox)
+
+    def _grace_s(self) -> float:
+        """How long a reply in flight goes on after a drop: none while shutting down, nor
+        without a resume window."""
+        s = self.hub.settings
+        if self.hub.shutting_down or s.resume_window_s <= 0:
+            return 0.0
+        return s.resume_grace_s
 
     async def _handle_next(self) -> bool:
         """Receive and handle one message; False once the connection is over. The message's
         bytes are let go once decoded, before anything is awaited: held across a send or the
         next receive, they would pin up to twice max_frame_bytes per connection."""
         message = await self._receive_or_idle()
-        if message is None or message["type"] == "websocket.disconnect":
+        if message is None:
+            return False
+        if message["type"] == "websocket.disconnect":
+            self.clean_end = self.clean_end or message.get("code") in CLEAN_CLOSES
             return False
         self.last_frame_at = time.monotonic()
         if not self.rate.allow(self.last_frame_at):
@@ -131,6 +169,7 @@ class Connection:
             return
         async with self._send_lock:
             self.closed = True
+            self.clean_end = True
             with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
                 await self.ws.close(code, reason)
 

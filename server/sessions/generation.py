@@ -47,13 +47,20 @@ class GenerationRun:
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     generation: Generation | None = None
     text: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)  # every token generated so far (a checkpoint's)
     finished: Finished | None = None
+    reason: FinishReason | None = None  # the done's, once sent
     completion_tokens: int = 0
     received_at: float = field(default_factory=time.perf_counter)
     started_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
     listeners: list[RunListener] = field(default_factory=list)
+
+    @property
+    def kept(self) -> bool:
+        """Ended, its exchange in the conversation: it started and did not fail."""
+        return self.generation is not None and self.reason not in (None, FinishReason.ERROR)
 
     def cancel(self) -> None:
         self.cancel_requested.set()
@@ -106,6 +113,7 @@ class GenerationRun:
             except TimeoutError:
                 return await self._stalled(send)
             text, ids, finished = self._merge(items)
+            self.ids += ids
             if text:
                 self.completion_tokens += len(ids)
                 frame = Token(
@@ -156,6 +164,7 @@ class GenerationRun:
         return FinishReason.ERROR
 
     async def _finish(self, send: Send, reason: FinishReason) -> None:
+        self.reason = reason
         done = self.done_frame(reason)
         self._notify(RunDone(self, done))
         await send(done)

@@ -3,6 +3,7 @@ quotas, server stats and the ``SessionStore`` (store.py: in memory or in Redis).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..engine import Engine
 from ..settings import UNBATCHED_CONCURRENT, Settings
 from .quotas import ConnectionCaps
-from .session import Session
+from .session import DETACHED_STATES, Session
 from .slots import GenerationSlots
 from .stats import ServerStats
 from .store import SessionStore, open_store
@@ -53,14 +54,18 @@ class Hub:
         session = Session(key or secrets.token_hex(8), self.engine, self.slots, self.settings)
         session.listeners.append(self.stats.on_run_event)
         session.boundary = self.sessions.checkpoint
+        session.progress = self.sessions.progress
         return session
 
-    def restore_session(self, key: str, state: dict[str, Any]) -> Session:
-        """A session another connection (maybe another replica) left, from its state;
-        ``ValueError`` when the state is not one this engine can take."""
+    def restore_session(
+        self, key: str, state: dict[str, Any], partial: dict[str, Any] | None = None
+    ) -> Session:
+        """A session another connection (maybe another replica) left, from its state and the
+        checkpoint of the reply it was generating (``Session.import_state``); ``ValueError``
+        when the state is not one this engine can take."""
         session = self.new_session(key)
         try:
-            session.import_state(state)
+            session.import_state(state, partial)
         except Exception:
             session.chat.close()
             raise
@@ -76,3 +81,12 @@ class Hub:
 
     def forget(self, session: Session) -> None:
         session.chat.close()
+
+    async def stop_held_replies(self) -> None:
+        """Cancel the replies that go on without a connection for a resume (shutdown)."""
+        held = [s for s in self.sessions.detached() if s.state in DETACHED_STATES]
+        await asyncio.gather(*(s.stop_generation() for s in held))
+
+    async def aclose(self) -> None:
+        await self.stop_held_replies()
+        await self.sessions.aclose()

@@ -2,15 +2,28 @@
 
 Keys (every one with a TTL, so the store holds nothing past the resume window):
 
-    wschat:s:<session>   its state (snapshot.py), written at each turn boundary and at detach
+    wschat:s:<session>   its state (snapshot.py), written at each turn boundary and at detach;
+                         a reply's start is one, so a running turn is in it as it was prompted
+    wschat:r:<session>   the running reply's checkpoint: its id and tokens so far, written at
+                         most once a second while it grows
     wschat:t:<token>     the session a resume token names
-    wschat:o:<session>   its owner: the replica whose connection holds it (a lease)
+    wschat:o:<session>   its owner: the replica whose connection holds it (a lease), or
+                         ``~<replica>`` while that replica goes on with a reply whose connection
+                         dropped (``--resume-grace-s``): held, but any replica may claim it
 
 While a connection holds a session, its replica renews the lease every third of
-``--session-lease-s`` and the other two keys' TTLs with it (the window plus the lease); at
+``--session-lease-s`` and the state's and token's TTLs with it (the window plus the lease); at
 detach the owner key goes and the others live out the resume window. A claim is one Lua script:
-the token is read, refused while an owner holds the session, else deleted (single-use) and the
-session taken over, so of two replicas racing one token exactly one gets it.
+the token is read, refused while a live owner holds the session, else deleted (single-use) and
+the session taken over, so of two replicas racing one token exactly one gets it. A refused claim
+is tried again until the owner's lease lapses (its replica died, or its connection is ending),
+for at most a little over the lease; then the client gets a new session.
+
+What a claim rebuilds is the stored state; a turn that was running in it (its replica died
+mid-reply, or the claim beat a reply held elsewhere) joins the conversation as a cancelled
+exchange with the checkpointed tokens. The replica that held that reply finds out at its next
+write (the owner is another) and lets it go. A claim of a reply held here takes the session as
+it is in memory, its reply still going, so the client is sent every token it missed.
 
 Writes do not hold up the session: a boundary marks it dirty and one task writes the latest
 state, retrying with a backoff while Redis is down (a detached session's write is given up once
@@ -30,7 +43,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ..settings import Settings
-from .session import Session, SessionState
+from .session import DETACHED_STATES, Session, SessionState
 from .snapshot import SnapshotError, pack, unpack
 from .store import Claim, Rebuild
 
@@ -40,33 +53,59 @@ PREFIX = "wschat:"
 TIMEOUT_S = 1.0  # one Redis round trip; past it the store counts as down
 MAX_BACKOFF_S = 1.0
 MAX_TOKEN_CHARS = 64
+REPLY_CHECKPOINT_S = 1.0  # a crash loses at most this much of a running reply
+CLAIM_POLL_S = 0.1  # a refused claim is tried again this often...
+CLAIM_MARGIN_S = 1.0  # ...until the lease plus this is over
+HELD = "~"  # an owner value's prefix: a reply goes on there without a connection
 
 # KEYS: the token; ARGV: the owner, the lease (ms), the prefix. {0}: no such token or
-# session; {2}: owned by a live connection (the token stays); {1, key, state}: claimed.
+# session; {2, ms}: owned by a live connection, its lease lapses in ms (the token stays);
+# {1, key, state, reply checkpoint or ''}: claimed (from a held owner too).
 _CLAIM = """
 local key = redis.call('GET', KEYS[1])
 if not key then return {0} end
 local owner = ARGV[3] .. 'o:' .. key
-if redis.call('EXISTS', owner) == 1 then return {2} end
+local current = redis.call('GET', owner)
+if current and string.sub(current, 1, 1) ~= '~' then
+  return {2, redis.call('PTTL', owner)}
+end
 redis.call('DEL', KEYS[1])
 local state = redis.call('GET', ARGV[3] .. 's:' .. key)
 if not state then return {0} end
 redis.call('SET', owner, ARGV[1], 'PX', ARGV[2])
-return {1, key, state}
+local reply = redis.call('GET', ARGV[3] .. 'r:' .. key)
+return {1, key, state, reply or ''}
 """
 
-# KEYS: state, token, owner; ARGV: state, session key, ttl (ms), owner, lease (ms), live.
-# 0: another replica owns the session now (nothing written).
+# KEYS: state, token, owner; ARGV: state, session key, ttl (ms), owner, lease (ms), mode:
+# 'live' (a connection here: the lease), 'held' (a reply goes on here without one: '~owner',
+# which only this replica's writes may follow) or 'gone' (let go: no owner). 0: another
+# replica owns the session now (nothing written).
 _WRITE = """
 local current = redis.call('GET', KEYS[3])
-if current and current ~= ARGV[4] then return 0 end
+local held = '~' .. ARGV[4]
+if ARGV[6] == 'held' then
+  if current ~= ARGV[4] and current ~= held then return 0 end
+elseif current and current ~= ARGV[4] and current ~= held then
+  return 0
+end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-if ARGV[6] == '1' then
+if ARGV[6] == 'live' then
   redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5])
+elseif ARGV[6] == 'held' then
+  redis.call('SET', KEYS[3], held, 'PX', ARGV[3])
 elseif current then
   redis.call('DEL', KEYS[3])
 end
+return 1
+"""
+
+# KEYS: reply checkpoint, owner; ARGV: checkpoint, ttl (ms), owner. 0: not this replica's now.
+_REPLY = """
+local current = redis.call('GET', KEYS[2])
+if current ~= ARGV[3] and current ~= '~' .. ARGV[3] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
 
@@ -87,7 +126,7 @@ return 1
 _DROP = """
 local current = redis.call('GET', KEYS[3])
 if current and current ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 return 1
 """
 
@@ -95,6 +134,8 @@ STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 
 
 class RedisSessionStore:
+    shared = True
+
     def __init__(self, settings: Settings, rebuild: Rebuild) -> None:
         self.settings = settings
         self.resume_window_s = settings.resume_window_s
@@ -111,12 +152,19 @@ class RedisSessionStore:
         self._write_script = self.client.register_script(_WRITE)
         self._heartbeat_script = self.client.register_script(_HEARTBEAT)
         self._drop = self.client.register_script(_DROP)
+        self._reply_script = self.client.register_script(_REPLY)
         self.live: dict[str, Session] = {}
         self._tokens: dict[str, str] = {}  # session key -> its current resume token
         self._dirty: dict[str, tuple[Session, float | None]] = {}  # key -> (session, give up at)
         self._detaching: dict[str, Session] = {}  # detached, their last write not yet done
         self._ended: list[Session] = []  # detached and written (or given up): expire() them
+        # detached mid-reply, the reply going on here for --resume-grace-s: a claim here takes
+        # the session as it is; let go (written, then ended) once the grace is over
+        self._held: dict[str, Session] = {}
+        self._holds: dict[str, asyncio.Task[None]] = {}  # each held session's _hold, by key
+        self._growing: dict[str, Session] = {}  # running replies to checkpoint, by key
         self._wake = asyncio.Event()
+        self._writing = False  # a write taken off _dirty is under way
         self._tasks: list[asyncio.Task[None]] = []
         self.errors = 0
         self._down_since: float | None = None
@@ -125,7 +173,7 @@ class RedisSessionStore:
 
     @property
     def detached_count(self) -> int:
-        return len(self._detaching)
+        return len(self._detaching) + len(self._held)
 
     async def add(self, session: Session) -> str:
         self._start()
@@ -138,33 +186,51 @@ class RedisSessionStore:
     async def claim(self, token: str) -> Claim:
         if len(token) > MAX_TOKEN_CHARS:
             return Claim(None)
+        give_up_at = time.monotonic() + self.lease_s + CLAIM_MARGIN_S
         try:
-            async with asyncio.timeout(TIMEOUT_S * 2):
-                result = await self._claim(
-                    keys=[f"{PREFIX}t:{token}"],
-                    args=[self.replica, self._ms(self.lease_s), PREFIX],
-                )
+            while (result := await self._claim_once(token))[0] == 2:
+                left = give_up_at - time.monotonic()
+                if left <= 0:
+                    log.info("resume refused: the session is still held by a live connection")
+                    return Claim(None)
+                # its owner's lease lapses unless renewed: a replica that died, a connection
+                # ending (nothing to await in this process: the owner may be another one)
+                await asyncio.sleep(min(CLAIM_POLL_S, left, max(result[1], 1) / 1000))
         except STORE_ERRORS as e:
             self._failed("claim", e)
             return Claim(None, "the session store is unavailable")
         self._recovered()
-        if result[0] == 2:
-            log.info("resume refused: the session is still held by a live connection")
-            return Claim(None)
         if result[0] != 1:
             return Claim(None)
-        key, data = result[1].decode(), result[2]
+        key = result[1].decode()
+        held = self._unhold(key)
+        if held is not None:
+            return Claim(held)  # its reply goes on here
         try:
-            session = self._rebuild(key, unpack(data))
+            partial = unpack(result[3]) if result[3] else None
+            session = self._rebuild(key, unpack(result[2]), partial)
         except (SnapshotError, ValueError) as e:
             log.error("session %s: its stored state does not rebuild (%s); a new session", key, e)
             return Claim(None)
         return Claim(session)
 
+    async def _claim_once(self, token: str) -> list[Any]:
+        async with asyncio.timeout(TIMEOUT_S * 2):
+            result: list[Any] = await self._claim(
+                keys=[f"{PREFIX}t:{token}"],
+                args=[self.replica, self._ms(self.lease_s), PREFIX],
+            )
+        return result
+
     def checkpoint(self, session: Session) -> None:
-        if session.key in self.live or session.key in self._detaching:
-            self._dirty[session.key] = (session, self._dirty.get(session.key, (None, None))[1])
+        key = session.key
+        if key in self.live or key in self._detaching or key in self._held:
+            self._dirty[key] = (session, self._dirty.get(key, (None, None))[1])
             self._wake.set()
+
+    def progress(self, session: Session) -> None:
+        if session.key in self.live or session.key in self._held:
+            self._growing[session.key] = session
 
     async def detach(self, session: Session) -> bool:
         self.live.pop(session.key, None)
@@ -173,16 +239,61 @@ class RedisSessionStore:
             self._tokens.pop(session.key, None)
             self._spawn(self._release(session))
             return False
+        if session.state in DETACHED_STATES:  # dropped mid-reply: it goes on here for a while
+            self._held[session.key] = session
+            self._dirty[session.key] = (session, None)
+            self._wake.set()
+            self._holds[session.key] = self._spawn(self._hold(session))
+            return True
+        self._let_go(session)
+        return True
+
+    def _let_go(self, session: Session) -> None:
+        """Detached: its last state is written, then this process forgets it."""
         self._detaching[session.key] = session
         self._dirty[session.key] = (session, time.monotonic() + self.resume_window_s)
         self._wake.set()
-        return True
+
+    async def _hold(self, session: Session) -> None:
+        """A reply that goes on here without a connection, for the grace period (the session
+        cancels it then); once it is over, the session is let go like any detached one."""
+        await asyncio.sleep(self.settings.resume_grace_s)
+        task = session.generation_task
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=TIMEOUT_S * 5)  # cancelled: it ends at once
+        self._holds.pop(session.key, None)
+        if self._held.pop(session.key, None) is not None:
+            self._let_go(session)
+
+    def _unhold(self, key: str) -> Session | None:
+        """A held session, no longer held: claimed here, or lost to another replica."""
+        hold = self._holds.pop(key, None)
+        if hold is not None and hold is not asyncio.current_task():
+            hold.cancel()
+        return self._held.pop(key, None)
+
+    def _lost(self, session: Session) -> None:
+        """Another replica claimed a session whose reply was held here: the reply stops."""
+        if self._held.get(session.key) is session:
+            log.info("session %s: resumed on another replica; its reply here stops", session.key)
+            self._unhold(session.key)
+            self._growing.pop(session.key, None)
+            self._tokens.pop(session.key, None)
+            self._spawn(session.stop_generation())
+            self._ended.append(session)
 
     def expire(self) -> list[Session]:
         ended, self._ended = self._ended, []
         return ended
 
+    def detached(self) -> list[Session]:
+        return [*self._detaching.values(), *self._held.values()]
+
     async def aclose(self) -> None:
+        with contextlib.suppress(TimeoutError):  # the last states (a shutdown's cancelled replies)
+            async with asyncio.timeout(TIMEOUT_S * 2):
+                while self._tasks and (self._dirty or self._writing):
+                    await asyncio.sleep(0.01)  # the write loop's progress: no event to await
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -199,12 +310,14 @@ class RedisSessionStore:
             self._tasks = [
                 asyncio.create_task(self._write_loop()),
                 asyncio.create_task(self._heartbeat_loop()),
+                asyncio.create_task(self._reply_loop()),
             ]
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._tasks.append(task)
         task.add_done_callback(self._forget_task)
+        return task
 
     def _forget_task(self, task: asyncio.Task[None]) -> None:
         if task in self._tasks:
@@ -214,7 +327,12 @@ class RedisSessionStore:
         return max(1, int(seconds * 1000))
 
     def _keys(self, key: str, token: str) -> list[str]:
-        return [f"{PREFIX}s:{key}", f"{PREFIX}t:{token}", f"{PREFIX}o:{key}"]
+        """Its state, token, owner and reply checkpoint keys."""
+        return [f"{PREFIX}s:{key}", f"{PREFIX}t:{token}", f"{PREFIX}o:{key}", f"{PREFIX}r:{key}"]
+
+    def _mode(self, key: str) -> str:
+        """How ``_WRITE`` leaves the owner key."""
+        return "live" if key in self.live else "held" if key in self._held else "gone"
 
     async def _write_loop(self) -> None:
         backoff = 0.05
@@ -224,6 +342,7 @@ class RedisSessionStore:
             while self._dirty:
                 key, (session, give_up_at) = next(iter(self._dirty.items()))
                 del self._dirty[key]
+                self._writing = True
                 try:
                     await self._write(session)
                 except STORE_ERRORS as e:
@@ -235,6 +354,8 @@ class RedisSessionStore:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF_S)
                     continue
+                finally:
+                    self._writing = False
                 backoff = 0.05
                 self._recovered()
                 if key not in self._dirty:
@@ -263,8 +384,8 @@ class RedisSessionStore:
                 )
                 await self._drop(keys=keys, args=[self.replica])
                 return
-            live = session.key in self.live
-            ttl = self.resume_window_s + (self.lease_s if live else 0)
+            mode = self._mode(session.key)
+            ttl = self.resume_window_s + (self.lease_s if mode != "gone" else 0)
             written = await self._write_script(
                 keys=keys,
                 args=[
@@ -273,11 +394,41 @@ class RedisSessionStore:
                     self._ms(ttl),
                     self.replica,
                     self._ms(self.lease_s),
-                    "1" if live else "0",
+                    mode,
                 ],
             )
-        if written == 0:
+        if written == 0 and session.key in self._held:
+            self._lost(session)
+        elif written == 0:
             log.warning("session %s: another replica owns it now; not written", session.key)
+
+    async def _reply_loop(self) -> None:
+        """Running replies' checkpoints, at most one per session per REPLY_CHECKPOINT_S."""
+        while True:
+            await asyncio.sleep(REPLY_CHECKPOINT_S)
+            growing, self._growing = self._growing, {}
+            for key, session in growing.items():
+                partial = session.reply_checkpoint()
+                if partial is None:
+                    continue
+                try:
+                    written = await self._write_reply(key, partial)
+                except STORE_ERRORS as e:
+                    self._failed("checkpoint", e)
+                    self._growing = {**growing, **self._growing}  # all again, next time
+                    break
+                self._recovered()
+                if written == 0:
+                    self._lost(session)
+
+    async def _write_reply(self, key: str, partial: dict[str, Any]) -> int:
+        ttl = self._ms(self.resume_window_s + self.lease_s)
+        async with asyncio.timeout(TIMEOUT_S * 2):
+            written: int = await self._reply_script(
+                keys=[f"{PREFIX}r:{key}", f"{PREFIX}o:{key}"],
+                args=[pack(partial), ttl, self.replica],
+            )
+        return written
 
     async def _release(self, session: Session) -> None:
         """A session that is not kept: its keys go (once, best effort: they expire anyway)."""

@@ -6,13 +6,22 @@ the session is busy is its state and nothing else.
 
     IDLE --prompt accepted--> QUEUED --slot granted--> RUNNING --run ended--> IDLE
     QUEUED --run ended (cancelled while queued)--> IDLE
-    IDLE, QUEUED, RUNNING --close--> CLOSED   (no resume window, detach expiry, shutdown)
+    QUEUED, RUNNING --dropped--> QUEUED_DETACHED, RUNNING_DETACHED
+    QUEUED_DETACHED --slot granted--> RUNNING_DETACHED
+    QUEUED_DETACHED, RUNNING_DETACHED --resumed--> QUEUED, RUNNING
+    QUEUED_DETACHED, RUNNING_DETACHED --run ended (or the grace ran out: cancelled)--> IDLE
+    any --close--> CLOSED   (no resume window, detach expiry, shutdown)
+
+"Dropped" is a connection that ended mid-reply without a close frame (PROTOCOL.md section 10):
+the reply goes on without it for ``--resume-grace-s``, its frames kept by the ``Relay``
+(relay.py) for the connection that resumes the session; a clean close, ``cancel``, ``reset``
+and shutdown cancel it at once. No frame reaches a detached session: no connection feeds it.
 
 The session does no I/O of its own: the connection feeds it decoded frames (``handle``) and
-every frame it sends, its generation's included, goes out through ``send``, the connection's
-outbox (error_boundary.py). A frame its state refuses raises a typed ``ProtocolError``
-(``busy``), which the connection turns into an ``error`` frame; a state change the table does
-not list is our bug (``SessionMisuse``).
+every frame it sends, its generation's included, goes out through ``send``, its relay to the
+connection's outbox (error_boundary.py). A frame its state refuses raises a typed
+``ProtocolError`` (``busy``), which the connection turns into an ``error`` frame; a state
+change the table does not list is our bug (``SessionMisuse``).
 """
 
 from __future__ import annotations
@@ -49,12 +58,14 @@ from wschat.protocol import (
     Unsupported,
     parse_params,
 )
+from wschat.protocol.frames import CLIENT_FRAMES
 
 from ..engine import Engine, Refusal, SamplingParams, Turn
 from ..settings import Settings
 from .error_boundary import wire_error
-from .events import RunEvent, RunListener, RunStarted
+from .events import RunEvent, RunListener, RunStarted, TokensSent
 from .generation import GenerationRun
+from .relay import CatchUp, Relay
 from .slots import GenerationSlots
 
 if TYPE_CHECKING:
@@ -73,6 +84,8 @@ class SessionState(Enum):
     IDLE = "idle"
     QUEUED = "queued"
     RUNNING = "running"
+    QUEUED_DETACHED = "queued, detached"
+    RUNNING_DETACHED = "running, detached"
     CLOSED = "closed"
 
 
@@ -82,19 +95,34 @@ class Change(Enum):
     ACCEPTED = "prompt accepted"
     STARTED = "slot granted"
     ENDED = "run ended"
+    DROPPED = "dropped mid-reply"
+    RESUMED = "resumed"
     CLOSE = "close"
 
 
-IDLE, QUEUED, RUNNING, CLOSED = SessionState
+IDLE, QUEUED, RUNNING, QUEUED_DETACHED, RUNNING_DETACHED, CLOSED = SessionState
 
 # (state, change) -> next state; a pair not listed is our bug, never the peer's.
 TRANSITIONS: dict[SessionState, dict[Change, SessionState]] = {
     IDLE: {Change.ACCEPTED: QUEUED, Change.CLOSE: CLOSED},
-    QUEUED: {Change.STARTED: RUNNING, Change.ENDED: IDLE, Change.CLOSE: CLOSED},
-    RUNNING: {Change.ENDED: IDLE, Change.CLOSE: CLOSED},
+    QUEUED: {
+        Change.STARTED: RUNNING,
+        Change.ENDED: IDLE,
+        Change.DROPPED: QUEUED_DETACHED,
+        Change.CLOSE: CLOSED,
+    },
+    RUNNING: {Change.ENDED: IDLE, Change.DROPPED: RUNNING_DETACHED, Change.CLOSE: CLOSED},
+    QUEUED_DETACHED: {
+        Change.STARTED: RUNNING_DETACHED,
+        Change.ENDED: IDLE,
+        Change.RESUMED: QUEUED,
+        Change.CLOSE: CLOSED,
+    },
+    RUNNING_DETACHED: {Change.ENDED: IDLE, Change.RESUMED: RUNNING, Change.CLOSE: CLOSED},
     CLOSED: {Change.CLOSE: CLOSED},
 }
-BUSY_STATES = frozenset({QUEUED, RUNNING})
+BUSY_STATES = frozenset({QUEUED, RUNNING, QUEUED_DETACHED, RUNNING_DETACHED})
+DETACHED_STATES = frozenset({QUEUED_DETACHED, RUNNING_DETACHED})
 
 
 class Session:
@@ -118,10 +146,17 @@ class Session:
         self._task: asyncio.Task[None] | None = None
         self._staged: list[CheckedImage] = []
         self._ids: set[str] = set()  # every generation id this session has had
-        self.send: Send = _discard  # the connection's outbox
+        self.last_prompt: str | None = None  # the prompt of the conversation's last exchange
+        self.relay = Relay()  # to the connection's outbox; keeps what a resume needs
+        self.send: Send = self.relay
+        # while detached mid-reply: cancels the reply once --resume-grace-s is over (set by
+        # disconnect; cancelled by resume, the reply's end and close)
+        self._grace: asyncio.TimerHandle | None = None
         self.listeners: list[RunListener] = []
-        # called at each turn boundary (done, configure, reset, image_ok): the store saves
-        self.boundary: Callable[[Session], None] = _no_boundary
+        # called at each turn boundary (done, configure, reset, image_ok, a reply's start): the
+        # store saves; ``progress`` as the running reply grows: the store checkpoints it
+        self.boundary: Callable[[Session], None] = _ignore
+        self.progress: Callable[[Session], None] = _ignore
 
     RULES: ClassVar[dict[SessionState, dict[type[ClientFrame], Handler]]]
 
@@ -167,6 +202,7 @@ class Session:
                 await self.chat.set_system(frame.system, min_turn_tokens=MIN_TURN_TOKENS)
             except Refusal as e:
                 raise wire_error(e) from e
+            self.last_prompt = None  # the conversation starts afresh
         if frame.params is not None:
             self.defaults = frame.params.merged_over(self.defaults)
         await self.send(Configured())
@@ -187,6 +223,7 @@ class Session:
     async def _on_reset(self, frame: Reset) -> None:
         await self.stop_generation()
         self.chat.reset()
+        self.last_prompt = None
         self._staged.clear()
         await self.send(ResetOk())
         self.boundary(self)
@@ -221,6 +258,7 @@ class Session:
         ticket = self.slots.enqueue()
         self._ids.add(frame.id)
         self._staged.clear()
+        self.relay.begin(frame.id)
         run = GenerationRun(
             frame.id,
             prepared,
@@ -239,6 +277,9 @@ class Session:
     def _on_run_event(self, event: RunEvent) -> None:
         if isinstance(event, RunStarted):
             self._change(Change.STARTED)
+            self.boundary(self)  # the running turn is kept, should this process die
+        elif isinstance(event, TokensSent):
+            self.progress(self)
 
     async def _drive(self, run: GenerationRun) -> None:
         try:
@@ -246,6 +287,9 @@ class Session:
         finally:
             self.run = None
             self.last_active_at = time.monotonic()
+            if run.kept:
+                self.last_prompt = run.id
+            self._end_grace()
             self._change(Change.ENDED)
             self.boundary(self)
 
@@ -264,16 +308,54 @@ class Session:
 
     async def close(self) -> None:
         """For good: the generation is stopped, later frames are dropped. Idempotent."""
+        self._end_grace()
         await self.stop_generation()
         self._change(Change.CLOSE)
+
+    # -- its connection ------------------------------------------------------------------
+
+    async def disconnect(self, grace_s: float = 0.0) -> None:
+        """The connection is gone. A reply in flight is cancelled (its ``done`` goes nowhere),
+        or, given a ``grace_s`` (a drop mid-reply: PROTOCOL.md section 10), goes on without a
+        connection for that long, its frames kept for ``resume``; then it is cancelled."""
+        mid_reply = self.busy and grace_s > 0
+        self.relay.detach(mid_reply)
+        if not mid_reply:
+            await self.stop_generation()
+            return
+        self._change(Change.DROPPED)
+        self._grace = asyncio.get_running_loop().call_later(grace_s, self._grace_over)
+
+    def _grace_over(self) -> None:
+        self._grace = None
+        if self.run is not None:
+            log.info("session %s: nobody resumed within the grace period: cancelled", self.key)
+            self.run.cancel()  # kept in the conversation as a cancelled exchange
+
+    def _end_grace(self) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
+
+    def resume(self, last: int | None) -> CatchUp:
+        """A connection took the session over: what it must send before any live frame (the
+        reply's frames after token index ``last``). Then ``relay.attach`` its outbox."""
+        self._end_grace()
+        if self.state in DETACHED_STATES:
+            self._change(Change.RESUMED)
+        return self.relay.catch_up(last)
 
     # -- state, for a store that keeps it outside this process --------------------------
 
     def export_state(self) -> dict[str, Any]:
         """What a resume needs, as plain data (images in the engine's form): the conversation,
-        the defaults, the staged images as checked and every id used. A running turn is not in
-        it: it joins the conversation when it ends, the next boundary."""
+        the defaults, the staged images as checked, every id used, and the running turn as it
+        was prompted (its reply's tokens are checkpointed on their own: ``reply_checkpoint``).
+        A running turn joins the conversation when it ends, the next boundary; should this
+        process die first, ``import_state`` keeps it as a cancelled exchange."""
+        run, running = self.run, self.chat.export_running()
         return {
+            "running": {"id": run.id, "turn": running} if run and running else None,
             "defaults": self.defaults.to_wire(),
             "chat": self.chat.export_state(),
             "staged": [
@@ -281,10 +363,22 @@ class Session:
                 for c in self._staged
             ],
             "ids": sorted(self._ids),
+            "last_prompt": self.last_prompt,
         }
 
-    def import_state(self, state: dict[str, Any]) -> None:
-        """An exported state; ``ValueError`` when it is not one (nothing is changed then)."""
+    def reply_checkpoint(self) -> dict[str, Any] | None:
+        """The running reply so far (its prompt's id, the tokens generated): with the running
+        turn of ``export_state``, what a crash leaves of it."""
+        run = self.run
+        if run is None or run.generation is None:
+            return None
+        return {"id": run.id, "ids": list(run.ids)}
+
+    def import_state(self, state: dict[str, Any], partial: dict[str, Any] | None = None) -> None:
+        """An exported state; ``ValueError`` when it is not one (nothing is changed then). A
+        turn that was running in it (its process died mid-reply) is kept as a cancelled
+        exchange whose reply is ``partial``'s tokens (a ``reply_checkpoint``; none when it is
+        another turn's)."""
         from .images import CheckedImage
 
         try:
@@ -294,11 +388,26 @@ class Session:
                 for c in state["staged"]
             ]
             ids = {str(i) for i in state["ids"]}
+            last_prompt = state.get("last_prompt")
             chat_state = state["chat"]
         except (KeyError, TypeError, BadFrame, InvalidParams) as e:
             raise ValueError(f"not an exported session: {e!r}") from e
+        if last_prompt is not None and not isinstance(last_prompt, str):
+            raise ValueError("not an exported session: last_prompt is not a string")
+        running = state.get("running")
         self.chat.import_state(chat_state)
+        if running:
+            self._keep_cancelled(running, partial)
+            last_prompt = str(running["id"])
         self.defaults, self._staged, self._ids = defaults, staged, ids
+        self.last_prompt = last_prompt
+
+    def _keep_cancelled(self, running: dict[str, Any], partial: dict[str, Any] | None) -> None:
+        reply = partial["ids"] if partial and partial.get("id") == running.get("id") else []
+        try:
+            self.chat.add_cancelled(running["turn"], reply)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not an exported session: its running turn: {e!r}") from e
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -384,11 +493,7 @@ class Session:
             )
 
 
-async def _discard(frame: Frame) -> None:
-    return None
-
-
-def _no_boundary(session: Session) -> None:
+def _ignore(session: Session) -> None:
     return None
 
 
@@ -418,6 +523,9 @@ Session.RULES = {
         Ping: Session._on_ping,
         Configure: Session._refuse_busy,
     },
+    # no connection feeds a detached session: a resume moves it back to QUEUED or RUNNING first
+    QUEUED_DETACHED: dict.fromkeys(CLIENT_FRAMES.values(), Session._drop),
+    RUNNING_DETACHED: dict.fromkeys(CLIENT_FRAMES.values(), Session._drop),
     CLOSED: {
         Prompt: Session._drop,
         Image: Session._drop,

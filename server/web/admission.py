@@ -4,7 +4,7 @@ connection caps, which chat and ``/v1/stats`` sockets share (PROTOCOL.md "Limits
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from starlette.websockets import WebSocket
 from wschat.protocol import MODEL_LOADING_REASON, SUBPROTOCOL, CloseCode
@@ -14,35 +14,51 @@ from .access import admit
 
 MODEL_FAILED_REASON = "the model failed to load (see the server's log)"
 
+# Accepts the handshake, with these headers on its response.
+Accept = Callable[[Sequence[tuple[bytes, bytes]]], Awaitable[None]]
+
 
 async def serve_admitted(
     websocket: WebSocket,
     hub: Hub,
-    serve: Callable[[], Awaitable[None]],
+    serve: Callable[[Accept], Awaitable[None]],
     *,
     needs_engine: bool,
 ) -> None:
-    """Run ``serve`` for an admitted, accepted socket that holds a place in the caps; close it
-    with the reason (after the accept, so that a browser sees it) when it cannot be served."""
+    """Run ``serve`` for an admitted socket that holds a place in the caps; ``serve`` accepts it
+    (so that the handshake's response can say what it looked up first: a chat's session). One
+    that cannot be served is accepted and closed with the reason, so that a browser sees it."""
     if not await admit(websocket, hub.settings):
         return
-    offered = websocket.scope.get("subprotocols", [])
-    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
-    if needs_engine and hub.engine is None:
-        if hub.load_error is not None:  # waiting is no use: the server exits (runtime/serve.py)
-            await websocket.close(CloseCode.INTERNAL_ERROR, MODEL_FAILED_REASON)
-        else:  # a client may wait for this reason (PROTOCOL.md "Close codes")
-            await websocket.close(CloseCode.TRY_AGAIN_LATER, MODEL_LOADING_REASON)
-        return
-    if hub.shutting_down:
-        await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
+
+    async def accept(headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        offered = websocket.scope.get("subprotocols", [])
+        subprotocol = SUBPROTOCOL if SUBPROTOCOL in offered else None
+        await websocket.accept(subprotocol=subprotocol, headers=headers)
+
+    if (closed := _unservable(hub, needs_engine)) is not None:
+        await accept()
+        await websocket.close(*closed)
         return
     client = websocket.client.host if websocket.client else "unknown"
     full = hub.caps.acquire(client)
     if full is not None:
+        await accept()
         await websocket.close(CloseCode.TRY_AGAIN_LATER, full)
         return
     try:
-        await serve()
+        await serve(accept)
     finally:
         hub.caps.release(client)
+
+
+def _unservable(hub: Hub, needs_engine: bool) -> tuple[CloseCode, str] | None:
+    """The close code and reason for a socket that cannot be served now, or None."""
+    if needs_engine and hub.engine is None:
+        if hub.load_error is not None:  # waiting is no use: the server exits (runtime/serve.py)
+            return CloseCode.INTERNAL_ERROR, MODEL_FAILED_REASON
+        # a client may wait for this reason (PROTOCOL.md "Close codes")
+        return CloseCode.TRY_AGAIN_LATER, MODEL_LOADING_REASON
+    if hub.shutting_down:
+        return CloseCode.GOING_AWAY, "server shutting down"
+    return None

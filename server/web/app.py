@@ -1,11 +1,11 @@
 """The Starlette application: ``/v1/chat``, ``/healthz``, ``/readyz``.
 
 The model loads in a worker thread after the server starts listening, so ``/healthz`` answers at
-once and ``/readyz`` turns 200 when the engine is ready; a chat connection before then is
-accepted and closed with 1013 and the reason ``MODEL_LOADING_REASON`` (a client may wait), as is
-one over the connection caps (with another reason). A load that fails turns ``/healthz`` 503 and
-closes chats with 1011, and ``serve`` exits 1. Tokens and Origin are checked before anything
-else (``access``).
+once and ``/readyz`` turns 200 when the engine is ready (503 ``draining`` again once a drain
+began); a chat connection before then is accepted and closed with 1013 and the reason
+``MODEL_LOADING_REASON`` (a client may wait), as is one over the connection caps (with another
+reason). A load that fails turns ``/healthz`` 503 and closes chats with 1011, and ``serve`` exits
+1. Tokens and Origin are checked before anything else (``access``).
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
+from wschat.protocol import SESSION_HEADER
 
 from ..engine import Engine
 from ..sessions.connection import Connection
 from ..sessions.hub import Hub
 from ..settings import Settings
-from .admission import serve_admitted
+from .admission import Accept, serve_admitted
 from .pages import web_routes
 from .stats_feed import StatsFeed
 
@@ -49,6 +50,8 @@ async def healthz(request: Request) -> Response:
 
 async def readyz(request: Request) -> Response:
     hub: Hub = request.app.state.hub
+    if hub.shutting_down:  # runtime/shutdown.py: out of rotation while its replies finish
+        return JSONResponse({"ready": False, "status": "draining"}, status_code=503)
     if hub.engine is None:
         status = "failed" if hub.load_error else "loading"
         return JSONResponse({"ready": False, "status": status}, status_code=503)
@@ -71,23 +74,40 @@ async def readyz(request: Request) -> Response:
 
 async def chat(websocket: WebSocket) -> None:
     hub: Hub = websocket.app.state.hub
-    await serve_admitted(websocket, hub, lambda: _serve_session(websocket, hub), needs_engine=True)
+
+    async def serve(accept: Accept) -> None:
+        await _serve_session(websocket, hub, accept)
+
+    await serve_admitted(websocket, hub, serve, needs_engine=True)
 
 
-async def _serve_session(websocket: WebSocket, hub: Hub) -> None:
+async def _serve_session(websocket: WebSocket, hub: Hub, accept: Accept) -> None:
+    # ?session= (SESSION_PARAM) is the load balancer's routing key: never looked at here, the
+    # resume token alone decides which session this is
     token = websocket.query_params.get("resume")
     claim = await hub.sessions.claim(token) if token else None
     if claim is not None and claim.unavailable:
         log.warning("a resume was not possible (%s): a new session", claim.unavailable)
-    session = (claim.session if claim else None) or hub.new_session()
+    resumed = claim.session if claim else None
+    session = resumed or hub.new_session()
     resume_token = await hub.sessions.add(session)
     connection = Connection(websocket, hub)
     hub.connections.add(connection)
     try:
-        await connection.serve(session, resume_token)
+        # PROTOCOL.md "Transport": the routing key a load balancer learns from the handshake
+        await accept([(SESSION_HEADER.encode(), session.key.encode())])
+        last = _token_index(websocket.query_params.get("last"))
+        await connection.serve(session, resume_token, resumed is not None, last)
     finally:
         hub.connections.discard(connection)
         await hub.end_connection(session)
+
+
+def _token_index(value: str | None) -> int | None:
+    """``?last=``: a token index (PROTOCOL.md section 10); anything else counts as absent."""
+    if value is None or not (value.isascii() and value.isdigit()) or len(value) > 12:
+        return None
+    return int(value)
 
 
 def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
@@ -107,7 +127,7 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
         finally:
             if loader is not None:
                 loader.cancel()
-            await hub.sessions.aclose()
+            await hub.aclose()
             if hub.engine is not None:
                 await hub.engine.aclose()
 

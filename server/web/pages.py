@@ -20,7 +20,7 @@ from starlette.websockets import WebSocket
 
 from ..sessions.hub import Hub
 from .access import http_refusal
-from .admission import serve_admitted
+from .admission import Accept, serve_admitted
 from .metrics import CONTENT_TYPE, Metrics
 from .stats_feed import StatsFeed
 
@@ -56,9 +56,11 @@ def web_routes(hub: Hub, stats_feed: StatsFeed) -> list[BaseRoute]:
 
     async def stats_socket(websocket: WebSocket) -> None:
         # a stats socket is a connection like a chat: the same caps count it
-        await serve_admitted(
-            websocket, hub, lambda: stats_feed.serve(websocket), needs_engine=False
-        )
+        async def serve(accept: Accept) -> None:
+            await accept(())
+            await stats_feed.serve(websocket)
+
+        await serve_admitted(websocket, hub, serve, needs_engine=False)
 
     return [
         Route("/", _page("index.html")),

@@ -3,7 +3,7 @@ still loading, capacity."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from playwright.async_api import expect
@@ -119,26 +119,34 @@ async def test_a_full_server_shows_its_close_reason_and_the_page_retries(
         await second.connected()
 
 
-async def test_a_dropped_connection_resumes_the_same_conversation(new_page: NewPage) -> None:
-    engine = ScriptedEngine(in_turn(words(400, delay_s=0.02), words(2)))
+async def test_a_connection_dropped_mid_reply_resumes_and_the_reply_is_shown_once(
+    new_page: NewPage,
+) -> None:
+    engine = ScriptedEngine(in_turn(words(200, delay_s=0.01), words(2)))
     async with running_server(engine) as url:
         port = urlsplit(url).port
         assert port is not None
         async with cuttable_proxy(port) as proxy:
             chat = await ChatPage(await new_page(), f"http://127.0.0.1:{proxy.port}").open()
             session = await chat.session()
+            opened: list[str] = []
+            chat.page.on("websocket", lambda ws: opened.append(ws.url))
             first = await chat.send("a long one")
             await expect(chat.text(first)).to_contain_text(" w3")
-            proxy.cut()
-            await expect(first).to_have_attribute("data-reason", "interrupted")
-            await chat.connected()
+            connections = proxy.accepted
+            proxy.cut()  # no close frame: a lost network
+            assert await chat.finished(first) == "stop"
+            await expect(chat.text(first)).to_have_text("".join(f" w{i}" for i in range(200)))
             await expect(chat.notices).to_have_text("Reconnected: the conversation was kept.")
             assert await chat.session() == session
+            # PROTOCOL.md "Transport": the resume names its session, the load balancer's key
+            query = parse_qs(urlsplit(opened[-1]).query)
+            assert query["session"] == [session] and len(query["resume"]) == 1
+            assert proxy.accepted == connections + 1  # resumed at the first try
             second = await chat.send("go on")
             assert await chat.finished(second) == "stop"
-    # PROTOCOL.md "Resumption": the cut reply was cancelled and its partial text kept
-    partial = [i for i in engine.requests[1].prompt_ids if 1000 <= i < 1400]
-    assert partial and partial == list(range(1000, 1000 + len(partial)))
+    # PROTOCOL.md section 10: the whole reply is in the conversation, not a cancelled part
+    assert [i for i in engine.requests[1].prompt_ids if 1000 <= i < 1200] == list(range(1000, 1200))
 
 
 async def test_a_prompt_that_must_wait_shows_its_place_then_runs(new_page: NewPage) -> None:

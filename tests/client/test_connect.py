@@ -14,7 +14,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 from wschat.client import Chat, ConnectError, ConnectionClosedError, ModelLoadingError, connect
-from wschat.client.opening import loading_retry_delays
+from wschat.client.opening import retry_delays
 from wschat.protocol import MODEL_LOADING_REASON, Capabilities, Limits, Ready, encode
 from wschat.server.web.admission import MODEL_FAILED_REASON
 
@@ -128,8 +128,8 @@ async def test_connect_stops_waiting_once_the_model_failed_to_load() -> None:
     assert (refused.value.close_code, refused.value.close_reason) == (1011, MODEL_FAILED_REASON)
 
 
-def test_loading_retry_delays_double_from_a_quarter_second_up_to_two() -> None:
-    assert list(itertools.islice(loading_retry_delays(), 6)) == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
+def test_retry_delays_double_from_a_quarter_second_up_to_two() -> None:
+    assert list(itertools.islice(retry_delays(), 6)) == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
 
 
 async def test_nothing_listening_raises_connect_error_without_status() -> None:
@@ -202,3 +202,35 @@ async def test_missing_or_wrong_token_raises_connect_error_401() -> None:
                 await connect(url, token=token, timeout=WAIT)
             assert refused.value.status == 401
         assert offers == [["wschat.v1"], ["wschat.v1", "bearer.wrong"]]
+
+
+@contextlib.asynccontextmanager
+async def path_recording_server() -> AsyncIterator[tuple[str, list[str]]]:
+    """A WebSocket server that sends ``READY`` and records each handshake's path and query."""
+    paths: list[str] = []
+
+    def record(connection: ServerConnection, request: Request) -> None:
+        paths.append(request.path)
+
+    async def handler(connection: ServerConnection) -> None:
+        await connection.send(encode(READY))
+        await connection.wait_closed()
+
+    async with serve(handler, "127.0.0.1", 0, process_request=record) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        yield f"ws://127.0.0.1:{port}/v1/chat?lang=en", paths
+
+
+async def test_a_resume_names_its_session_as_the_routing_key_beside_the_token() -> None:
+    async with path_recording_server() as (url, paths):
+        async with connect(url, timeout=WAIT):
+            pass
+        async with connect(url, timeout=WAIT, resume="r1", session="s1"):
+            pass
+        async with connect(url, timeout=WAIT, resume="r1"):
+            pass
+    assert paths == [
+        "/v1/chat?lang=en",
+        "/v1/chat?lang=en&resume=r1&session=s1",
+        "/v1/chat?lang=en&resume=r1",
+    ]

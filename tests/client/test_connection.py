@@ -9,6 +9,7 @@ from wschat.client import (
     NotRunningError,
     OverloadedError,
     Reply,
+    ReplyLostError,
 )
 from wschat.client.connection import FrameRouter
 from wschat.protocol import (
@@ -21,6 +22,7 @@ from wschat.protocol import (
     Pong,
     Queued,
     ResetOk,
+    Resumed,
     Start,
     Timing,
     Token,
@@ -125,3 +127,30 @@ async def test_goaway_is_stored_and_handed_to_the_callback() -> None:
     router = FrameRouter(on_goaway=seen.append)
     router.route(GoAway(2500))
     assert router.goaway == GoAway(2500) and seen == [GoAway(2500)]
+
+
+async def test_after_a_resume_a_lost_reply_ends_and_a_prompt_never_taken_is_sent_again() -> None:
+    router = FrameRouter()
+    coming, kept, never, unsent = reply("a"), reply("b"), reply("c"), reply("d")
+    for r in (coming, kept, never, unsent):
+        router.add_reply(r)
+    never.prompt_frame = b"the prompt"  # not taken by the server yet: kept to send again
+    for r in (coming, kept, never):
+        r.sent = True
+    waiting = router.expect(Pong)
+    router.fail_requests(ConnectionClosedError(1006, "the connection dropped"))
+    again = router.resumed(Resumed(last_prompt="b", reply="a"))
+    assert not coming.finished and not unsent.finished and not never.finished
+    assert isinstance(kept.error, ReplyLostError) and kept.error.kept
+    assert again == [never] and not never.sent
+    assert isinstance(waiting.future.exception(), ConnectionClosedError)
+    assert sorted(router.replies) == ["a", "c", "d"]
+
+
+async def test_a_token_frame_at_or_below_the_last_index_is_shown_once() -> None:
+    router = FrameRouter()
+    r = reply()
+    router.add_reply(r)
+    for text, index in (("a", 1), ("b", 2), ("b", 2), ("c", 3)):
+        router.route(Token("r1", text, index))
+    assert r.text == "abc" and r.last_index == 3

@@ -1,17 +1,22 @@
 """SIGTERM with live generations, on the real ``serve`` in a subprocess: ``goaway``, no new
-prompts, running replies finish within the grace period or end ``cancelled``, close 1001,
-exit 0."""
+prompts, ``/readyz`` 503 ``draining``, running replies finish within the grace period or end
+``cancelled``, close 1001, exit 0; with a shared session store (Redis), each session is left
+there for another replica to resume."""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 import websockets
 
-from tests.support import TIMEOUT, RawPeer, raw_peer, server_process
+from tests.fakes.scripted import ScriptedEngine
+from tests.sessions.test_redis_replicas import REDIS_SERVER, redis_server, turn, turn_refused
+from tests.support import TIMEOUT, RawPeer, http_base, raw_peer, running_server, server_process
 
 
 async def frames_until_closed(peer: RawPeer) -> tuple[list[dict], int | None]:
@@ -60,3 +65,53 @@ async def test_a_signal_drains_live_generations_then_exits_0(
     assert (short_code, long_code, idle_code) == (1001, 1001, 1001)
     assert idle_frames == []
     assert returncode == 0, (tmp_path / "server.log").read_text()
+
+
+async def exit_status(proc: subprocess.Popen[bytes]) -> int:
+    async with asyncio.timeout(TIMEOUT):
+        return await asyncio.to_thread(proc.wait)
+
+
+async def test_a_draining_server_answers_readyz_503_draining(tmp_path: Path) -> None:
+    async with server_process(tmp_path / "server.log") as (proc, url), raw_peer(url) as (long, _):
+        await long.send({"type": "prompt", "id": "L", "text": "a long one"})
+        await long.recv_until("token")
+        proc.send_signal(signal.SIGTERM)
+        await long.recv_until("goaway")
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            answer = await http.get(f"{http_base(url)}/readyz")
+        assert answer.status_code == 503
+        assert answer.json() == {"ready": False, "status": "draining"}
+        _, code = await frames_until_closed(long)
+        assert (code, await exit_status(proc)) == (1001, 0)
+
+
+@pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="needs redis-server")
+async def test_with_a_shared_store_a_drained_session_resumes_on_another_replica(
+    tmp_path: Path,
+) -> None:
+    async with redis_server(tmp_path) as store:
+        options = ("--session-store", store.url)
+        async with server_process(tmp_path / "server.log", *options) as (proc, url):
+            async with raw_peer(url) as (peer, ready):
+                await turn(peer, "S", "a short one")
+                await peer.send({"type": "prompt", "id": "L", "text": "a long one"})
+                await peer.recv_until("token")
+                proc.send_signal(signal.SIGTERM)
+                frames, code = await frames_until_closed(peer)
+            assert (code, await exit_status(proc)) == (1001, 0)
+        assert [f["reason"] for f in frames if f["type"] == "done"] == ["cancelled"]
+        engine = ScriptedEngine()
+        async with (
+            running_server(engine, session_store=store.url) as other,
+            raw_peer(f"{other}?resume={ready['resume']}") as (peer, resumed),
+        ):
+            assert resumed["session"] == ready["session"]
+            assert (await turn_refused(peer, "L"))["code"] == "invalid_params"
+            await turn(peer, "next", "go on")
+    # both replies are in the conversation, the one the drain cut as far as it went
+    (request,) = engine.requests
+    replies = [i for i in request.prompt_ids if 1000 <= i < 2200]  # the scripted reply ids
+    short, partial = replies[:10], replies[10:]
+    assert short == list(range(1000, 1010))
+    assert partial and partial == list(range(1000, 1000 + len(partial)))

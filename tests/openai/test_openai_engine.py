@@ -84,8 +84,9 @@ async def _cancelled_then_idle(
     live_llama: LlamaServer, engine: OpenAIEngine, how: str
 ) -> tuple[str | None, float]:
     """A long reply stopped mid-way by ``how``; the done reason (None after a drop) and the
-    seconds from the stop until llama.cpp's slots are all idle."""
-    async with running_server(engine) as url:
+    seconds from the stop until llama.cpp's slots are all idle. No resume grace: a drop ends
+    the reply at once, as a cancel does."""
+    async with running_server(engine, resume_grace_s=0.0) as url:
         async with raw_peer(url) as (peer, _):
             await peer.send(
                 {"type": "prompt", "id": "a", "text": LONG, "params": {"max_new_tokens": 400}}
@@ -113,7 +114,7 @@ async def test_cancel_and_reset_close_the_stream_and_the_engine_goes_idle(
     assert seconds < IDLE_WITHIN_S, seconds
 
 
-async def test_a_client_that_drops_mid_reply_leaves_the_engine_idle(
+async def test_a_client_that_drops_mid_reply_with_no_grace_leaves_the_engine_idle(
     openai_engine: OpenAIEngine, live_llama: LlamaServer
 ) -> None:
     _, seconds = await _cancelled_then_idle(live_llama, openai_engine, "drop")

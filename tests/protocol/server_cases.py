@@ -19,6 +19,7 @@ from wschat.protocol import (
     Queued,
     Ready,
     ResetOk,
+    Resumed,
     Start,
     Stats,
     Timing,
@@ -55,6 +56,19 @@ def server_frames() -> Iterator[Case]:
         "ready_minimal",
         "ready with only the fields the shared spec requires",
         Ready(1, "s", "r", "m", Capabilities(False, 0), Limits(1048576, 0, 2048, 256, 0)),
+    )
+    minimal_limits = Limits(1048576, 0, 2048, 256, 0)
+    yield server(
+        "ready_resumed",
+        "ready of a resumed session whose reply p4 follows (PROTOCOL.md section 10)",
+        Ready(
+            1, "s", "r", "m", Capabilities(False, 0), minimal_limits, resumed=Resumed("p3", "p4")
+        ),
+    )
+    yield server(
+        "ready_resumed_nil",
+        "ready of a resumed session with no exchange yet and no reply: both fields nil",
+        Ready(1, "s", "r", "m", Capabilities(False, 0), minimal_limits, resumed=Resumed()),
     )
     yield server("configured", "configured", Configured())
     yield server("image_ok", "image_ok", ImageOk("i1", 640, 480))

@@ -24,11 +24,24 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from wschat.server.sessions.snapshot import unpack
 
-from tests.support import ROOT, TIMEOUT, RawPeer, command_until_ready, free_port, raw_peer
+from tests.support import (
+    ROOT,
+    TIMEOUT,
+    RawPeer,
+    command_until_ready,
+    free_port,
+    http_base,
+    raw_peer,
+)
+
+from .test_mid_reply_resume import drop, prompt, resume_url, token_text, tokens_until
 
 REDIS_SERVER = "/usr/bin/redis-server"
 LEASE_S = 3.0
+LONG = "Tell me a long story about the sea."
+RUNNING = "wschat_generations_running "
 pytestmark = pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="needs redis-server")
 
 
@@ -93,6 +106,15 @@ async def redis_server(folder: Path, *, aof: bool = False) -> AsyncIterator[Redi
 @contextlib.asynccontextmanager
 async def gateway(model: Path, store: str, log: Path) -> AsyncIterator[str]:
     """``python -m wschat.server`` on the tiny model with ``--session-store store``."""
+    async with gateway_process(model, store, log) as (_, url):
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def gateway_process(
+    model: Path, store: str, log: Path
+) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
+    """``gateway``, and its process (a test may kill it)."""
     port = free_port()
     command = [
         sys.executable,
@@ -114,8 +136,8 @@ async def gateway(model: Path, store: str, log: Path) -> AsyncIterator[str]:
         str(LEASE_S),
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    async with command_until_ready(command, port, log, env, 120.0, cwd=ROOT):
-        yield f"ws://127.0.0.1:{port}/v1/chat"
+    async with command_until_ready(command, port, log, env, 120.0, cwd=ROOT) as process:
+        yield process, f"ws://127.0.0.1:{port}/v1/chat"
 
 
 @contextlib.asynccontextmanager
@@ -139,11 +161,15 @@ async def turn(peer: RawPeer, id: str, text: str, max_new_tokens: int = 8) -> di
 
 
 async def detached(store: RedisProcess, session: str) -> None:
-    """Until the replica that held ``session`` let it go (its owner key is gone)."""
+    """Until the replica that held ``session`` let it go: its state is stored and its owner key
+    is gone. (An owner key alone can be absent before anything was written: a replica whose
+    write waits out a backoff writes a session added and detached meanwhile once, as detached.)
+    """
     client = aioredis.from_url(store.url)
+    state, owner = f"wschat:s:{session}", f"wschat:o:{session}"
     try:
         async with asyncio.timeout(TIMEOUT):
-            while await client.exists(f"wschat:o:{session}"):
+            while not await client.exists(state) or await client.exists(owner):
                 await asyncio.sleep(0.02)  # another process: nothing to await
     finally:
         await client.aclose()
@@ -276,3 +302,84 @@ async def test_with_redis_down_sessions_stream_on_resume_is_refused_and_it_recov
         session, token, _ = await left_on(a, store)
         async with raw_peer(f"{b}?resume={token}") as (_, resumed):
             assert resumed["session"] == session
+
+
+async def reply_checkpoint(store: RedisProcess, session: str, at_least: int) -> list[int]:
+    """The checkpointed tokens of ``session``'s running reply, once there are ``at_least``."""
+    client = aioredis.from_url(store.url)
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            while True:
+                data = await client.get(f"wschat:r:{session}")
+                if data and len(ids := unpack(data)["ids"]) >= at_least:
+                    return list(ids)
+                await asyncio.sleep(0.05)  # another process writes it: nothing to await
+    finally:
+        await client.aclose()
+
+
+async def generations_running(url: str) -> float:
+    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+        text = (await http.get(f"{http_base(url)}/metrics")).text
+    return float(next(ln for ln in text.splitlines() if ln.startswith(RUNNING)).split()[1])
+
+
+async def test_a_replica_killed_mid_reply_leaves_its_partial_reply_as_a_cancelled_exchange(
+    tmp_path: Path, tiny_text_dir: Path
+) -> None:
+    async with (
+        redis_server(tmp_path) as store,
+        gateway_process(tiny_text_dir, store.url, tmp_path / "a.log") as (a_process, a),
+        gateway(tiny_text_dir, store.url, tmp_path / "b.log") as b,
+    ):
+        async with raw_peer(a) as (peer, ready):
+            await turn(peer, "p1", "hello there")
+            await prompt(peer, "p2", LONG, max_new_tokens=1000)
+            got = await tokens_until(peer, 1)
+            partial = await reply_checkpoint(store, ready["session"], 4)
+            a_process.kill()  # SIGKILL, mid-reply
+            a_process.wait(TIMEOUT)
+        # B waits for A's lease to lapse rather than starting a new session
+        async with raw_peer(resume_url(b, ready, got[-1]["index"])) as (peer, resumed):
+            after = await turn(peer, "p3", "and then?")
+        # the same conversation on B in one go, the second reply cut where the checkpoint was
+        async with raw_peer(b) as (peer, _):
+            await turn(peer, "p1", "hello there")
+            cut = await turn(peer, "p2", LONG, max_new_tokens=len(partial))
+            unbroken = await turn(peer, "p3", "and then?")
+    assert resumed["session"] == ready["session"]
+    assert resumed["resumed"] == {"last_prompt": "p2", "reply": None}  # the reply was lost
+    assert (cut["reason"], cut["usage"]["completion_tokens"]) == ("length", len(partial))
+    assert after["usage"]["prompt_tokens"] == unbroken["usage"]["prompt_tokens"]
+    assert after["text"] == unbroken["text"]
+
+
+async def test_a_reply_dropped_mid_stream_resumes_on_its_replica_and_elsewhere_is_cancelled(
+    cluster: tuple[RedisProcess, str, str],
+) -> None:
+    _, a, b = cluster
+    async with raw_peer(a) as (peer, ready):
+        await prompt(peer, "p1", LONG, max_new_tokens=1000)
+        got = await tokens_until(peer, 2)
+        drop(peer)
+    # back on the replica that goes on with the reply: every token, once
+    async with raw_peer(resume_url(a, ready, got[0]["index"])) as (peer, again):
+        rest = await tokens_until(peer, 2)
+        await peer.send({"type": "cancel"})
+        rest += await peer.recv_until("done")
+        await prompt(peer, "p2", LONG, max_new_tokens=1000)
+        await tokens_until(peer, 1)
+        drop(peer)
+    # this time the resume lands on the other replica: the reply is lost there, kept as
+    # cancelled, and the replica that held it stops it
+    async with raw_peer(resume_url(b, again, None)) as (peer, elsewhere):
+        nxt = await turn(peer, "p3", "and then?")
+    async with asyncio.timeout(TIMEOUT):
+        while await generations_running(a):
+            await asyncio.sleep(0.05)  # another process: nothing to await but its /metrics
+    assert again["resumed"] == {"last_prompt": None, "reply": "p1"}
+    assert got[0]["text"] + token_text(rest) == rest[-1]["text"]
+    assert rest[-1]["reason"] == "cancelled"
+    assert elsewhere["session"] == ready["session"]
+    assert elsewhere["resumed"] == {"last_prompt": "p2", "reply": None}
+    assert nxt["reason"] in ("length", "stop")

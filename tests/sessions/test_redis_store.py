@@ -1,19 +1,23 @@
 """``RedisSessionStore`` in this process against a real ``redis-server``: a session's state
 round-trips through its snapshot, a resume needs the server's credentials before its token is
-even looked at, and state that is not a snapshot is refused."""
+even looked at, state that is not a snapshot is refused, and closing the store writes what is
+pending first (bounded while Redis is down)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
 import pytest
 import websockets
+from wschat.server.sessions.hub import Hub
 from wschat.server.sessions.snapshot import SnapshotError, pack, unpack
+from wschat.server.settings import Settings
 
 from tests.fakes.scripted import ScriptedEngine
 from tests.sessions.test_redis_replicas import REDIS_SERVER, detached, redis_server, turn
-from tests.support import raw_peer, running_server
+from tests.support import TIMEOUT, raw_peer, running_server
 
 pytestmark = pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="needs redis-server")
 
@@ -45,3 +49,33 @@ async def test_with_a_token_set_a_resume_needs_the_credentials_and_keeps_its_tok
                 pass
         async with raw_peer(f"{url}?resume={ready['resume']}", **auth) as (_, resumed):
             assert resumed["session"] == ready["session"]
+
+
+async def test_closing_the_store_writes_a_just_detached_session_first(tmp_path: Path) -> None:
+    async with redis_server(tmp_path) as store:
+        hub = Hub(Settings(session_store=store.url))
+        hub.set_engine(ScriptedEngine())
+        session = hub.new_session()
+        token = await hub.sessions.add(session)
+        assert await hub.sessions.detach(session)
+        await hub.sessions.aclose()  # at once: the write is still pending
+        other = Hub(Settings(session_store=store.url))
+        other.set_engine(ScriptedEngine())
+        try:
+            claim = await other.sessions.claim(token)
+        finally:
+            await other.sessions.aclose()
+        assert claim.session is not None and claim.session.key == session.key
+
+
+async def test_closing_the_store_gives_up_on_writes_while_redis_is_down(tmp_path: Path) -> None:
+    async with redis_server(tmp_path) as store:
+        hub = Hub(Settings(session_store=store.url))
+        hub.set_engine(ScriptedEngine())
+        store.stop()
+        session = hub.new_session()
+        await hub.sessions.add(session)
+        assert await hub.sessions.detach(session)
+        async with asyncio.timeout(TIMEOUT):
+            await hub.sessions.aclose()  # within FLUSH_S and one Redis timeout
+        assert hub.sessions.errors > 0

@@ -27,6 +27,7 @@ from wschat.protocol import (
 )
 from wschat.server.sessions.session import Session, SessionState
 from wschat.server.sessions.slots import GenerationSlots
+from wschat.server.sessions.snapshot import pack, unpack
 from wschat.server.settings import Settings
 
 from tests.fakes.scripted import Script, ScriptedEngine
@@ -309,3 +310,22 @@ async def test_context_overflow_advises_reset_only_when_a_reset_would_make_room(
     await session.handle(Reset())
     await session.handle(Prompt("c", "x" * 60))
     assert (await done_of(rec, "c")).reason is not FinishReason.ERROR
+
+
+async def test_a_running_turn_exported_mid_reply_comes_back_as_a_cancelled_exchange() -> None:
+    """What a replica that died mid-reply leaves: the state with its running turn and the
+    reply's checkpoint; the session rebuilt from them holds the turn as a cancelled exchange."""
+    session, rec = make_session(slow())
+    await session.handle(Prompt("a", "one"))
+    await rec.wait_for(lambda f: isinstance(f, Token) and f.index >= 2)
+    state, partial = unpack(pack(session.export_state())), session.reply_checkpoint()
+    await session.close()
+    assert partial is not None and partial["id"] == "a" and len(partial["ids"]) >= 2
+    rebuilt, _ = make_session(ScriptedEngine())
+    rebuilt.import_state(state, partial)
+    last = rebuilt.chat.export_state()["exchanges"][-1]
+    assert (rebuilt.chat.turns, rebuilt.last_prompt) == (1, "a")
+    assert last["reply"] == partial["ids"]
+    elsewhere, _ = make_session(ScriptedEngine())
+    elsewhere.import_state(state, {"id": "another", "ids": [1, 2]})  # not this turn's
+    assert elsewhere.chat.export_state()["exchanges"][-1]["reply"] == []

@@ -1,15 +1,20 @@
 """``MemorySessionStore``: detached sessions are kept for resumption, bounded in time and number;
-``Hub.end_connection`` closes the sessions it does not keep."""
+a claim waits (bounded) for a session's connection to end; ``Hub.end_connection`` closes the
+sessions it does not keep."""
 
 from __future__ import annotations
 
+import asyncio
+
+from wschat.protocol import Prompt
 from wschat.server.sessions.hub import Hub
 from wschat.server.sessions.session import Session, SessionState
 from wschat.server.sessions.slots import GenerationSlots
 from wschat.server.sessions.store import MemorySessionStore
 from wschat.server.settings import Settings
 
-from tests.fakes.scripted import ScriptedEngine
+from tests.fakes.scripted import Script, ScriptedEngine
+from tests.support import TIMEOUT, wait_until
 
 
 def session(key: str) -> Session:
@@ -83,3 +88,38 @@ async def test_a_detached_session_is_closed_when_its_window_expires() -> None:
     now[0] += 10.0
     await hub.end_connection(second)  # any connection's end expires the old ones
     assert (first.state, second.state) == (SessionState.CLOSED, SessionState.IDLE)
+
+
+async def test_a_claim_of_a_connected_session_waits_for_its_connection_to_end() -> None:
+    store = MemorySessionStore(resume_window_s=120)
+    held = session("s")
+    token = await store.add(held)
+    claim = asyncio.create_task(store.claim(token))
+    await asyncio.sleep(0)  # the claim is waiting: the connection has not ended yet
+    assert not claim.done()
+    await store.detach(held)  # a drop the server saw after the client reconnected
+    async with asyncio.timeout(TIMEOUT):
+        assert (await claim).session is held
+
+
+async def test_a_claim_of_a_session_that_stays_connected_gets_a_new_one() -> None:
+    store = MemorySessionStore(resume_window_s=120, handover_s=0.01)
+    token = await store.add(session("s"))
+    assert (await store.claim(token)).session is None
+    assert "s" in store.live  # the connection keeps it, and its token
+
+
+async def test_stopping_held_replies_cancels_a_reply_that_goes_on_without_a_connection() -> None:
+    """What a shutdown does (runtime/shutdown.py): nobody is left to resume it."""
+    hub = Hub(Settings())
+    hub.set_engine(ScriptedEngine(lambda r: Script([" t"] * 100_000, delay_s=0.005)))
+    held = hub.new_session()
+    await hub.sessions.add(held)
+    await held.handle(Prompt("p", "go"))
+    await wait_until(lambda: held.state is SessionState.RUNNING)
+    await held.disconnect(grace_s=600)  # dropped: the reply goes on
+    await hub.end_connection(held)
+    assert held.state is SessionState.RUNNING_DETACHED
+    await hub.stop_held_replies()
+    assert (held.state, held.last_prompt) == (SessionState.IDLE, "p")  # cancelled, and kept
+    await hub.aclose()

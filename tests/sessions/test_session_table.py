@@ -39,7 +39,8 @@ from tests.support import wait_until
 
 from .test_session import Recorder, done_of
 
-IDLE, QUEUED, RUNNING, CLOSED = SessionState
+IDLE, QUEUED, RUNNING, QUEUED_DETACHED, RUNNING_DETACHED, CLOSED = SessionState
+ATTACHED = {QUEUED_DETACHED: QUEUED, RUNNING_DETACHED: RUNNING}
 
 
 class Table:
@@ -52,16 +53,19 @@ class Table:
         self.slots = GenerationSlots(1, 4)
         self.session = Session("s", engine, self.slots, Settings())
         self.rec = Recorder()
-        self.session.send = self.rec
         self.hog: Ticket | None = None
 
     async def enter(self, state: SessionState) -> None:
-        if state is QUEUED:
+        await self.session.relay.attach(self.rec)
+        attached = ATTACHED.get(state, state)
+        if attached is QUEUED:
             self.hog = self.slots.enqueue()  # another session holds the only slot
-        if state in (QUEUED, RUNNING):
+        if attached in (QUEUED, RUNNING):
             await self.session.handle(Prompt("g", "hello"))
-        if state is RUNNING:
+        if attached is RUNNING:
             await self.rec.wait_for(lambda f: isinstance(f, Start))
+        if state in ATTACHED:
+            await self.session.disconnect(grace_s=60)  # dropped: the reply goes on
         if state is CLOSED:
             await self.session.close()
         assert self.session.state is state
@@ -114,7 +118,8 @@ EXPECTED: dict[tuple[SessionState, str], type[ProtocolError] | type | None] = {
             "configure": Busy,
         }.items()
     },
-    **{(CLOSED, name): None for name in FRAMES},
+    # nothing reaches a detached session (no connection feeds it); were it to, it is dropped
+    **{(state, name): None for state in (*ATTACHED, CLOSED) for name in FRAMES},
 }
 # where each cell leaves the session, once what it started has settled
 AFTER: dict[tuple[SessionState, str], SessionState] = {
@@ -187,3 +192,25 @@ async def test_busy_follows_the_state_alone(table: Table) -> None:
     await done_of(table.rec, "g")
     await wait_until(lambda: table.session.state is IDLE)
     assert not table.session.busy and table.session.run is None
+
+
+async def test_a_drop_mid_reply_then_a_resume_move_the_session_as_the_table_says(
+    table: Table,
+) -> None:
+    await table.enter(QUEUED_DETACHED)
+    table.slots.release(table.hog)  # type: ignore[arg-type]
+    table.hog = None
+    await wait_until(lambda: table.session.state is RUNNING_DETACHED)  # started, detached
+    catch_up = table.session.resume(0)
+    assert table.session.state is RUNNING
+    assert catch_up.reply == "g" and isinstance(catch_up.frames[0], Start)
+
+
+async def test_a_drop_with_no_grace_ends_the_reply_and_leaves_the_session_idle(
+    table: Table,
+) -> None:
+    await table.enter(RUNNING)
+    await table.session.disconnect(grace_s=0.0)
+    assert table.session.state is IDLE and table.session.run is None
+    assert table.session.resume(None).reply is None
+    assert table.session.state is IDLE

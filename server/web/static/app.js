@@ -16,6 +16,10 @@ const ui = {
   maxNewLimit: $("max-new-tokens-limit"),
 };
 
+// PROTOCOL.md section 10: a reply whose connection dropped goes on at the server for its grace
+// period (--resume-grace-s, 15 s by default); the page tries to resume it within that.
+const RESUME_WINDOW_MS = 15000;
+
 const ERROR_HINTS = {
   overloaded: "The server is at capacity. Try again in a moment.",
   busy: "A reply is still being generated. Stop it or wait for it to finish.",
@@ -28,6 +32,9 @@ const state = {
   session: null,
   resume: null,
   reply: null, // the Reply being generated
+  promptFrame: null, // its prompt, until the server took it (sent again if a drop lost it)
+  resumeUntil: 0, // while resuming a dropped reply: when to give up (ms since the epoch)
+  resumeBackoff: new Backoff(100, 2000),
   appliedSystem: "",
   counter: 0,
   backoff: new Backoff(),
@@ -81,7 +88,11 @@ function connect() {
   state.ready = null;
   state.goingAway = false;
   setConnection(ui.conn, "connecting", state.session ? "Reconnecting…" : "Connecting…");
-  const ws = openSocket("/v1/chat", { token: getToken(), query: { resume: state.resume } });
+  // PROTOCOL.md section 10: the session (its routing key), its token, and the last token index
+  // of the reply in flight
+  const last = state.reply && state.resumeUntil ? String(state.reply.lastIndex) : "";
+  const query = { session: state.resume ? state.session : "", resume: state.resume, last };
+  const ws = openSocket("/v1/chat", { token: getToken(), query });
   state.ws = ws;
   let opened = false;
   ws.onopen = () => {
@@ -100,11 +111,10 @@ function onClose(event, opened) {
   const hadSession = state.ready !== null;
   state.ready = null;
   state.ws = null;
-  if (state.reply) {
-    state.reply.interrupt("The connection dropped; the server keeps what was generated.");
-    state.reply = null;
-  }
   updateControls();
+  if (state.reply && resumeReply(event, hadSession)) return;
+  state.resumeUntil = 0;
+  if (state.reply) endReply("The connection dropped; the server keeps what was generated.");
   if (!opened) {
     handshakeFailed();
     return;
@@ -127,6 +137,47 @@ function onClose(event, opened) {
     1001: "The server is shutting down or restarting.",
   }[event.code] || (hadSession ? "The connection to the server was lost." : closed);
   retryLater(why);
+}
+
+// A connection that dropped mid-reply (no close frame) is opened again at once, then after
+// 0.1 s, 0.2 s, 0.4 s ... (at most 2 s apart) until RESUME_WINDOW_MS is over; the reply stays
+// open and goes on where it was. False once the window is over: the reply ends as interrupted.
+function resumeReply(event, hadSession) {
+  if (hadSession && event.wasClean) return false;
+  if (hadSession) {
+    state.resumeUntil = Date.now() + RESUME_WINDOW_MS;
+    state.resumeBackoff.reset();
+  } else if (!state.resumeUntil) return false; // not one of our tries
+  const delay = hadSession ? 0 : state.resumeBackoff.next();
+  if (Date.now() + delay > state.resumeUntil) return false;
+  state.reply.setStatus("The connection dropped — resuming…");
+  setConnection(ui.conn, "connecting", "Reconnecting…");
+  clearTimeout(state.retryTimer);
+  state.retryTimer = setTimeout(connect, delay);
+  return true;
+}
+
+function endReply(why) {
+  state.reply.interrupt(why);
+  state.reply = null;
+  state.promptFrame = null;
+  updateControls();
+}
+
+// After a resume (PROTOCOL.md section 10) the reply in flight goes on when ready.resumed names
+// it; its prompt is sent again when the server never got it; else what came of it is shown.
+function settleReply(ready, sameSession) {
+  const resumed = sameSession ? ready.resumed || {} : {};
+  const id = state.reply.id;
+  if (resumed.reply === id) {
+    state.reply.setStatus(state.reply.started ? "Generating…" : "Sending…");
+  } else if (resumed.last_prompt === id) {
+    endReply("The connection dropped; the rest of this reply was lost (the conversation keeps it as stopped).");
+  } else if (sameSession && state.promptFrame) {
+    send(state.promptFrame);
+  } else {
+    endReply("The connection dropped; the server keeps what was generated.");
+  }
 }
 
 // PROTOCOL.md "Close codes": 1013 is a loading model (its reason says so) or a full server.
@@ -178,6 +229,8 @@ const handlers = {
     state.session = f.session;
     state.resume = f.resume;
     state.backoff.reset();
+    if (state.reply) settleReply(f, resumed);
+    state.resumeUntil = 0;
     document.body.dataset.session = f.session;
     ui.model.textContent = f.model;
     ui.tokenForm.hidden = true;
@@ -206,22 +259,25 @@ const handlers = {
   queued(f) {
     if (state.reply && state.reply.id === f.id) {
       state.reply.queued = true;
+      state.promptFrame = null;
       state.reply.setStatus(`Waiting for a free slot (position ${f.position})…`);
     }
   },
   start(f) {
     if (state.reply && state.reply.id === f.id) {
       state.reply.started = true;
+      state.promptFrame = null;
       state.reply.setStatus("Generating…");
     }
   },
   token(f) {
-    if (state.reply && state.reply.id === f.id) state.reply.append(f.text);
+    if (state.reply && state.reply.id === f.id) state.reply.append(f.text, f.index);
   },
   done(f) {
     if (!state.reply || state.reply.id !== f.id) return;
     state.reply.finish(f);
     state.reply = null;
+    state.promptFrame = null;
     updateControls();
   },
   error(f) {
@@ -229,7 +285,7 @@ const handlers = {
     if (f.id && attachments.has(f.id)) attachments.refuse(f.id, f.message);
     else if (f.id && state.reply && state.reply.id === f.id) {
       state.reply.error(message);
-      if (state.reply.finished) state.reply = null;
+      if (state.reply.finished) state.reply = state.promptFrame = null;
     } else notice(message, "error");
     updateControls();
   },
@@ -287,6 +343,7 @@ function sendPrompt() {
   send(frame);
   transcript.addUser(text, attachments.takeStaged());
   state.reply = transcript.addReply(id);
+  state.promptFrame = frame;
   ui.input.value = "";
   clearNotice();
   updateControls();

@@ -48,9 +48,16 @@ export class Reply {
     this.li.append(this.body, this.status);
     this.pending = "";
     this.frame = 0;
+    this.lastIndex = 0; // the index of the last token frame shown: a resume's "last"
   }
 
-  append(text) {
+  // PROTOCOL.md section 10: a resumed stream goes on after the last index; a frame at or below
+  // it would be text shown twice.
+  append(text, index) {
+    if (index !== undefined) {
+      if (index <= this.lastIndex) return;
+      this.lastIndex = index;
+    }
     this.pending += text;
     if (!this.frame) this.frame = requestAnimationFrame(() => this.flush());
   }

@@ -1,0 +1,99 @@
+"""``Relay``: a session's frames on their way to its connection, and what a resume needs of them.
+
+Every frame a session sends goes through its relay to the connection's outbox. The reply of the
+last prompt is recorded as it goes (its ``token`` frames, then its ``error`` and ``done``), so
+that a client whose connection dropped mid-reply and that resumes (PROTOCOL.md section 10) gets
+what it missed: one ``token`` frame with all the text after the index it names, then the rest,
+none of it twice. While no connection is attached (a drop mid-reply, for ``--resume-grace-s``)
+the reply's ``queued`` and ``start`` frames are held for the next one.
+
+What is kept is bounded by one reply: at most ``max_new_tokens`` frames, the next prompt's
+``begin`` lets them go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from wschat.protocol import Done, Error, Frame, Queued, Start, Token
+
+Send = Callable[[Frame], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUp:
+    """What a resuming connection sends after ``ready`` and before any live frame: the frames of
+    ``reply`` (None: no reply is resumed) the client did not get."""
+
+    reply: str | None = None
+    frames: list[Frame] = field(default_factory=list)
+
+
+class Relay:
+    def __init__(self) -> None:
+        self._target: Send | None = None  # the connection's outbox; None while detached
+        self.reply: str | None = None  # the id of the reply recorded: the last prompt's
+        self._tokens: list[Token] = []  # its token frames, in order
+        self._ending: list[Frame] = []  # its error and done frames
+        # frames sent while no connection is attached mid-reply, for the next one (attach)
+        self._held: list[Frame] = []
+        # the connection went while the reply ran or waited: the next one gets its frames
+        # without asking (set by detach, cleared once a connection is attached again)
+        self.in_flight = False
+
+    async def __call__(self, frame: Frame) -> None:
+        self._record(frame)
+        target = self._target
+        if target is None:
+            if self.in_flight:  # else there is nobody to hold it for
+                self._held.append(frame)
+            return
+        await target(frame)
+
+    def _record(self, frame: Frame) -> None:
+        if getattr(frame, "id", None) != self.reply:
+            return
+        if isinstance(frame, Token):
+            self._tokens.append(frame)
+        elif isinstance(frame, Error | Done):
+            self._ending.append(frame)
+
+    def begin(self, reply: str) -> None:
+        """A prompt was accepted: its reply is the one recorded from now on."""
+        self.reply, self._tokens, self._ending, self.in_flight = reply, [], [], False
+
+    def detach(self, mid_reply: bool) -> None:
+        """The connection is gone; ``mid_reply``: the reply goes on without it."""
+        self._target = None
+        self._held = []
+        self.in_flight = mid_reply
+
+    def catch_up(self, last: int | None) -> CatchUp:
+        """What a resuming client missed of the reply: none when no reply was in flight and the
+        client names no ``last`` (the index of the last ``token`` frame it got; absent: none).
+        The frames held since the drop that open the reply (``queued``, ``start``), one
+        ``token`` frame with the text of every frame after index ``last`` (a ``last`` between
+        boundaries counts as the boundary below, one past the end as the end), then the reply's
+        ``error`` and ``done`` if it ended. Frames sent from now on are held for ``attach``."""
+        if self.reply is None or not (self.in_flight or last is not None):
+            return CatchUp()
+        opening = [f for f in self._held if isinstance(f, Queued | Start)]
+        self._held = []
+        after = [t for t in self._tokens if t.index > (last or 0)]
+        replay: list[Frame] = [_merged(after)] if after else []
+        return CatchUp(self.reply, [*opening, *replay, *self._ending])
+
+    async def attach(self, send: Send) -> None:
+        """Send what was held since the catch-up, in order, then pass frames on as they come."""
+        while self._held:
+            await send(self._held.pop(0))
+        self._target = send  # no await since the list was seen empty: nothing slips between
+        self.in_flight = False
+
+
+def _merged(tokens: list[Token]) -> Token:
+    """One ``token`` frame for consecutive ones: their text, the last index, their ids."""
+    has_ids = any(t.ids is not None for t in tokens)
+    ids = tuple(i for t in tokens for i in t.ids or ()) if has_ids else None
+    return Token(tokens[0].id, "".join(t.text for t in tokens), tokens[-1].index, ids)

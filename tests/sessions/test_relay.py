@@ -1,0 +1,127 @@
+"""``Relay``: what a resuming client is sent of the reply it was getting when its connection
+dropped (PROTOCOL.md section 10): the text after the index it names in one ``token`` frame,
+nothing twice, then the rest in order."""
+
+from __future__ import annotations
+
+from wschat.protocol import (
+    Done,
+    Error,
+    ErrorCode,
+    FinishReason,
+    Frame,
+    Queued,
+    Start,
+    Timing,
+    Token,
+    Usage,
+)
+from wschat.server.sessions.relay import Relay
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+
+    async def __call__(self, frame: Frame) -> None:
+        self.frames.append(frame)
+
+
+def done(id: str, text: str, reason: FinishReason = FinishReason.STOP) -> Done:
+    return Done(id, reason, text, Usage(3, 5, 0), Timing(0.0, None, 0.0, 1.0))
+
+
+async def attached() -> tuple[Relay, Sink]:
+    relay, sink = Relay(), Sink()
+    await relay.attach(sink)
+    relay.begin("r")
+    return relay, sink
+
+
+async def test_a_resume_after_a_drop_mid_reply_gets_the_text_after_its_index_in_one_frame() -> None:
+    relay, sink = await attached()
+    await relay(Start("r", 3, 0, 0.0))
+    for text, index in (("a", 1), ("bc", 3), ("d", 4)):
+        await relay(Token("r", text, index))
+    relay.detach(mid_reply=True)
+    await relay(Token("r", "e", 5))  # while detached: held
+    assert len(sink.frames) == 4
+    catch_up = relay.catch_up(1)
+    assert catch_up.reply == "r"
+    assert catch_up.frames == [Token("r", "bcde", 5)]
+
+
+async def test_a_last_between_frames_counts_as_the_boundary_below_and_past_the_end_as_the_end() -> (
+    None
+):
+    relay, _ = await attached()
+    for text, index in (("a", 1), ("bc", 3), ("d", 4)):
+        await relay(Token("r", text, index))
+    relay.detach(mid_reply=True)
+    assert relay.catch_up(2).frames == [Token("r", "bcd", 4)]  # no frame ended at 2: from 1
+    relay.detach(mid_reply=True)
+    assert relay.catch_up(9).frames == []
+    relay.detach(mid_reply=True)
+    assert relay.catch_up(None).frames == [Token("r", "abcd", 4)]  # absent: none received
+
+
+async def test_the_replayed_frame_carries_the_ids_of_the_frames_it_merges() -> None:
+    relay, _ = await attached()
+    await relay(Token("r", "a", 1, (10,)))
+    await relay(Token("r", "b", 3, (11, 12)))
+    relay.detach(mid_reply=True)
+    assert relay.catch_up(0).frames == [Token("r", "ab", 3, (10, 11, 12))]
+
+
+async def test_frames_held_while_detached_open_the_catch_up_and_the_ending_closes_it() -> None:
+    relay, sink = await attached()
+    await relay(Queued("r", 1))
+    relay.detach(mid_reply=True)
+    await relay(Start("r", 3, 0, 1.0))
+    await relay(Token("r", "a", 1))
+    await relay(Error(ErrorCode.INTERNAL, "generation failed", "r"))
+    await relay(done("r", "a", FinishReason.ERROR))
+    assert sink.frames == [Queued("r", 1)]
+    catch_up = relay.catch_up(0)
+    assert [type(f) for f in catch_up.frames] == [Start, Token, Error, Done]
+
+
+async def test_frames_sent_between_the_catch_up_and_attach_follow_it_in_order() -> None:
+    relay, _ = await attached()
+    await relay(Token("r", "a", 1))
+    relay.detach(mid_reply=True)
+    catch_up = relay.catch_up(0)
+    await relay(Token("r", "b", 2))  # live, while the catch-up is being sent
+    await relay(done("r", "ab"))
+    sink = Sink()
+    await relay.attach(sink)
+    await relay(Token("x", "late", 1))  # after attach: straight through
+    assert catch_up.frames == [Token("r", "a", 1)]
+    assert sink.frames == [Token("r", "b", 2), done("r", "ab"), Token("x", "late", 1)]
+
+
+async def test_no_reply_in_flight_and_no_last_means_no_catch_up() -> None:
+    relay, _ = await attached()
+    await relay(Token("r", "a", 1))
+    await relay(done("r", "a"))
+    relay.detach(mid_reply=False)
+    assert relay.catch_up(None).reply is None
+    assert relay.catch_up(None).frames == []
+
+
+async def test_a_client_that_names_its_last_index_gets_a_done_it_may_have_missed() -> None:
+    relay, _ = await attached()
+    await relay(Token("r", "a", 1))
+    await relay(Token("r", "b", 2))
+    await relay(done("r", "ab"))  # sent, maybe lost in flight with the connection
+    relay.detach(mid_reply=False)
+    assert relay.catch_up(1).frames == [Token("r", "b", 2), done("r", "ab")]
+
+
+async def test_a_new_prompt_forgets_the_last_reply() -> None:
+    relay, _ = await attached()
+    await relay(Token("r", "a", 1))
+    relay.begin("s")
+    relay.detach(mid_reply=True)
+    catch_up = relay.catch_up(0)
+    assert (catch_up.reply, catch_up.frames) == ("s", [])
