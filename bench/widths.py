@@ -156,7 +156,8 @@ def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
         "TTFT from the prompt's send (a queued session's wait in it); queue: start.queued_ms; "
         f"FIFO: queued pairs started out of arrival order (by > {TIE_S * 1000:.0f} ms)",
     ]
-    head = f"{'width':>6}{'sessions':>9}{'agg tok/s':>11}{'vs best':>9}{'TTFT p50':>10}"
+    head = f"{'width':>6}{'sessions':>9}{'agg tok/s':>11}{'vs best':>9}{'stream tok/s':>14}"
+    head += f"{'TTFT p50':>10}"
     head += f"{'TTFT p95':>10}{'queue p50':>11}{'queue p95':>11}{'FIFO':>14}"
     lines += [head, "-" * len(head)]
     figures, best = result["figures"], result["best_width"]
@@ -166,6 +167,7 @@ def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
             lines.append(
                 f"{width:>6}{n:>9}{f['aggregate_tps']:>11.1f}"
                 f"{fmt(f['aggregate_tps'] / top if top else None, 'x'):>9}"
+                f"{f['stream_tps']:>14.1f}"
                 f"{fmt(f['ttft_median_s'], 'ms'):>10}{fmt(f['ttft_p95_s'], 'ms'):>10}"
                 f"{fmt(f['queue_p50_s'], 'ms'):>11}{fmt(f['queue_p95_s'], 'ms'):>11}"
                 f"{_fifo_cell(f['fifo']):>14}"
@@ -201,8 +203,9 @@ def run(work: WidthsWork, logs: Path, engine: str = "batched") -> dict[str, Any]
             servers[width] = stack.enter_context(
                 procs.wschat(engine, logs, connections, extra, name=f"wschat-width-{width}")
             )
-        for server in servers.values():  # warm-up, at the widest count
-            _serve(server.ws_url, max(work.sessions), 4)
+        for server in servers.values():  # warm-up: every batch each cell will run
+            for n in work.sessions:
+                _serve(server.ws_url, n, 4)
         for r in range(work.rounds):
             order = work.widths if r % 2 == 0 else work.widths[::-1]
             for n in work.sessions:

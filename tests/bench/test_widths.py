@@ -47,6 +47,7 @@ def cells(aggregates: dict[int, dict[int, list[float]]]) -> dict[int, dict[int, 
             n: {
                 "aggregate_tps": sorted(rounds)[len(rounds) // 2],
                 "aggregate_rounds": rounds,
+                "stream_tps": 10.0,
                 "ttft_median_s": 0.2,
                 "ttft_p95_s": 0.4,
                 "queue_p50_s": 0.0 if n <= w else 1.0,
@@ -104,11 +105,11 @@ def test_fifo_is_unjudged_when_any_cell_was() -> None:
 def test_the_table_has_a_row_per_width_and_session_count_with_its_queue_and_fifo() -> None:
     lines = report.widths_table({"widths": result()}).splitlines()
     assert (
-        "     8       32      100.0   0.714x    200 ms    400 ms    1000 ms    2000 ms"
-        "       0 of 10" in lines
+        "     8       32      100.0   0.714x          10.0    200 ms    400 ms    1000 ms"
+        "    2000 ms       0 of 10" in lines
     )
     assert (
-        "    32        8      100.0   1.000x    200 ms    400 ms       0 ms       0 ms"
-        "   none queued" in lines
+        "    32        8      100.0   1.000x          10.0    200 ms    400 ms       0 ms"
+        "       0 ms   none queued" in lines
     )
     assert "best width by sessions: 8: 8, 32: 32" in lines
