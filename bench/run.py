@@ -1,8 +1,8 @@
 """One benchmark run. The in-process ceiling, the server, the peer with continuous batching and
 llama.cpp's server are measured back to back in each round, so the drift of a shared machine's
-load hits all of them alike; then the conversation, cancels, idle sessions, the other engine,
-transformers' continuous batching manager in process, and the peer without continuous
-batching."""
+load hits all of them alike; then the conversation, the staggered arrivals (bench/arrivals.py),
+cancels, idle sessions, the other engine, transformers' continuous batching manager in process,
+and the peer without continuous batching."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import peer, procs, wsload
+from . import arrivals, peer, procs, wsload
 from .inprocess import InProcess
 from .stats import Concurrent, StreamTimes, median, percentile
 from .workload import CONVERSATION, Workload
@@ -40,6 +40,7 @@ def _figures(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
         "itl_p95_s": median([c.itl_p95 for c in per_round]),
         "rounds": len(rounds),
         "aggregate_rounds": [c.aggregate for c in per_round],
+        "ttft_p95_rounds": [c.ttft_p95 for c in per_round],
         "stream_tps_rounds": rates,
     }
 
@@ -119,6 +120,9 @@ def run(work: Workload, *, engine: str, peer_wanted: bool, logs: Path) -> dict[s
             {**run_turns[0], "ttft": median([t["ttft"] for t in run_turns])}
             for run_turns in zip(*runs, strict=True)
         ]
+        result["conversation_runs"] = [[t["ttft"] for t in run_turns] for run_turns in runs]
+        log.info("staggered arrivals")
+        result["arrivals"] = arrivals.run(arrivals.ArrivalsWork.of(work), url, local)
         log.info("%d cancels", work.cancels)
         cancel_waits = asyncio.run(wsload.cancels(url, work.texts(1)[0], work.cancels))
         log.info("%d idle sessions", work.idle_sessions)

@@ -40,7 +40,8 @@ class Workload:
     concurrency: tuple[int, ...] = (1, 4, 8)
     repeats: int = 4  # rounds of every concurrency, each system measured back to back
     turn_tokens: int = 100  # reply length of each conversation turn
-    conversations: int = 3  # each turn's TTFT is the median over these runs of the conversation
+    conversations: int = 5  # turn 10 against turn 1: the median over these runs of their ratio
+    arrival_rounds: int = 3  # of the staggered arrivals (bench/arrivals.py)
     cancels: int = 20
     idle_sessions: int = 1000
     peer_concurrency: tuple[int, ...] = (1, 4, 8)
@@ -53,6 +54,7 @@ class Workload:
             repeats=1,
             turn_tokens=30,
             conversations=3,
+            arrival_rounds=1,
             cancels=8,
             idle_sessions=300,
             peer_concurrency=(8,),

@@ -71,6 +71,27 @@ async def test_eight_concurrent_greedy_replies_equal_each_reply_run_alone(
     assert batched.decoded_tokens > batched.decode_steps  # rows shared decode passes
 
 
+async def test_prompts_arriving_over_several_loop_iterations_share_one_prefill_forward(
+    tiny_text_loaded: LoadedModel, tiny_text_engine: HFEngine
+) -> None:
+    # A window far longer than the gaps between the arrivals, in which the loop sits idle (as
+    # between frames on different sockets): the burst is admitted together, not its first
+    # prompt alone with the others waiting for its forward.
+    engine = BatchedEngine(tiny_text_loaded, width=WIDTH, gather_s=2.0)
+    try:
+        asks = prompts(engine, 4)
+        expected = [await alone(tiny_text_engine, ids, greedy(16)) for ids in asks]
+        generations = []
+        for ids in asks:
+            generations.append(engine.generate(GenerationRequest(ids, greedy(16))))
+            await asyncio.sleep(0.01)
+        results = await asyncio.gather(*(collect(g) for g in generations))
+        assert [text for text, _ in results] == expected
+        assert engine.prefill_forwards == 1
+    finally:
+        await engine.aclose()
+
+
 async def test_cancel_in_a_batch_leaves_the_others_unchanged_and_ends_within_one_step(
     batched: BatchedEngine, tiny_text_engine: HFEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
