@@ -1,6 +1,7 @@
 """Suite-wide fixtures: tiny random Gemma 3 models through the real loader, llama.cpp's server on
 the embedded GGUF (started once, for the openai engine's tests and the conformance tests), and a
-check that no generation thread outlives its test."""
+check that no generation thread outlives its test; and ``--coverage-only-in``, which lets one run
+of the whole suite measure the coverage gate's figure (.ci/coverage.sh)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,37 @@ if TYPE_CHECKING:  # torch loads only for the tests that use these fixtures
     from tests.openai.llama import LlamaServer
 
 THREAD_EXIT_TIMEOUT = 10.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--coverage-only-in",
+        action="append",
+        default=[],
+        metavar="FOLDER",
+        help="under --cov: measure only while the tests in FOLDER run (and while tests are "
+        "collected); coverage pauses for every other test. Repeatable.",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+    """Pauses coverage for a test outside every ``--coverage-only-in`` folder, from its set-up
+    to its teardown; .ci/run measures the gated modules on their own tests this way, in the same
+    run as the rest of the suite."""
+    folders = [item.config.rootpath / f for f in item.config.getoption("coverage_only_in")]
+    if not folders or any(item.path.is_relative_to(folder) for folder in folders):
+        return (yield)
+    from coverage import Coverage
+
+    coverage = Coverage.current()
+    if coverage is None:  # the option without --cov
+        return (yield)
+    coverage.stop()
+    try:
+        return (yield)
+    finally:
+        coverage.start()
 
 
 @pytest.fixture(autouse=True)

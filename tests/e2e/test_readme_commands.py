@@ -32,14 +32,16 @@ STOP_TIMEOUT = 60.0
 
 
 def activated(venv: Path) -> dict[str, str]:
-    """The environment of a shell with ``venv`` activated (and no WSCHAT_* settings)."""
+    """The environment of a shell with ``venv`` activated (and no WSCHAT_* settings). pip asks an
+    index it cannot reach once more, not five times (as tests/run's torch install): where the
+    packages come from a local folder, as here, the retries' back-off was half the install."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("WSCHAT_", "PYTHON")) and k != "VIRTUAL_ENV"
     }
     path = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
-    return env | {"VIRTUAL_ENV": str(venv), "PATH": path, "HF_HUB_OFFLINE": "1"}
+    return env | {"VIRTUAL_ENV": str(venv), "PATH": path, "HF_HUB_OFFLINE": "1", "PIP_RETRIES": "1"}
 
 
 async def run_shell(line: str, env: dict[str, str]) -> None:
