@@ -89,6 +89,7 @@ def summary(turns: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "first_turn_tps": phase_rate([first["streams"]]),
         "text_turns_tps": phase_rate([t["streams"] for t in rest]),
+        "turn_tps": [phase_rate([t["streams"]]) for t in turns],
         "first_turn": first["counters"],
         "text_turns": counted,
         "rows_per_step": counted["decoded_tokens"] / steps if steps else float("nan"),
@@ -105,6 +106,9 @@ def figures(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
             "text_turns_tps": median([r["text_turns_tps"] for r in rounds]),
             "text_turns_rounds": [r["text_turns_tps"] for r in rounds],
             "rows_per_step": median([r["rows_per_step"] for r in rounds]),
+            "turn_tps": [
+                median(list(t)) for t in zip(*(r["turn_tps"] for r in rounds), strict=True)
+            ],
             "text_turns": {k: sum(c[k] for c in counted) for k in counted[0]},
             "first_turn": {
                 k: sum(r["first_turn"][k] for r in rounds) for k in rounds[0]["first_turn"]
@@ -161,6 +165,9 @@ def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
             f"{kind:<15}{f['first_turn_tps']:>13.1f}{f['text_turns_tps']:>18.1f}"
             f"{fmt(ratio, 'x'):>9}{f['rows_per_step']:>11.2f}{paths:>48}"
         )
+    for kind, f in result["figures"].items():
+        rates = ", ".join(f"{rate:.1f}" for rate in f["turn_tps"])
+        lines.append(f"{kind}: tokens/s by turn (median over rounds): {rates}")
     return "\n".join(lines)
 
 

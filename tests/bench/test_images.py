@@ -56,12 +56,14 @@ def test_a_run_sums_the_counters_of_the_turns_after_the_first_and_their_rows_per
     assert run["text_turns"] == counted(20, 140, 8, 0)
     assert run["rows_per_step"] == 7.0
     assert run["text_turns_tps"] == pytest.approx(22 / 2.0)
+    assert run["turn_tps"] == [pytest.approx(4.0), pytest.approx(11.0), pytest.approx(11.0)]
 
 
 def result(later_generate: int = 0, rates: tuple[float, float] = (95.0, 100.0)) -> dict[str, Any]:
     def runs(batch: int, generate: int, rate: float) -> list[dict[str, Any]]:
         return [
             {"first_turn_tps": 50.0, "text_turns_tps": rate, "rows_per_step": 8.0,
+             "turn_tps": [50.0, rate],
              "first_turn": counted(3, 24, 0, generate and 4),
              "text_turns": counted(40, 320, batch, generate)}
             for _ in range(3)
@@ -120,4 +122,8 @@ def test_the_table_has_a_row_per_kind_with_its_paths() -> None:
         "12",
         "/",
         "0",
+    ]
+    assert lines[6:8] == [
+        "text: tokens/s by turn (median over rounds): 50.0, 100.0",
+        "images: tokens/s by turn (median over rounds): 50.0, 95.0",
     ]
