@@ -26,7 +26,7 @@ from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
 from wschat.server.engine.local.rows import BatchRow
 from wschat.server.engine.local.sampling import RowSampler
-from wschat.server.engine.local.slotkv import KVState, SlotKV
+from wschat.server.engine.local.slotkv import KVState
 
 from tests.engine.hostile import HOSTILE_PARAMS
 from tests.images import samples
@@ -90,6 +90,46 @@ async def test_prompts_arriving_over_several_loop_iterations_share_one_prefill_f
         assert engine.prefill_forwards == 1
     finally:
         await engine.aclose()
+
+
+def passes(engine: BatchedEngine, count: int | None = None) -> None:
+    """Run the worker's passes here, one at a time (its thread never starts): ``count`` of
+    them, or until no row is left."""
+    with torch.inference_mode():
+        while count is None or count > 0:
+            engine._waiting.extend(engine._inbox)
+            engine._inbox.clear()
+            if not (engine._waiting or engine._rows):
+                return
+            engine._pass()
+            count = None if count is None else count - 1
+
+
+async def test_rows_that_end_or_finish_their_prompt_while_others_prefill_keep_every_reply(
+    batched: BatchedEngine, tiny_text_engine: HFEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Passes in a known order: the decoding rows come first in the buffers and the prefilling
+    # ones after them, so a short prompt done before a long one ahead of it (a swap of rows),
+    # and a decoding row that ends while two prompts are still half prefilled (the last of
+    # them moves into its place), must each keep every reply as it is alone.
+    monkeypatch.setattr(BatchedEngine, "_wake", lambda self: None)
+    asks = prompts(batched, 8)
+    first, (long_a, short, long_b) = asks[0], (asks[7], asks[1], asks[6])
+    expected = [await alone(tiny_text_engine, first, greedy(4))]
+    expected += [await alone(tiny_text_engine, ids, greedy(10)) for ids in (long_a, short, long_b)]
+    generations = [batched.generate(GenerationRequest(first, greedy(4)))]
+    passes(batched, 1)  # its prefill and first decode step: 2 of its 4 tokens
+    generations += [
+        batched.generate(GenerationRequest(ids, greedy(10))) for ids in (long_a, short, long_b)
+    ]
+    passes(batched, 1)  # 16 tokens of each: the short prompt is done, second in line
+    assert [row.request.prompt_ids for row in batched._decoding] == [first, short]
+    passes(batched, 1)  # the first row's last token: it ends with both long ones prefilling
+    assert [row.request.prompt_ids for row in batched._decoding] == [short]
+    assert [row.request.prompt_ids for row in batched._prefilling] == [long_b, long_a]
+    passes(batched)
+    results = await asyncio.gather(*(collect(g) for g in generations))
+    assert [text for text, _ in results] == expected
 
 
 async def test_cancel_in_a_batch_leaves_the_others_unchanged_and_ends_within_one_step(
@@ -478,10 +518,10 @@ def test_generates_kv_state_taken_into_the_batch_continues_as_one_full_forward(
         cache = DynamicCache(config=model.config)
         model(input_ids=torch.tensor([ids[:cached]]), cache=cache, use_cache=True)
         want = model(input_ids=torch.tensor([ids])).logits[0, cached:]
-        kv = SlotKV(engine._layout, 1)
-        kv.add(KVState.of_cache(cache, engine._layout))
-        got = [engine._logits(engine._forward(kv, torch.tensor([ids[cached : cached + 5]]), [5]))]
+        engine._kv.add(KVState.of_cache(cache, engine._layout))
+        prefill = torch.tensor([ids[cached : cached + 5]])
+        got = [engine._logits(engine._forward(prefill, [5], first=0))]
         for position in (cached + 5, cached + 6):
-            hidden = engine._forward(kv, torch.tensor([[ids[position]]]), [1])
+            hidden = engine._forward(torch.tensor([[ids[position]]]), [1], first=0)
             got.append(engine._logits(hidden))
     torch.testing.assert_close(torch.cat([g[0] for g in got]), want.float())

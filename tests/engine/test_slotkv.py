@@ -17,12 +17,13 @@ LAYOUT = LayerLayout((FULL, SLIDING), WINDOW, 1, 1, torch.float32, torch.device(
 PAD = -1.0
 
 
-def forward(kv: SlotKV, counts: list[int]) -> dict[str, torch.Tensor]:
-    """One planned forward of ``counts[b]`` new tokens per row; the keys each layer reads."""
-    positions, masks = kv.plan(counts)
+def forward(kv: SlotKV, counts: list[int], first: int = 0) -> dict[str, torch.Tensor]:
+    """One planned forward of ``counts[b]`` new tokens for row ``first + b``; the keys each
+    layer reads."""
+    positions, masks = kv.plan(counts, first)
     rows, width = positions.shape
     real = torch.arange(width)[None, :] < torch.tensor(counts)[:, None]
-    marks = torch.arange(rows)[:, None] * 1000 + positions
+    marks = (first + torch.arange(rows))[:, None] * 1000 + positions
     keys = torch.where(real, marks.float(), PAD).reshape(rows, 1, width, 1)
     read = {
         kind: kv.update(keys, keys.clone(), layer)[0] for layer, kind in enumerate(LAYOUT.kinds)
@@ -163,3 +164,44 @@ def test_a_layer_type_it_does_not_know_is_refused() -> None:
     )
     with pytest.raises(ValueError, match="chunked_attention"):
         LayerLayout.of(config, torch.float32, torch.device("cpu"))
+
+
+def test_a_forward_over_a_run_of_rows_leaves_the_others_as_they_were() -> None:
+    kv = SlotKV(LAYOUT, rows=3)
+    for _ in range(3):
+        kv.add()
+    forward(kv, [2, 1, 3])
+    read = forward(kv, [3, 1], first=1)  # rows 1 and 2: a wide forward, row 0 keeps still
+    assert kv.lengths == [2, 4, 4]
+    assert full(kv, 0) == [0, 1] and ring(kv, 0) == [0, 1]
+    assert full(kv, 1) == [1000, 1001, 1002, 1003] and ring(kv, 1) == [1000, 1001, 1002, 1003]
+    assert full(kv, 2) == [2000, 2001, 2002, 2003]
+    assert read[FULL][1, :4].tolist() == [2000, 2001, 2002, 2003]  # its own columns, no other
+    read = forward(kv, [1, 1], first=0)  # rows 0 and 1 decode; row 2 keeps still
+    assert kv.lengths == [3, 5, 4]
+    assert read[FULL][0, :3].tolist() == [0, 1, 2]
+    assert read[SLIDING][1].tolist() == [1004, 1001, 1002, 1003]
+    assert full(kv, 2) == [2000, 2001, 2002, 2003]
+
+
+def test_a_forward_past_the_occupied_rows_is_refused() -> None:
+    kv = SlotKV(LAYOUT, rows=3)
+    kv.add()
+    kv.add()
+    with pytest.raises(ValueError, match=r"rows 1\.\.2 of 2"):
+        kv.plan([1, 1], first=1)
+
+
+def test_swapping_two_rows_exchanges_their_columns_and_lengths() -> None:
+    kv = SlotKV(LAYOUT, rows=3)
+    for _ in range(3):
+        kv.add()
+    forward(kv, [2, 6, 1])
+    kv.swap(0, 1)
+    assert kv.lengths == [6, 2, 1]
+    assert full(kv, 0) == [1000 + p for p in range(6)] and full(kv, 1) == [0, 1]
+    assert ring(kv, 0) == [1004, 1005, 1002, 1003] and ring(kv, 1) == [0, 1]
+    assert full(kv, 2) == [2000]
+    forward(kv, [1, 1, 1])  # each goes on from its own length, in its new row
+    assert full(kv, 1) == [0, 1, 1002]  # row 1's marks: the key it wrote there
+    assert kv.lengths == [7, 3, 2]

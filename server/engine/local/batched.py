@@ -11,9 +11,16 @@ started from the event loop once the callbacks already due have run). Each pass 
    batch's, issue 15);
 2. prefills the prompts of the rows that joined (their uncached tails, all joiners in one
    forward, long prompts in chunks of ``prefill_tokens`` so the running rows never wait long);
-   a row whose prompt is done picks its first token and moves into the decode batch;
+   a row whose prompt is done picks its first token and joins the decode batch;
 3. runs one decode forward over every decoding row, each at its own position (``SlotKV``), picks
    each row's token with its own parameters and streams it.
+
+Every row lives in one ``SlotKV`` of ``width`` rows: the decoding rows first, the prefilling
+ones after them, each forward over its own run of rows. A row whose prompt is done joins the
+decoding rows where it is (the boundary moves past it; a swap of two rows when another prompt
+ahead of it is still prefilling), so its cache, a session's whole conversation on a later turn,
+is copied into the batch once (from the ``KVStore``), not again from a prefill buffer, and the
+batch holds one set of KV buffers.
 
 Cancel flags are read before every pass and again before a token is streamed, so a cancelled
 row streams nothing more and its ``done`` comes within one decode step. A failure in one row's
@@ -114,10 +121,12 @@ class BatchedEngine:
         self.gather_s = gather_s
         self.gather_cap_s = max(gather_s, GATHER_CAP_S)
         self._layout = LayerLayout.of(text_config, self.model.dtype, self.model.device)
-        self._decode_kv = SlotKV(self._layout, width)
-        self._prefill_kv = SlotKV(self._layout, width)
-        self._decoding: list[BatchRow] = []  # row b of _decode_kv (worker thread only)
-        self._prefilling: list[BatchRow] = []  # row b of _prefill_kv (worker thread only)
+        # One set of buffers: the decoding rows first, then the prefilling ones, so a row whose
+        # prompt is done starts decoding where it is (no copy of its cache) and the rows of a
+        # width need one row of KV buffers each (worker thread only, like the lists)
+        self._kv = SlotKV(self._layout, width)
+        self._decoding: list[BatchRow] = []  # row b of _kv
+        self._prefilling: list[BatchRow] = []  # row len(_decoding) + j of _kv
         self._waiting: deque[BatchRow] = deque()  # admitted by start, no row yet (worker only)
         # guards _inbox, its arrival times and _worker: generate() appends on the loop; the
         # worker drains and exits
@@ -277,24 +286,26 @@ class BatchedEngine:
             if row.cancelled:
                 row.finish(FinishReason.CANCELLED, row.prefix_state, self.kv)
                 continue
-            self._prefill_kv.add(row.prefix_state)
+            self._kv.add(row.prefix_state)  # the last row: the prefilling ones come last
             self._prefilling.append(row)
 
     def _end_cancelled(self) -> None:
-        for kv, rows in ((self._decode_kv, self._decoding), (self._prefill_kv, self._prefilling)):
-            for b in reversed(range(len(rows))):
-                if rows[b].cancelled:
-                    self._retire(kv, rows, b, FinishReason.CANCELLED)
+        for b in reversed(range(len(self._decoding))):
+            if self._decoding[b].cancelled:
+                self._retire(self._decoding[b], FinishReason.CANCELLED)
+        for j in reversed(range(len(self._prefilling))):
+            if self._prefilling[j].cancelled:
+                self._retire(self._prefilling[j], FinishReason.CANCELLED)
 
     def _prefill_chunk(self) -> None:
-        rows, kv = self._prefilling, self._prefill_kv
+        rows = self._prefilling
         per_row = max(16, self.prefill_tokens // len(rows))
         counts = [min(row.unfed, per_row) for row in rows]
         width = max(counts)
         ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
         for b, (row, n) in enumerate(zip(rows, counts, strict=True)):
             ids[b, :n] = torch.tensor(row.prompt_ids[row.fed : row.fed + n])
-        hidden = self._forward(kv, ids, counts)
+        hidden = self._forward(ids, counts, first=len(self._decoding))
         self.prefill_forwards += 1
         for row, n in zip(rows, counts, strict=True):
             row.fed += n
@@ -304,30 +315,35 @@ class BatchedEngine:
         last = torch.tensor([counts[b] - 1 for b in done])
         logits = self._logits(hidden[torch.tensor(done), last])
         picked = pick_tokens([rows[b].sampler for b in done], logits)
-        for b, token in zip(reversed(done), reversed(picked), strict=True):
-            row = rows[b]
+        for row, token in [(rows[b], token) for b, token in zip(done, picked, strict=True)]:
             reason = self._take(row, token)
             if reason is not None:
-                self._retire(kv, rows, b, reason)
-                continue
-            self._decode_kv.transfer(kv, b, self._decode_kv.add())
-            self._decoding.append(row)
-            self._drop(kv, rows, b)
+                self._retire(row, reason)
+            else:
+                self._start_decoding(self._prefilling.index(row))
+
+    def _start_decoding(self, j: int) -> None:
+        """The prefilling row ``j`` joins the decoding rows: first in line (a swap of two rows
+        when it is not), then the boundary moves past it."""
+        rows, d = self._prefilling, len(self._decoding)
+        self._kv.swap(d, d + j)
+        rows[0], rows[j] = rows[j], rows[0]
+        self._decoding.append(rows.pop(0))
 
     def _decode_step(self) -> None:
-        rows, kv = self._decoding, self._decode_kv
+        rows = self._decoding
         ids = torch.tensor([[row.next_token] for row in rows], dtype=torch.long)
-        hidden = self._forward(kv, ids, [1] * len(rows))
+        hidden = self._forward(ids, [1] * len(rows), first=0)
         picked = pick_tokens([row.sampler for row in rows], self._logits(hidden[:, -1]))
         self.decode_steps += 1
         self.decoded_tokens += len(rows)
-        ended: list[tuple[int, FinishReason]] = []
-        for b, (row, token) in enumerate(zip(rows, picked, strict=True)):
+        ended: list[tuple[BatchRow, FinishReason]] = []
+        for row, token in zip(rows, picked, strict=True):
             reason = self._take(row, token)
             if reason is not None:
-                ended.append((b, reason))
-        for b, reason in reversed(ended):
-            self._retire(kv, rows, b, reason)
+                ended.append((row, reason))
+        for row, reason in ended:
+            self._retire(row, reason)
 
     @staticmethod
     def _take(row: BatchRow, picked: int | Exception) -> FinishReason | None:
@@ -345,17 +361,18 @@ class BatchedEngine:
         log.error("a row of the batch failed; it ends alone", exc_info=row.error)
         return FinishReason.ERROR
 
-    def _forward(self, kv: SlotKV, ids: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, counts: list[int], first: int) -> torch.Tensor:
+        """One forward over the rows from ``first`` on, ``counts[b]`` tokens of ``ids[b]``."""
         device = self.model.device
-        positions, masks = kv.plan(counts)
+        positions, masks = self._kv.plan(counts, first)
         out = self._text(
             input_ids=ids.to(device),
             attention_mask=masks,
             position_ids=positions,
-            cache=kv,
+            cache=self._kv,
             use_cache=True,
         )
-        kv.advance()
+        self._kv.advance()
         hidden: torch.Tensor = out.last_hidden_state
         return hidden
 
@@ -365,22 +382,47 @@ class BatchedEngine:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         return logits.float()
 
-    def _retire(self, kv: SlotKV, rows: list[BatchRow], b: int, reason: FinishReason) -> None:
-        row = rows[b]
+    def _retire(self, row: BatchRow, reason: FinishReason) -> None:
+        """End ``row`` (decoding or prefilling), keeping its KV state unless it failed, and free
+        its row of the buffers."""
+        decoding = row in self._decoding
+        b = (
+            self._decoding.index(row)
+            if decoding
+            else len(self._decoding) + self._prefilling.index(row)
+        )
         try:
-            state = None if reason is FinishReason.ERROR else kv.save(b)
+            state = None if reason is FinishReason.ERROR else self._kv.save(b)
             row.finish(reason, state, self.kv, row.error)
         except Exception as error:
             log.exception("ending a row failed; it ends alone")
             row.finish(FinishReason.ERROR, None, self.kv, error)  # its done, unless already sent
         finally:
-            self._drop(kv, rows, b)
+            if decoding:
+                self._drop_decoding(b)
+            else:
+                self._drop_prefilling(b - len(self._decoding))
 
-    @staticmethod
-    def _drop(kv: SlotKV, rows: list[BatchRow], b: int) -> None:
-        """Free row ``b``: ``SlotKV.remove`` moves the last row into it; the list does the same."""
-        kv.remove(b)
-        rows[b] = rows[-1]
+    def _drop_decoding(self, b: int) -> None:
+        """Free decoding row ``b``: the last decoding row moves into it, and the last prefilling
+        row into the place that leaves, so both runs of rows stay contiguous."""
+        kv, rows = self._kv, self._decoding
+        last = len(rows) - 1
+        if b != last:
+            kv.transfer(kv, last, b)
+        rows[b] = rows[last]
+        rows.pop()
+        if self._prefilling:
+            kv.transfer(kv, kv.count - 1, last)
+            self._prefilling.insert(0, self._prefilling.pop())
+        kv.remove(kv.count - 1)
+
+    def _drop_prefilling(self, j: int) -> None:
+        """Free prefilling row ``j``: ``SlotKV.remove`` moves the last row (the last prefilling
+        one) into it; the list does the same."""
+        self._kv.remove(len(self._decoding) + j)
+        rows = self._prefilling
+        rows[j] = rows[-1]
         rows.pop()
 
     def _fail_all(self, error: BaseException) -> None:
@@ -391,5 +433,4 @@ class BatchedEngine:
                 log.exception("ending a failed row")
         self._decoding.clear()
         self._prefilling.clear()
-        self._decode_kv.clear()
-        self._prefill_kv.clear()
+        self._kv.clear()

@@ -1,13 +1,16 @@
 """``SlotKV``: the KV state of several sequences in preallocated per-layer buffers, one row each.
 
-Rows ``[0, count)`` are occupied; a forward pass runs over all of them at once, each row at its
-own position (``plan``), so sequences of different lengths decode together without padding
-copies. Full-attention layers keep every position of a row in columns ``0..length-1``;
-sliding-window layers keep a ring of ``window`` columns where position ``p`` lives in column
-``p % window`` (the columns are the same for every row, so a row's ring can be saved and loaded
-as is). The model reads the cache through ``update`` exactly as it reads a transformers
-``Cache``; the masks that tell each row which columns are its own come from ``plan`` and are
-passed to the model ready-made (4-D boolean, True = attend), so no padding mask is inferred.
+Rows ``[0, count)`` are occupied; a forward pass runs over a contiguous run of them at once
+(``plan``: all of them, or rows ``first`` to ``first + n``), each row at its own position, so
+sequences of different lengths decode together without padding copies, and rows that prefill
+(the batched engine keeps them after the decoding ones) run their own forward in the same
+buffers while the others keep still. Full-attention layers keep every position of a row in
+columns ``0..length-1``; sliding-window layers keep a ring of ``window`` columns where position
+``p`` lives in column ``p % window`` (the columns are the same for every row, so a row's ring
+can be saved and loaded as is). The model reads the cache through ``update`` exactly as it reads
+a transformers ``Cache``; the masks that tell each row which columns are its own come from
+``plan`` and are passed to the model ready-made (4-D boolean, True = attend), so no padding
+mask is inferred.
 
 Keys and values cross a row's boundary only as a ``KVState`` (``save``/``load``/``transfer``):
 the form a session's cache takes between turns in the ``KVStore``.
@@ -95,8 +98,10 @@ class LayerLayout:
 
 @dataclass(slots=True)
 class _Plan:
-    """Where the tokens of one forward go: row ``b`` writes positions ``starts[b] + t``."""
+    """Where the tokens of one forward go: row ``first + b`` writes positions
+    ``starts[b] + t``."""
 
+    first: int  # the forward runs over rows [first, first + rows)
     rows: int
     width: int  # tokens per row in this forward (rows with fewer are padded at the end)
     real: list[int]  # real tokens per row
@@ -183,6 +188,20 @@ class SlotKV:
             dv[dst, :, :kept] = sv[src, :, :kept]
         self.lengths[dst] = n
 
+    def swap(self, a: int, b: int) -> None:
+        """Exchange rows ``a`` and ``b`` (their columns in use and their lengths)."""
+        if a == b:
+            return
+        n = max(self.lengths[a], self.lengths[b])
+        kept = min(n, self.layout.window)
+        for buffers, columns in ((self._full, n), (self._ring, kept)):
+            for pair in buffers.values():
+                for buffer in pair:
+                    held = buffer[a, :, :columns].clone()
+                    buffer[a, :, :columns] = buffer[b, :, :columns]
+                    buffer[b, :, :columns] = held
+        self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
+
     def _reserve(self, columns: int) -> None:
         """Grow the full layers' buffers (doubling) so every row can hold ``columns``."""
         if columns <= self.capacity:
@@ -197,21 +216,27 @@ class SlotKV:
 
     # -- one forward pass ----------------------------------------------------------------
 
-    def plan(self, tokens: list[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Set up a forward of ``tokens[b]`` new tokens for each occupied row ``b``.
+    def plan(
+        self, tokens: list[int], first: int = 0
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Set up a forward of ``tokens[b]`` new tokens for row ``first + b`` (occupied rows
+        outside ``[first, first + len(tokens))`` keep still).
 
         Returns the position ids ``[rows, width]`` and the attention masks by layer type.
         """
-        rows, width = self.count, max(tokens)
+        rows, width = len(tokens), max(tokens)
+        if first < 0 or first + rows > self.count:
+            raise ValueError(f"a forward over rows {first}..{first + rows - 1} of {self.count}")
+        lengths = self.lengths[first : first + rows]
         device = self.layout.device
-        starts = torch.tensor(self.lengths, dtype=torch.long, device=device)
-        full_len = max(self.lengths) + width
+        starts = torch.tensor(lengths, dtype=torch.long, device=device)
+        full_len = max(lengths) + width
         self._reserve(full_len)
         # Until a row passes the window, position p sits in column p: the columns past the
         # longest row are empty, so attention skips them.
-        held = max(self.lengths) + (1 if width == 1 else 0)
+        held = max(lengths) + (1 if width == 1 else 0)
         ring_len = min(self.layout.window, held)
-        self._plan = _Plan(rows, width, list(tokens), starts, full_len, ring_len)
+        self._plan = _Plan(first, rows, width, list(tokens), starts, full_len, ring_len)
         steps = torch.arange(width, device=device)
         positions = starts[:, None] + steps[None, :]  # [rows, width]
         columns = torch.arange(full_len, device=device)
@@ -246,8 +271,9 @@ class SlotKV:
     def advance(self) -> None:
         """After the forward: each row holds its real new tokens."""
         assert self._plan is not None
+        first = self._plan.first
         for b, n in enumerate(self._plan.real):
-            self.lengths[b] += n
+            self.lengths[first + b] += n
         self._plan = None
 
     def update(
@@ -268,12 +294,12 @@ class SlotKV:
         plan: _Plan,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         bk, bv = buffers
-        rows, width = plan.rows, plan.width
-        row_ids = torch.arange(rows, device=key.device)[:, None]
+        first, width, end = plan.first, plan.width, plan.first + plan.rows
+        row_ids = torch.arange(first, end, device=key.device)[:, None]
         cols = plan.starts[:, None] + torch.arange(width, device=key.device)[None, :]
         bk[row_ids, :, cols] = key.transpose(1, 2)
         bv[row_ids, :, cols] = value.transpose(1, 2)
-        return bk[:rows, :, : plan.full_len], bv[:rows, :, : plan.full_len]
+        return bk[first:end, :, : plan.full_len], bv[first:end, :, : plan.full_len]
 
     def _update_ring(
         self,
@@ -283,21 +309,20 @@ class SlotKV:
         plan: _Plan,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         bk, bv = buffers
-        rows, window = plan.rows, self.layout.window
+        window, first, end = self.layout.window, plan.first, plan.first + plan.rows
         if plan.width == 1:
-            row_ids = torch.arange(rows, device=key.device)
+            row_ids = torch.arange(first, end, device=key.device)
             cols = torch.remainder(plan.starts, window)
             bk[row_ids, :, cols] = key[:, :, 0]
             bv[row_ids, :, cols] = value[:, :, 0]
-            return bk[:rows, :, : plan.ring_len], bv[:rows, :, : plan.ring_len]
-        keys = torch.cat([bk[:rows, :, : plan.ring_len], key], dim=2)
-        values = torch.cat([bv[:rows, :, : plan.ring_len], value], dim=2)
+            return bk[first:end, :, : plan.ring_len], bv[first:end, :, : plan.ring_len]
+        keys = torch.cat([bk[first:end, :, : plan.ring_len], key], dim=2)
+        values = torch.cat([bv[first:end, :, : plan.ring_len], value], dim=2)
         for b, n in enumerate(plan.real):  # only real tokens enter the ring, the last window
-            first = max(0, n - window)
-            start = int(plan.starts[b]) + first
-            cols = torch.remainder(
-                torch.arange(start, start + n - first, device=key.device), window
-            )
-            bk[b, :, cols] = key[b, :, first:n]  # an int index stays in place: [heads, n, dim]
-            bv[b, :, cols] = value[b, :, first:n]
+            skip = max(0, n - window)
+            start = int(plan.starts[b]) + skip
+            cols = torch.remainder(torch.arange(start, start + n - skip, device=key.device), window)
+            row = first + b  # an int index stays in place: [heads, n, dim]
+            bk[row, :, cols] = key[b, :, skip:n]
+            bv[row, :, cols] = value[b, :, skip:n]
         return keys, values
