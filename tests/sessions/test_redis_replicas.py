@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+import pytest_asyncio
 import redis.asyncio as aioredis
 from wschat.server.sessions.snapshot import unpack
 
@@ -144,11 +145,18 @@ async def gateway_process(
 async def replicas(
     tmp_path: Path, model: Path, *, aof: bool = False
 ) -> AsyncIterator[tuple[RedisProcess, str, str]]:
-    async with (
-        redis_server(tmp_path, aof=aof) as store,
-        gateway(model, store.url, tmp_path / "a.log") as a,
-        gateway(model, store.url, tmp_path / "b.log") as b,
-    ):
+    """Redis and two gateways on it, ``a`` and ``b``, started side by side (a start is mostly a
+    fresh interpreter importing torch and transformers: one core each)."""
+    async with redis_server(tmp_path, aof=aof) as store, contextlib.AsyncExitStack() as stack:
+        # a failed start cancels the other, which kills its process; a started one is on the stack
+        async with asyncio.TaskGroup() as group:
+            started = [
+                group.create_task(
+                    stack.enter_async_context(gateway(model, store.url, tmp_path / f"{name}.log"))
+                )
+                for name in ("a", "b")
+            ]
+        a, b = (task.result() for task in started)
         yield store, a, b
 
 
@@ -194,12 +202,21 @@ async def store_errors(url: str) -> float:
     raise AssertionError("no wschat_session_store_errors_total in /metrics")
 
 
-@pytest.fixture
-async def cluster(
-    tmp_path: Path, tiny_text_dir: Path
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_cluster(
+    tmp_path_factory: pytest.TempPathFactory, tiny_text_dir: Path
 ) -> AsyncIterator[tuple[RedisProcess, str, str]]:
-    async with replicas(tmp_path, tiny_text_dir) as parts:
+    async with replicas(tmp_path_factory.mktemp("cluster"), tiny_text_dir) as parts:
         yield parts
+
+
+@pytest.fixture
+def cluster(shared_cluster: tuple[RedisProcess, str, str]) -> tuple[RedisProcess, str, str]:
+    """Redis and two replicas, shared by this module's tests (each test's sessions are its own):
+    a test that stops or kills a part starts its own with ``replicas`` or ``gateway_process``."""
+    store, _, _ = shared_cluster
+    assert store.process is not None and store.process.poll() is None, "the shared Redis stopped"
+    return shared_cluster
 
 
 async def test_a_conversation_begun_on_one_replica_continues_on_the_other(
