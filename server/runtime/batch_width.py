@@ -1,12 +1,12 @@
 """The batched engine's default batch width (``--max-concurrent auto``): the width measured best
 for the device, never more rows than the memory left after the model can hold.
 
-Each row of the batch keeps KV buffers in two places, the decoding rows and the prefilling rows
-(``engine/local/slotkv.py``), each preallocated for ``width`` rows; a full-attention layer keeps
-every position of the context, and its buffers grow by doubling, so one may reach twice the
-context before it stops; a sliding-window layer keeps a ring of ``window`` positions. The idle
-sessions' KV budget (``--kv-budget-mib``) comes off the memory first. Pure arithmetic here; the
-runtime reads the model's shape and the free memory (``runtime/engines.py``).
+Each row of the batch keeps KV buffers in one SlotKV (``engine/local/slotkv.py``) that holds
+the decoding and the prefilling rows alike, preallocated for ``width`` rows; a full-attention
+layer keeps every position of the context, and its buffers grow by doubling, so one may reach
+twice the context before it stops; a sliding-window layer keeps a ring of ``window``
+positions. The idle sessions' KV budget (``--kv-budget-mib``) comes off the memory first. Pure
+arithmetic here; the runtime reads the model's shape and the free memory (``runtime/engines.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ PREFERRED = {"cpu": 32, "cuda": 64}
 # is the engine's alone (the rest: activations, the allocator's slack); RAM is shared with the
 # process's own objects and with other processes.
 SHARE = {"cpu": 0.75, "cuda": 0.85}
-BUFFER_SETS = 2  # the decoding rows' buffers and the prefilling rows'
+BUFFER_SETS = 1  # one SlotKV for the decoding and the prefilling rows
 GROWTH = 2  # a full-attention buffer grows by doubling: up to twice the context
 
 
@@ -60,7 +60,7 @@ class KVShape:
         return 2 * self.kv_heads * self.head_dim * self.dtype_bytes
 
     def row_bytes(self, context: int) -> int:
-        """The most one row of the batch can hold: both buffer sets at ``context`` tokens."""
+        """The most one row of the batch can hold at ``context`` tokens."""
         columns = self.full_layers * GROWTH * context
         columns += self.sliding_layers * min(self.window, context)
         return BUFFER_SETS * columns * self.position_bytes

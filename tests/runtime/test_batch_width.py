@@ -23,17 +23,15 @@ def test_a_shape_counts_its_full_and_sliding_layers() -> None:
     assert shape.position_bytes == 2 * 256 * 2  # keys and values, bf16
 
 
-def test_a_row_holds_both_buffer_sets_full_layers_at_twice_the_context_rings_at_the_window() -> (
-    None
-):
+def test_a_row_holds_full_layers_at_twice_the_context_and_rings_at_the_window() -> None:
     shape = KVShape.of(GEMMA_270M * 3, 512, 1, 256, 2)
     per_set = (3 * 2 * 8192 + 15 * 512) * 1024
-    assert shape.row_bytes(8192) == 2 * per_set == 111 * MIB
+    assert shape.row_bytes(8192) == per_set == 55.5 * MIB
 
 
 def test_a_ring_never_holds_more_than_the_context() -> None:
     shape = KVShape.of(["sliding_attention"], 512, 1, 4, 1)
-    assert shape.row_bytes(100) == 2 * 100 * 8
+    assert shape.row_bytes(100) == 100 * 8  # 100 positions, keys and values of 4 bytes
 
 
 @pytest.mark.parametrize(("device", "kind"), [("cpu", "cpu"), ("cuda", "cuda"), ("cuda:1", "cuda")])
@@ -50,11 +48,13 @@ def test_the_width_is_what_the_free_memorys_share_holds_after_the_idle_kv_budget
     assert default_width("cuda", 1600 * MIB, 20 * GIB, 1 * GIB).width == 10
 
 
-def test_gemma_3_12b_at_8k_context_on_a_141_gb_gpu_gets_fewer_rows_than_preferred() -> None:
-    # 48 layers, 8 of them full, 8 KV heads of 256, a 1024-token window, bf16: 2.6 GiB a row
+def test_gemma_3_12b_gets_fewer_rows_than_preferred_where_the_context_needs_them() -> None:
+    # 48 layers, 8 of them full, 8 KV heads of 256, a 1024-token window, bf16: 1.3 GiB a row at
+    # 8K of context, 64 rows fit on a 141 GB GPU; at 32K a row takes 4.3 GiB and 21 fit
     shape = KVShape.of(GEMMA_270M * 8, 1024, 8, 256, 2)
     free = 141 * 10**9 - 23_500_000_000  # less the weights
-    assert default_width("cuda", shape.row_bytes(8192), free, 1 * GIB).width == 35
+    assert default_width("cuda", shape.row_bytes(8192), free, 1 * GIB).width == 64
+    assert default_width("cuda", shape.row_bytes(32768), free, 1 * GIB).width < 64
 
 
 def test_the_width_is_one_row_at_least_when_memory_holds_none() -> None:
