@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from array import array
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,8 @@ log = logging.getLogger("wschat.run")
 
 Send = Callable[[Frame], Awaitable[None]]
 
+_JOIN_TEXT_EVERY = 256
+
 
 @dataclass(eq=False)
 class GenerationRun:
@@ -46,8 +49,10 @@ class GenerationRun:
     stall_timeout_s: float = 120.0
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     generation: Generation | None = None
+    # What was sent: text pieces joined now and then, ids packed (8 bytes each), so a long reply
+    # to a slow reader costs about its text and ids, not an object per frame.
     text: list[str] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)  # every token generated so far (a checkpoint's)
+    ids: array[int] = field(default_factory=lambda: array("q"))  # a checkpoint's
     finished: Finished | None = None
     reason: FinishReason | None = None  # the done's, once sent
     completion_tokens: int = 0
@@ -113,13 +118,15 @@ class GenerationRun:
             except TimeoutError:
                 return await self._stalled(send)
             text, ids, finished = self._merge(items)
-            self.ids += ids
+            self.ids.extend(ids)
             if text:
                 self.completion_tokens += len(ids)
                 frame = Token(
                     self.id, text, self.completion_tokens, tuple(ids) if self.token_ids else None
                 )
                 self.text.append(text)
+                if len(self.text) >= _JOIN_TEXT_EVERY:
+                    self.text = ["".join(self.text)]
                 self._notify(TokensSent(self, len(ids)))
                 await send(frame)
             else:

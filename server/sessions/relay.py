@@ -7,12 +7,14 @@ what it missed: one ``token`` frame with all the text after the index it names, 
 none of it twice. While no connection is attached (a drop mid-reply, for ``--resume-grace-s``)
 the reply's ``queued`` and ``start`` frames are held for the next one.
 
-What is kept is bounded by one reply: at most ``max_new_tokens`` frames, the next prompt's
-``begin`` lets them go.
+What is kept is bounded by one reply (its text and ids, and four integers per frame: a slow
+reader gets many frames), the next prompt's ``begin`` lets it go.
 """
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -30,11 +32,47 @@ class CatchUp:
     frames: list[Frame] = field(default_factory=list)
 
 
+class RecordedTokens:
+    """The ``token`` frames of one reply, packed: their text and ids, and where each frame ends."""
+
+    def __init__(self) -> None:
+        self._texts: list[str] = []  # joined now and then
+        self._ids = array("q")
+        self._indexes = array("q")  # each frame's index
+        self._text_ends = array("q")  # where each frame's text ends in the joined text
+        self._id_ends = array("q")
+        self._has_ids = False
+        self._length = 0
+
+    def add(self, frame: Token) -> None:
+        self._texts.append(frame.text)
+        if len(self._texts) >= 256:
+            self._texts = ["".join(self._texts)]
+        self._length += len(frame.text)
+        if frame.ids is not None:
+            self._has_ids = True
+            self._ids.extend(frame.ids)
+        self._indexes.append(frame.index)
+        self._text_ends.append(self._length)
+        self._id_ends.append(len(self._ids))
+
+    def after(self, reply: str, last: int) -> Token | None:
+        """One frame with every frame's text after index ``last``; None when there is none."""
+        first = bisect_right(self._indexes, last)
+        if first == len(self._indexes):
+            return None
+        text_from = self._text_ends[first - 1] if first else 0
+        ids_from = self._id_ends[first - 1] if first else 0
+        self._texts = ["".join(self._texts)]
+        ids = tuple(self._ids[ids_from:]) if self._has_ids else None
+        return Token(reply, self._texts[0][text_from:], self._indexes[-1], ids)
+
+
 class Relay:
     def __init__(self) -> None:
         self._target: Send | None = None  # the connection's outbox; None while detached
         self.reply: str | None = None  # the id of the reply recorded: the last prompt's
-        self._tokens: list[Token] = []  # its token frames, in order
+        self._tokens = RecordedTokens()  # its token frames
         self._ending: list[Frame] = []  # its error and done frames
         # frames sent while no connection is attached mid-reply, for the next one (attach)
         self._held: list[Frame] = []
@@ -55,13 +93,14 @@ class Relay:
         if getattr(frame, "id", None) != self.reply:
             return
         if isinstance(frame, Token):
-            self._tokens.append(frame)
+            self._tokens.add(frame)
         elif isinstance(frame, Error | Done):
             self._ending.append(frame)
 
     def begin(self, reply: str) -> None:
         """A prompt was accepted: its reply is the one recorded from now on."""
-        self.reply, self._tokens, self._ending, self.in_flight = reply, [], [], False
+        self.reply, self._ending, self.in_flight = reply, [], False
+        self._tokens = RecordedTokens()
 
     def detach(self, mid_reply: bool) -> None:
         """The connection is gone; ``mid_reply``: the reply goes on without it."""
@@ -80,8 +119,8 @@ class Relay:
             return CatchUp()
         opening = [f for f in self._held if isinstance(f, Queued | Start)]
         self._held = []
-        after = [t for t in self._tokens if t.index > (last or 0)]
-        replay: list[Frame] = [_merged(after)] if after else []
+        after = self._tokens.after(self.reply, last or 0)
+        replay: list[Frame] = [after] if after else []
         return CatchUp(self.reply, [*opening, *replay, *self._ending])
 
     async def attach(self, send: Send) -> None:
@@ -90,10 +129,3 @@ class Relay:
             await send(self._held.pop(0))
         self._target = send  # no await since the list was seen empty: nothing slips between
         self.in_flight = False
-
-
-def _merged(tokens: list[Token]) -> Token:
-    """One ``token`` frame for consecutive ones: their text, the last index, their ids."""
-    has_ids = any(t.ids is not None for t in tokens)
-    ids = tuple(i for t in tokens for i in t.ids or ()) if has_ids else None
-    return Token(tokens[0].id, "".join(t.text for t in tokens), tokens[-1].index, ids)
