@@ -22,6 +22,8 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,50 +49,66 @@ def _machine() -> dict[str, object]:
     }
 
 
+@dataclass(frozen=True)
+class Scenario:
+    """A scenario ``--only NAME`` runs alone (into bench/results/NAME.json)."""
+
+    work: Any  # its Work class: ``Work()`` the full run, ``Work.quick()`` a short one
+    run: Callable[..., dict[str, Any]]  # run(work, logs, engine=...)
+    table: Callable[[dict[str, Any]], str]  # of {name: the run's result}
+    targets: Callable[[dict[str, Any]], list[dict[str, Any]]]
+    help: str
+    available: Callable[[], str | None] = lambda: None  # why it cannot run here, if it cannot
+    in_full_run: bool = True
+
+
+SCENARIOS = {
+    "threads": Scenario(
+        threads.ThreadsWork, threads.run, report.threads_table, threads.targets, "a busy neighbour"
+    ),
+    "widths": Scenario(
+        widths.WidthsWork, widths.run, report.widths_table, widths.targets,
+        "8/16/32 sessions at batch widths 8/16/32",
+    ),
+    "images": Scenario(
+        images.ImagesWork, images.run, report.images_table, images.targets,
+        "8 conversations, half with an image in turn 1",
+    ),
+    "llamacpp": Scenario(
+        llamacpp.LlamaWork, llamacpp.run, report.llamacpp_table, llamacpp.targets,
+        "llama.cpp's server direct and with wschat --engine openai in front",
+        available=llamacpp.available,
+    ),
+    "resume": Scenario(
+        resume.ResumeWork, resume.run, report.resume_table, resume.targets,
+        "replies dropped mid-stream and resumed", in_full_run=False,
+    ),
+}  # fmt: skip
+
+
 def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """The results and the table of the run the arguments ask for."""
-    result: dict[str, Any]
-    if args.only == "threads":
-        alone = threads.ThreadsWork.quick() if args.quick else threads.ThreadsWork()
-        result = {"threads": threads.run(alone, args.logs, engine=args.engine)}
-        text = report.threads_table(result)
-        return {**result, "targets": threads.targets(result["threads"])}, text
-    if args.only == "widths":
-        batch = widths.WidthsWork.quick() if args.quick else widths.WidthsWork()
-        result = {"widths": widths.run(batch, args.logs, engine=args.engine)}
-        text = report.widths_table(result)
-        return {**result, "targets": widths.targets(result["widths"])}, text
-    if args.only == "images":
-        talks = images.ImagesWork.quick() if args.quick else images.ImagesWork()
-        result = {"images": images.run(talks, args.logs, engine=args.engine)}
-        text = report.images_table(result)
-        return {**result, "targets": images.targets(result["images"])}, text
-    if args.only == "llamacpp":
-        why_not = llamacpp.available()
+    if args.only:
+        scenario = SCENARIOS[args.only]
+        why_not = scenario.available()
         if why_not:
-            raise SystemExit(f"no llama.cpp scenario: {why_not}")
-        work = llamacpp.LlamaWork.quick() if args.quick else llamacpp.LlamaWork()
-        result = {"llamacpp": llamacpp.run(work, args.logs, engine=args.engine)}
-        text = report.llamacpp_table(result)
-        return {**result, "targets": llamacpp.targets(result["llamacpp"])}, text
-    if args.only == "resume":
-        drops = resume.ResumeWork.quick() if args.quick else resume.ResumeWork()
-        result = {"resume": resume.run(drops, args.logs, engine=args.engine)}
-        return {**result, "targets": resume.targets(result["resume"])}, report.resume_table(result)
+            raise SystemExit(f"no {args.only} scenario: {why_not}")
+        work = scenario.work.quick() if args.quick else scenario.work()
+        result = {args.only: scenario.run(work, args.logs, engine=args.engine)}
+        return {**result, "targets": scenario.targets(result[args.only])}, scenario.table(result)
     from .run import run
 
     work = Workload.quick() if args.quick else Workload()
     result = run(work, engine=args.engine, peer_wanted=not args.no_peer, logs=args.logs)
-    if not args.quick:  # --quick stays short; --quick --only threads is the scenario's own
-        result["threads"] = threads.run(threads.ThreadsWork(), args.logs, engine=args.engine)
-        result["widths"] = widths.run(widths.WidthsWork(), args.logs, engine=args.engine)
-        result["images"] = images.run(images.ImagesWork(), args.logs, engine=args.engine)
-        why_not = llamacpp.available()
-        result["llamacpp"] = (
-            {"skipped": why_not}
-            if why_not
-            else llamacpp.run(llamacpp.LlamaWork(), args.logs, engine=args.engine)
-        )
+    if not args.quick:  # --quick stays short; --quick --only NAME is the scenario's own
+        for name, scenario in SCENARIOS.items():
+            if scenario.in_full_run:
+                why_not = scenario.available()
+                result[name] = (
+                    {"skipped": why_not}
+                    if why_not
+                    else scenario.run(scenario.work(), args.logs, engine=args.engine)
+                )
     return {**result, "targets": report.targets(result)}, report.table(result)
 
 
@@ -101,11 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="batched", help="the wschat engine measured")
     parser.add_argument(
         "--only",
-        choices=["threads", "widths", "images", "llamacpp", "resume"],
-        help="run one scenario alone: 'threads' (a busy neighbour), 'widths' (8/16/32 sessions "
-        "at batch widths 8/16/32), 'images' (8 conversations, half with an image in turn 1), "
-        "'llamacpp' (llama.cpp's server direct and with wschat --engine openai in front), "
-        "'resume' (replies dropped mid-stream and resumed)",
+        choices=list(SCENARIOS),
+        help="run one scenario alone: "
+        + ", ".join(f"'{name}' ({s.help})" for name, s in SCENARIOS.items()),
     )
     parser.add_argument("--json", type=Path, help="where the results go (default: by scenario)")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "bench.png")

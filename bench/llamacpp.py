@@ -115,7 +115,9 @@ def compare(figures: dict[str, dict[int, dict[str, Any]]]) -> dict[str, dict[int
     for system, by_n in figures.items():
         out[system] = {
             n: {
-                "aggregate_x": paired_ratio(f["aggregate_rounds"], direct[n]["aggregate_rounds"]),
+                "aggregate_x": paired_ratio(
+                    f["aggregate_tps_rounds"], direct[n]["aggregate_tps_rounds"]
+                ),
                 "ttft_diff_s": paired_difference(f["ttft_rounds"], direct[n]["ttft_rounds"]),
             }
             for n, f in by_n.items()

@@ -39,7 +39,7 @@ def _figures(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
         "itl_median_s": median([median([g for s in r for g in s.gaps]) for r in rounds]),
         "itl_p95_s": median([c.itl_p95 for c in per_round]),
         "rounds": len(rounds),
-        "aggregate_rounds": [c.aggregate for c in per_round],
+        "aggregate_tps_rounds": [c.aggregate for c in per_round],
         "ttft_p95_rounds": [c.ttft_p95 for c in per_round],
         "stream_tps_rounds": rates,
     }

@@ -110,7 +110,7 @@ def growth(figures: dict[int, dict[int, dict[str, Any]]]) -> dict[int, float]:
     out = {}
     for width, by_n in figures.items():
         few, most = by_n[min(by_n)], by_n[max(by_n)]
-        out[width] = paired_ratio(most["aggregate_rounds"], few["aggregate_rounds"])
+        out[width] = paired_ratio(most["aggregate_tps_rounds"], few["aggregate_tps_rounds"])
     return out
 
 

@@ -24,7 +24,7 @@ def figures() -> dict[str, dict[int, dict[str, Any]]]:
                 "stream_tps": agg[0] / n,
                 "ttft_median_s": sorted(ttft)[len(ttft) // 2],
                 "ttft_p95_s": max(ttft),
-                "aggregate_rounds": agg,
+                "aggregate_tps_rounds": agg,
                 "ttft_rounds": ttft,
             }
             for n, (agg, ttft) in by_n.items()

@@ -46,7 +46,7 @@ def cells(aggregates: dict[int, dict[int, list[float]]]) -> dict[int, dict[int, 
         w: {
             n: {
                 "aggregate_tps": sorted(rounds)[len(rounds) // 2],
-                "aggregate_rounds": rounds,
+                "aggregate_tps_rounds": rounds,
                 "stream_tps": 10.0,
                 "ttft_median_s": 0.2,
                 "ttft_p95_s": 0.4,
