@@ -28,8 +28,12 @@ def test_ci_runs_exactly_the_readme_test_command_then_the_gates() -> None:
     assert shell_lines(ROOT / ".ci/run")[-2:] == [readme_test_command(), ".ci/gates"]
 
 
-def test_tests_run_ends_in_pytest_with_its_arguments() -> None:
-    assert shell_lines(ROOT / "tests/run")[-1] == 'HF_HUB_OFFLINE=1 exec python3 -m pytest -q "$@"'
+def test_tests_run_ends_in_pytest_on_two_workers_with_its_arguments() -> None:
+    command = 'HF_HUB_OFFLINE=1 exec python3 -m pytest -q -n 2 --dist loadfile "$@"'
+    assert shell_lines(ROOT / "tests/run")[-1] == command
+    # the README says the same (its line wraps where a space was)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`HF_HUB_OFFLINE=1 python3 -m pytest -q -n 2 --dist loadfile`" in readme
 
 
 def test_the_set_up_command_installs_the_pinned_cpu_torch_then_the_server_and_runs_it() -> None:
