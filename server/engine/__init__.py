@@ -13,6 +13,7 @@ from .base import (
     KVUsage,
     PreparedTurn,
     SamplingParams,
+    TextPieces,
     TokenPiece,
     Turn,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "PreparedTurn",
     "Refusal",
     "SamplingParams",
+    "TextPieces",
     "TokenPiece",
     "TooLarge",
     "Turn",

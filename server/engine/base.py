@@ -150,7 +150,29 @@ class KVUsage:
 Item = TokenPiece | Finished
 
 
-_COMPACT_EVERY = 256  # waiting text pieces joined into one string this often
+class TextPieces:
+    """Text that comes in many small pieces (a token's), kept as a few strings: the pieces are
+    joined into one every 256, so a long text costs about its bytes, not an object per piece."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self) -> None:
+        self._parts: list[str] = []
+
+    def append(self, piece: str) -> None:
+        self._parts.append(piece)
+        if len(self._parts) >= 256:
+            self.join()
+
+    def join(self) -> str:
+        """All the text so far, kept from now on as that one string."""
+        text = "".join(self._parts)
+        self._parts = [text]
+        return text
+
+    def __bool__(self) -> bool:
+        """Whether any piece came (an empty one too)."""
+        return bool(self._parts)
 
 
 @dataclass(eq=False)
@@ -168,7 +190,7 @@ class Generation:
     cached_tokens: int = 0
     # Run on the loop when the ``Finished`` arrives (the chat records the exchange).
     on_finish: list[Callable[[Finished], None]] = field(default_factory=list)
-    _texts: list[str] = field(default_factory=list)
+    _texts: TextPieces = field(default_factory=TextPieces)
     _ids: array[int] = field(default_factory=lambda: array("q"))
     _end: Finished | None = None
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -186,16 +208,14 @@ class Generation:
         else:
             self._texts.append(item.text)
             self._ids.extend(item.ids)
-            if len(self._texts) >= _COMPACT_EVERY:
-                self._texts = ["".join(self._texts)]
         self._ready.set()
 
     def pending(self) -> list[Item]:
         """Every item already waiting, merged, without blocking."""
         items: list[Item] = []
         if self._texts or self._ids:
-            items.append(TokenPiece("".join(self._texts), tuple(self._ids)))
-            self._texts, self._ids = [], array("q")
+            items.append(TokenPiece(self._texts.join(), tuple(self._ids)))
+            self._texts, self._ids = TextPieces(), array("q")
         if self._end is not None:
             items.append(self._end)
             self._end = None
@@ -223,7 +243,7 @@ class LoopBridge:
     def __init__(self, loop: asyncio.AbstractEventLoop, generation: Generation) -> None:
         self._loop = loop
         self._generation = generation
-        self._texts: list[str] = []
+        self._texts = TextPieces()
         self._tokens = 0
         self._closed = False
 
@@ -234,7 +254,7 @@ class LoopBridge:
             self._closed = True
             g = self._generation
             usage = Usage(g.prompt_tokens, self._tokens, g.cached_tokens)
-            item = replace(item, text="".join(self._texts), usage=item.usage or usage)
+            item = replace(item, text=self._texts.join(), usage=item.usage or usage)
         else:
             self._texts.append(item.text)
             self._tokens += len(item.ids)

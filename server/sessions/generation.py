@@ -28,7 +28,15 @@ from wschat.protocol import (
     Usage,
 )
 
-from ..engine import Chat, EngineError, Finished, Generation, PreparedTurn, TokenPiece
+from ..engine import (
+    Chat,
+    EngineError,
+    Finished,
+    Generation,
+    PreparedTurn,
+    TextPieces,
+    TokenPiece,
+)
 from .error_boundary import error_frame
 from .events import RunDone, RunEvent, RunListener, RunStarted, TokensSent
 from .slots import GenerationSlots, Ticket
@@ -36,8 +44,6 @@ from .slots import GenerationSlots, Ticket
 log = logging.getLogger("wschat.run")
 
 Send = Callable[[Frame], Awaitable[None]]
-
-_JOIN_TEXT_EVERY = 256
 
 
 @dataclass(eq=False)
@@ -49,9 +55,9 @@ class GenerationRun:
     stall_timeout_s: float = 120.0
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     generation: Generation | None = None
-    # What was sent: text pieces joined now and then, ids packed (8 bytes each), so a long reply
-    # to a slow reader costs about its text and ids, not an object per frame.
-    text: list[str] = field(default_factory=list)
+    # What was sent, packed, so a long reply to a slow reader costs about its text and ids, not
+    # an object per frame.
+    text: TextPieces = field(default_factory=TextPieces)
     ids: array[int] = field(default_factory=lambda: array("q"))  # a checkpoint's
     finished: Finished | None = None
     reason: FinishReason | None = None  # the done's, once sent
@@ -125,8 +131,6 @@ class GenerationRun:
                     self.id, text, self.completion_tokens, tuple(ids) if self.token_ids else None
                 )
                 self.text.append(text)
-                if len(self.text) >= _JOIN_TEXT_EVERY:
-                    self.text = ["".join(self.text)]
                 self._notify(TokensSent(self, len(ids)))
                 await send(frame)
             else:
@@ -198,7 +202,7 @@ class GenerationRun:
         generation = self.generation
         prompt_tokens = generation.prompt_tokens if generation else 0
         cached = generation.cached_tokens if generation else 0
-        return "".join(self.text), Usage(prompt_tokens, self.completion_tokens, cached)
+        return self.text.join(), Usage(prompt_tokens, self.completion_tokens, cached)
 
     @property
     def queued_ms(self) -> float:

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 from wschat.protocol import Done, Error, Frame, Queued, Start, Token
 
+from ..engine import TextPieces
+
 Send = Callable[[Frame], Awaitable[None]]
 
 
@@ -36,24 +38,20 @@ class RecordedTokens:
     """The ``token`` frames of one reply, packed: their text and ids, and where each frame ends."""
 
     def __init__(self) -> None:
-        self._texts: list[str] = []  # joined now and then
+        self._text = TextPieces()
         self._ids = array("q")
         self._indexes = array("q")  # each frame's index
-        self._text_ends = array("q")  # where each frame's text ends in the joined text
+        self._text_ends = array("q")  # where each frame's text ends in the whole text
         self._id_ends = array("q")
         self._has_ids = False
-        self._length = 0
 
     def add(self, frame: Token) -> None:
-        self._texts.append(frame.text)
-        if len(self._texts) >= 256:
-            self._texts = ["".join(self._texts)]
-        self._length += len(frame.text)
+        self._text.append(frame.text)
         if frame.ids is not None:
             self._has_ids = True
             self._ids.extend(frame.ids)
         self._indexes.append(frame.index)
-        self._text_ends.append(self._length)
+        self._text_ends.append((self._text_ends[-1] if self._text_ends else 0) + len(frame.text))
         self._id_ends.append(len(self._ids))
 
     def after(self, reply: str, last: int) -> Token | None:
@@ -63,9 +61,8 @@ class RecordedTokens:
             return None
         text_from = self._text_ends[first - 1] if first else 0
         ids_from = self._id_ends[first - 1] if first else 0
-        self._texts = ["".join(self._texts)]
         ids = tuple(self._ids[ids_from:]) if self._has_ids else None
-        return Token(reply, self._texts[0][text_from:], self._indexes[-1], ids)
+        return Token(reply, self._text.join()[text_from:], self._indexes[-1], ids)
 
 
 class Relay:
