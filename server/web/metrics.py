@@ -72,7 +72,13 @@ class Metrics:
         now = run.last_token_at or time.perf_counter()
         previous = self._last_token.get(run)
         self._last_token[run] = now
-        if previous is None or n < 1:
+        if n < 1:
+            return
+        if previous is None:
+            # the first frame's later tokens reached the client with its first: no gap between
+            # them, so every token after a reply's first is observed once however frames merge
+            for _ in range(n - 1):
+                self.inter_token.observe(0.0)
             return
         # tokens merged into one frame share the gap since the previous frame
         gap = (now - previous) / n
