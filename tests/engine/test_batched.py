@@ -9,6 +9,7 @@ these prompts cross both the ring of the sliding layers and the chunking of long
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -86,6 +87,28 @@ async def test_prompts_arriving_over_several_loop_iterations_share_one_prefill_f
             generations.append(engine.generate(GenerationRequest(ids, greedy(16))))
             await asyncio.sleep(0.01)
         results = await asyncio.gather(*(collect(g) for g in generations))
+        assert [text for text, _ in results] == expected
+        assert engine.prefill_forwards == 1
+    finally:
+        await engine.aclose()
+
+
+async def test_a_burst_stays_whole_when_the_loop_is_held_up_between_two_of_its_prompts(
+    tiny_text_loaded: LoadedModel, tiny_text_engine: HFEngine
+) -> None:
+    # The loop blocked far past the quiet gap after the first prompt (as by a thread start or a
+    # collection, with the second frame already read): the worker waits for the loop to turn
+    # before it takes the first prompt alone.
+    engine = BatchedEngine(tiny_text_loaded, width=WIDTH)
+    engine.idle_gather_cap_s = 5.0  # the wait for the loop decides, not the cap
+    try:
+        asks = prompts(engine, 2)
+        expected = [await alone(tiny_text_engine, ids, greedy(8)) for ids in asks]
+        first = engine.generate(GenerationRequest(asks[0], greedy(8)))
+        await asyncio.sleep(0)  # the worker starts and gathers
+        time.sleep(20 * engine.gather_s)
+        second = engine.generate(GenerationRequest(asks[1], greedy(8)))
+        results = await asyncio.gather(collect(first), collect(second))
         assert [text for text, _ in results] == expected
         assert engine.prefill_forwards == 1
     finally:

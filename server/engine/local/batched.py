@@ -3,12 +3,15 @@
 One worker thread owns the model while there is work (and exits when there is none; it is
 started from the event loop once the callbacks already due have run). Each pass of its loop:
 
-1. takes new requests in, up to ``width`` rows in all, once a burst of them has stopped arriving
-   (no new prompt for ``gather_s``, and never longer than ``GATHER_CAP_S`` from its first):
-   prompts that clients sent together reach the engine over some loop iterations (one socket
-   each), and a prefill started on the first of them would make the rest wait for its forward
-   and a decode step before their own (8 prompts sent at once: their first tokens 2x the static
-   batch's, issue 15);
+1. takes new requests in, up to ``width`` rows in all, once a burst of them has stopped arriving:
+   no new prompt for ``gather_s`` and none in the event loop's next ``SETTLE_TURNS`` iterations
+   after that (a loop held up, by a thread start or a collection, has frames it read and has not
+   handed over yet), never longer than ``GATHER_CAP_S`` from the first while rows decode (they
+   wait for it) or ``IDLE_GATHER_CAP_S`` while none does. Prompts that clients sent together
+   reach the engine over some loop iterations (one socket each), and a prefill started on the
+   first of them makes the rest wait for its forward and a decode step before their own: 8
+   prompts sent at once got their first tokens in about 2x the static batch's time whenever the
+   burst split;
 2. prefills the prompts of the rows that joined (their uncached tails, all joiners in one
    forward, long prompts in chunks of ``prefill_tokens`` so the running rows never wait long);
    a row whose prompt is done picks its first token and joins the decode batch;
@@ -74,10 +77,15 @@ from .threads import ThreadPolicy
 
 log = logging.getLogger("wschat.engine.batched")
 
-# A burst of prompts is admitted once none came for GATHER_S (the gaps between prompts sent
-# together are well under a millisecond), and at most GATHER_CAP_S after its first arrived.
+# A burst of prompts is admitted once none came for GATHER_S (prompts sent together reach the
+# engine 0.5-1 ms apart on 2 CPU cores) and the event loop then turned SETTLE_TURNS times without
+# one (a frame takes a few turns from its socket to the engine); at most GATHER_CAP_S after its
+# first arrived while other rows decode, IDLE_GATHER_CAP_S while none does (a burst split in two
+# costs its second half a whole prefill and decode step, far more than the wait).
 GATHER_S = 0.002
+SETTLE_TURNS = 4
 GATHER_CAP_S = 0.010
+IDLE_GATHER_CAP_S = 0.050
 
 
 class BatchedEngine:
@@ -120,6 +128,7 @@ class BatchedEngine:
         self.prefill_tokens = prefill_tokens
         self.gather_s = gather_s
         self.gather_cap_s = max(gather_s, GATHER_CAP_S)
+        self.idle_gather_cap_s = max(gather_s, IDLE_GATHER_CAP_S)
         self._layout = LayerLayout.of(text_config, self.model.dtype, self.model.device)
         # One set of buffers: the decoding rows first, then the prefilling ones, so a row whose
         # prompt is done starts decoding where it is (no copy of its cache) and the rows of a
@@ -134,6 +143,9 @@ class BatchedEngine:
         self._inbox: list[BatchRow] = []
         self._first_arrival = 0.0  # when the oldest row of _inbox came (time.monotonic)
         self._last_arrival = 0.0  # when the newest did
+        self._widest_gap = 0.0  # the longest wait between two of them (logged, to tune gather_s)
+        self._arrivals = 0  # prompts ever put in _inbox: the gather sees whether more came
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop generate() runs on
         self._worker: threading.Thread | None = None
         self._wake_pending = False
         self.prefill_forwards = 0
@@ -183,7 +195,8 @@ class BatchedEngine:
         generation = Generation(prompt_tokens=len(request.prompt_ids))
         generation.cached_tokens = len(prefix.ids) if prefix else 0
         room = self.info.context_tokens - len(request.prompt_ids)
-        bridge = LoopBridge(asyncio.get_running_loop(), generation)
+        loop = asyncio.get_running_loop()
+        bridge = LoopBridge(loop, generation)
         row = BatchRow(
             request,
             generation,
@@ -196,14 +209,19 @@ class BatchedEngine:
         )
         with self._lock:
             now = time.monotonic()
-            self._first_arrival = self._first_arrival if self._inbox else now
+            if self._inbox:
+                self._widest_gap = max(self._widest_gap, now - self._last_arrival)
+            else:
+                self._first_arrival, self._widest_gap = now, 0.0
             self._last_arrival = now
             self._inbox.append(row)
+            self._arrivals += 1
+            self._loop = loop
             wake = self._worker is None and not self._wake_pending
             self._wake_pending = self._wake_pending or wake
         if wake:
             # After the callbacks already due: prompts that arrived together start together.
-            asyncio.get_running_loop().call_soon(self._wake)
+            loop.call_soon(self._wake)
         return generation
 
     def _holds_every_image(self, request: GenerationRequest, prefix: CachedPrefix | None) -> bool:
@@ -238,6 +256,15 @@ class BatchedEngine:
             while True:
                 self._gather()
                 with self._lock:
+                    if self._inbox:
+                        log.debug(
+                            "%d prompts in, reaching the engine over %.1f ms (at most %.1f ms "
+                            "apart); %d rows busy",
+                            len(self._inbox),
+                            (self._last_arrival - self._first_arrival) * 1000,
+                            self._widest_gap * 1000,
+                            self._rows,
+                        )
                     self._waiting.extend(self._inbox)
                     self._inbox.clear()
                     if not (self._waiting or self._prefilling or self._decoding):
@@ -253,15 +280,25 @@ class BatchedEngine:
 
     def _gather(self) -> None:
         """Wait while a burst of prompts is still arriving and rows are free for it."""
+        cap_s = self.gather_cap_s if self._rows else self.idle_gather_cap_s
         while self._rows < self.width:
             with self._lock:
                 if not self._inbox:
                     return
+                arrivals, loop = self._arrivals, self._loop
                 quiet_at = self._last_arrival + self.gather_s
-                wait = min(quiet_at, self._first_arrival + self.gather_cap_s) - time.monotonic()
-            if wait <= 0:
+                cap_at = self._first_arrival + cap_s
+            now = time.monotonic()
+            if now >= cap_at:
                 return
-            time.sleep(wait)
+            if now < quiet_at:
+                time.sleep(min(quiet_at, cap_at) - now)
+                continue
+            if loop is None or not _turned(loop, SETTLE_TURNS, cap_at - now):
+                return
+            with self._lock:
+                if self._arrivals == arrivals:
+                    return
 
     @property
     def _rows(self) -> int:
@@ -434,3 +471,21 @@ class BatchedEngine:
         self._decoding.clear()
         self._prefilling.clear()
         self._kv.clear()
+
+
+def _turned(loop: asyncio.AbstractEventLoop, turns: int, timeout_s: float) -> bool:
+    """Whether ``loop`` ran ``turns`` iterations within ``timeout_s`` (from another thread):
+    each iteration polls its sockets, so a frame it had read moves on towards the engine."""
+    done = threading.Event()
+
+    def turn(left: int) -> None:
+        if left:
+            loop.call_soon(turn, left - 1)
+        else:
+            done.set()
+
+    try:
+        loop.call_soon_threadsafe(turn, turns - 1)
+    except RuntimeError:  # closed
+        return False
+    return done.wait(timeout_s)
