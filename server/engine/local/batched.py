@@ -479,7 +479,7 @@ def _turned(loop: asyncio.AbstractEventLoop, turns: int, timeout_s: float) -> bo
     done = threading.Event()
 
     def turn(left: int) -> None:
-        if left:
+        if left > 0:
             loop.call_soon(turn, left - 1)
         else:
             done.set()
