@@ -27,7 +27,6 @@ import contextlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -199,35 +198,12 @@ def serve(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def server(args: argparse.Namespace, logs: Path) -> Iterator[str]:
     """The ``--serve`` process on a free port; its WebSocket URL once /readyz says so."""
-    import httpx
-
-    from .procs import free_port
+    from .procs import _run, free_port
 
     port = free_port()
     command = [sys.executable, "-m", "bench.gpu", "--serve", "--port", str(port), *_shared(args)]
-    logs.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with logs.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited with {process.returncode}; log: {logs}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server not ready in {START_TIMEOUT_S:.0f} s; log: {logs}")
-            time.sleep(0.5)
-        yield f"ws://127.0.0.1:{port}/v1/chat"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    with _run(command, "/readyz", port, logs, timeout_s=START_TIMEOUT_S) as running:
+        yield running.ws_url
 
 
 # -- the run ---------------------------------------------------------------------------------

@@ -44,8 +44,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_healthy(running: Running, path: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
+def _wait_healthy(running: Running, path: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if running.process.poll() is not None:
             raise RuntimeError(f"server exited with {running.process.returncode}: {running.log}")
@@ -53,7 +53,7 @@ def _wait_healthy(running: Running, path: str) -> None:
             if httpx.get(running.base + path, timeout=2).status_code == 200:
                 return
         time.sleep(0.25)
-    raise RuntimeError(f"server not ready in {START_TIMEOUT:.0f} s: {running.log}")
+    raise RuntimeError(f"server not ready in {timeout_s:.0f} s: {running.log}")
 
 
 @contextlib.contextmanager
@@ -64,6 +64,7 @@ def _run(
     log: Path,
     env: Mapping[str, str] | None = None,
     cores: Set[int] | None = None,
+    timeout_s: float = START_TIMEOUT,
 ) -> Iterator[Running]:
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
@@ -75,7 +76,7 @@ def _run(
         )
     running = Running(process, f"http://127.0.0.1:{port}", log)
     try:
-        _wait_healthy(running, path)
+        _wait_healthy(running, path, timeout_s)
         yield running
     finally:
         _stop(process)
