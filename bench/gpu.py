@@ -93,13 +93,10 @@ def build(shape: dict[str, Any], tokenizer_dir: str, device: str, dtype: str) ->
     parameters initialised on the CPU would take minutes)."""
     import torch
     from transformers import AutoTokenizer, Gemma3ForCausalLM
-    from wschat.server.engine.local.loader import (
-        LoadedModel,
-        attention_implementation,
-        pick_dtype,
-    )
+    from wschat.server.engine.local.loader import LoadedModel, attention_implementation
+    from wschat.server.engine.local.precision import pick_precision
 
-    torch_dtype = pick_dtype(dtype, device)
+    torch_dtype = pick_precision(dtype, device).dtype
     torch.manual_seed(0)
     config = text_config(shape)
     attention = attention_implementation(device)

@@ -7,6 +7,18 @@ from pathlib import Path
 
 # What --engine may name (runtime/engines.py builds each).
 ENGINES = ("batched", "generate", "openai")
+# What --dtype may name (engine/local/precision.py: what each is, and what auto picks)
+DTYPES = (
+    "auto",
+    "float32",
+    "bfloat16",
+    "float16",
+    "fp16-weights",
+    "bf16-packed",
+    "fp32",
+    "bf16",
+    "fp16",
+)
 # What --session-store may name besides "memory" (sessions/store.py opens it)
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 # Generations at once under --max-concurrent auto for an engine that does not batch

@@ -88,6 +88,22 @@ def tiny_text_loaded(tiny_text_dir: Path) -> LoadedModel:
     return load_model(str(tiny_text_dir), dtype="float32")
 
 
+def packed_precisions_here() -> list[str]:
+    """The packed ``--dtype`` names this machine's CPU and torch build run."""
+    from wschat.server.engine.local.precision import PACKED, packing_unavailable
+
+    runnable = PACKED.items()
+    return [name for name, (_, packing) in runnable if not packing_unavailable(packing, "cpu")]
+
+
+@pytest.fixture(scope="session", params=packed_precisions_here())
+def tiny_text_packed(request: pytest.FixtureRequest, tiny_text_dir: Path) -> LoadedModel:
+    """The tiny text model loaded with each packed precision this machine runs."""
+    from wschat.server.engine.local.loader import load_model
+
+    return load_model(str(tiny_text_dir), dtype=request.param)
+
+
 @pytest.fixture(scope="session")
 def tiny_vision_loaded(tiny_vision_dir: Path) -> LoadedModel:
     from wschat.server.engine.local.loader import load_model

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine.formats import FORMATS
-from ..settings import ENGINES, STORE_SCHEMES, UNBATCHED_CONCURRENT, Settings
+from ..settings import DTYPES, ENGINES, STORE_SCHEMES, UNBATCHED_CONCURRENT, Settings
 from .batch_width import PREFERRED
 
 _DEFAULTS = Settings()
@@ -123,7 +123,10 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     (
         "dtype",
         str,
-        "'auto' (bf16 where the device runs it fast, else fp32), 'bf16', 'fp32', 'fp16'",
+        "how the weights and the arithmetic are held: 'auto' (the default) picks per device "
+        "and logs why: on a CPU with AMX 'bf16-packed' (bf16 weights reordered once for "
+        "oneDNN), on other x86 CPUs 'fp16-weights' (fp16 weights packed for fbgemm, float32 "
+        "arithmetic), on a GPU 'bfloat16'; or 'float32', 'bfloat16', 'float16'",
     ),
     (
         "engine",
@@ -243,6 +246,7 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
 # read from the environment after parsing, so --help never shows them (a URL may hold a password)
 _SECRET_OPTIONS = frozenset({"engine_api_key", "session_store"})
 _CHOICES: dict[str, Sequence[str]] = {
+    "dtype": DTYPES,
     "engine": ENGINES,
     "prompt_format": FORMATS,
     "log_level": LOG_LEVELS,

@@ -121,7 +121,7 @@ def _batch_width(settings: Settings, loaded: Any) -> int:
         int(getattr(text, "sliding_window", None) or context),
         int(text.num_key_value_heads),
         int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads),
-        loaded.model.dtype.itemsize,
+        loaded.dtype.itemsize,
     )
     reserved = settings.kv_budget_mib << 20  # the idle sessions' KV state, on the same device
     chosen = default_width(

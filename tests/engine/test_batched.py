@@ -72,6 +72,30 @@ async def test_eight_concurrent_greedy_replies_equal_each_reply_run_alone(
     assert batched.decoded_tokens > batched.decode_steps  # rows shared decode passes
 
 
+async def test_greedy_replies_equal_generate_with_the_same_packed_weights(
+    tiny_text_packed: LoadedModel,
+) -> None:
+    # float32 arithmetic (fp16-weights) picks the same tokens whatever shares the batch; bf16
+    # rounds a row's sums otherwise as the batch's row count changes (plain bf16 as much as
+    # packed), so there each reply has the batch to itself
+    together = tiny_text_packed.dtype == torch.float32
+    batched = BatchedEngine(tiny_text_packed, width=WIDTH, prefill_tokens=32)
+    single = HFEngine(tiny_text_packed)
+    try:
+        asks = prompts(batched, WIDTH)
+        expected = [await alone(single, ids, greedy(24)) for ids in asks]
+        if together:
+            replies = [batched.generate(GenerationRequest(ids, greedy(24))) for ids in asks]
+            texts = [text for text, _ in await asyncio.gather(*(collect(g) for g in replies))]
+            assert batched.decoded_tokens > batched.decode_steps  # rows shared decode passes
+        else:
+            texts = [await alone(batched, ids, greedy(24)) for ids in asks]
+        assert texts == expected
+    finally:
+        await batched.aclose()
+        await single.aclose()
+
+
 async def test_prompts_arriving_over_several_loop_iterations_share_one_prefill_forward(
     tiny_text_loaded: LoadedModel, tiny_text_engine: HFEngine
 ) -> None:

@@ -132,7 +132,7 @@ class BatchedEngine:
         self.gather_s = gather_s
         self.gather_cap_s = max(gather_s, GATHER_CAP_S)
         self.idle_gather_cap_s = max(gather_s, IDLE_GATHER_CAP_S)
-        self._layout = LayerLayout.of(text_config, self.model.dtype, self.model.device)
+        self._layout = LayerLayout.of(text_config, loaded.dtype, self.model.device)
         # One set of buffers: the decoding rows first, then the prefilling ones, so a row whose
         # prompt is done starts decoding where it is (no copy of its cache) and the rows of a
         # width need one row of KV buffers each (worker thread only, like the lists)

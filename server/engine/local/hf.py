@@ -86,7 +86,7 @@ class HFEngine:
             name=self.name,
             model=loaded.name,
             device=loaded.device,
-            dtype=str(loaded.dtype).removeprefix("torch."),
+            dtype=loaded.precision_name,
             context_tokens=min(context_tokens, limit),
             images=loaded.has_vision,
             max_images=max_images if loaded.has_vision else 0,

@@ -19,6 +19,8 @@ import torch
 
 from ..embedded import cache_lock, embedded_gguf
 from ..formats import looks_instruction_tuned
+from .packed import pack_model
+from .precision import Packing, Precision, pick_precision
 from .ticker import Ticker
 
 log = logging.getLogger("wschat.loader")
@@ -40,41 +42,19 @@ class LoadedModel:
     processor: Any | None
     name: str
     device: str
-    dtype: torch.dtype
+    dtype: torch.dtype  # of the activations and the KV cache
     # Tuned on chat turns (engine/formats.py's ``auto`` renders its conversations as turns).
     instruction_tuned: bool = False
+    # How the weights are held, as --dtype names it (precision.py); the dtype's name if unset
+    precision: str = ""
+
+    @property
+    def precision_name(self) -> str:
+        return self.precision or str(self.dtype).removeprefix("torch.")
 
     @property
     def has_vision(self) -> bool:
         return self.processor is not None and hasattr(self.model.config, "vision_config")
-
-
-def pick_dtype(requested: str, device: str) -> torch.dtype:
-    """bf16 where the device runs it well (about twice fp32's speed on recent x86 CPUs)."""
-    named = {
-        "float32": torch.float32,
-        "fp32": torch.float32,
-        "bfloat16": torch.bfloat16,
-        "bf16": torch.bfloat16,
-        "float16": torch.float16,
-        "fp16": torch.float16,
-    }
-    if requested != "auto":
-        try:
-            return named[requested]
-        except KeyError:
-            raise ValueError(f"unknown dtype {requested!r}; use one of {sorted(named)}") from None
-    if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
-
-
-def _cpu_has_fast_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in ("avx512_bf16", "amx_bf16"))
 
 
 def pick_device(requested: str) -> str:
@@ -177,10 +157,10 @@ def load_model(
     started = time.perf_counter()
     source, name, instruction_tuned = resolve_model(spec, cache_dir)
     device = pick_device(device)
-    torch_dtype = pick_dtype(dtype, device)
+    precision = pick_precision(dtype, device)
     config = AutoConfig.from_pretrained(source)
     kwargs: dict[str, Any] = {
-        "dtype": torch_dtype,
+        "dtype": _load_dtype(precision),
         "attn_implementation": attention_implementation(device),
     }
     if device.startswith("cuda"):
@@ -196,13 +176,35 @@ def load_model(
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(source)
     _place_for_inference(model, device)
+    if precision.packing is not None:
+        packed = pack_model(model, precision)
+        log.info("packed %d Linear layers (%s)", packed, precision.packing.value)
     seconds = time.perf_counter() - started
     log.info(
         "loaded %s on %s as %s (attention %s) in %.1f s",
         name,
         device,
-        str(torch_dtype).removeprefix("torch."),
+        precision.name,
         kwargs["attn_implementation"],
         seconds,
     )
-    return LoadedModel(model, tokenizer, processor, name, device, torch_dtype, instruction_tuned)
+    log.info("dtype %s: %s", precision.name, precision.reason)
+    return LoadedModel(
+        model,
+        tokenizer,
+        processor,
+        name,
+        device,
+        precision.dtype,
+        instruction_tuned,
+        precision.name,
+    )
+
+
+def _load_dtype(precision: Precision) -> torch.dtype | str:
+    """What ``from_pretrained`` loads in. fp16-weights loads the checkpoint's own dtype: its
+    embedding table stays as saved (mapped from the file, not copied), and ``pack_model`` turns
+    the rest into its float16 kernels and float32 norms."""
+    if precision.packing is Packing.FBGEMM_FP16:
+        return "auto"
+    return precision.dtype

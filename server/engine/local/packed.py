@@ -1,0 +1,146 @@
+"""Linear layers whose weights are packed once for a CPU kernel (``precision.py`` says which and
+why), and the model surgery that puts them in place.
+
+``pack_model`` replaces every ``nn.Linear`` of the text decoder and the output head. Gemma 3 ties
+the head to the embedding; once the head has a packed copy of its own, the embedding is only a
+lookup table, left in the dtype it was saved in: a step reads a few of its rows, not all of them.
+The vision tower keeps plain weights: it multiplies thousands of patch rows at once, where the
+packed layouts gain nothing over plain bf16 and fbgemm's fp16 loses to float32.
+
+transformers maps a checkpoint's file into memory when its dtype is the one asked for, so the
+weights that were packed still sit in this process's memory as file pages once read; they are
+handed back to the kernel (``page_out``) as soon as their packed copies exist.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .precision import Packing, Precision
+
+log = logging.getLogger("wschat.engine.packed")
+
+# The row count oneDNN's weight layout is tuned for: a decode step multiplies a few rows, a
+# prefill chunk hundreds; a layout for 128 serves both about as well as the best for each.
+ONEDNN_ROWS_HINT = 128
+_MADV_PAGEOUT = 21  # Linux 5.4: reclaim the pages now; file pages are re-read if touched again
+
+
+class Fp16Linear(nn.Module):
+    """``F.linear`` with the weight in float16, packed once for fbgemm; float32 in and out."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach().float(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fbgemm fp16"
+
+
+class OnednnBf16Linear(nn.Module):
+    """``F.linear`` in bfloat16 with the weight reordered once into oneDNN's blocked layout."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().to(torch.bfloat16).contiguous()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, ONEDNN_ROWS_HINT)
+        self.bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            x, self.packed, self.bias, "none", [], ""
+        )
+        return out
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, onednn bf16"
+
+
+class WidenedEmbedding(nn.Module):
+    """An embedding table kept in its saved dtype, its rows widened to the compute dtype once
+    looked up (Gemma's scale applied after, in the compute dtype, as the float32 model does).
+
+    The table is a buffer, not a parameter: the model's ``dtype`` (its first parameter's) stays
+    the compute dtype that the rest of transformers reads."""
+
+    def __init__(self, embedding: nn.Embedding, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        self.padding_idx = embedding.padding_idx
+        self.weight: torch.Tensor
+        self.register_buffer("weight", embedding.weight.detach(), persistent=False)
+        self.scale = float(getattr(embedding, "scalar_embed_scale", 1.0))
+        self.dtype = dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = F.embedding(input_ids, self.weight, self.padding_idx).to(self.dtype)
+        return rows * self.scale if self.scale != 1.0 else rows
+
+
+_KINDS: dict[Packing, type[Fp16Linear] | type[OnednnBf16Linear]] = {
+    Packing.FBGEMM_FP16: Fp16Linear,
+    Packing.ONEDNN_BF16: OnednnBf16Linear,
+}
+
+
+def pack_model(model: Any, precision: Precision) -> int:
+    """Pack the text decoder's Linear layers and the output head of ``model`` (loaded on the
+    CPU) for ``precision``, and bring every other weight but the embedding table to its dtype.
+    Returns how many layers were packed."""
+    if precision.packing is None:
+        raise ValueError(f"{precision.name} packs nothing")
+    kind = _KINDS[precision.packing]
+    inner = model.model
+    text = getattr(inner, "language_model", inner)
+    embedding = model.get_input_embeddings()
+    read: list[torch.Tensor] = [embedding.weight]  # the head's weight, tied to it
+    packed = 0
+    with torch.no_grad():
+        model.lm_head = kind(model.lm_head)
+        packed += 1
+        for parent in list(text.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    read.append(child.weight)
+                    setattr(parent, name, kind(child))
+                    packed += 1
+        for parameter in model.parameters():
+            if parameter.is_floating_point() and parameter is not embedding.weight:
+                parameter.data = parameter.data.to(precision.dtype)
+        if embedding.weight.dtype != precision.dtype:
+            model.set_input_embeddings(WidenedEmbedding(embedding, precision.dtype))
+    page_out(read)
+    return packed
+
+
+def page_out(tensors: Iterable[torch.Tensor]) -> None:
+    """Hand the pages of ``tensors`` back to the kernel: pages of a mapped file are dropped (and
+    read again if touched), others are left as they are. Never changes a value."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page = mmap.PAGESIZE
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        start = -(-storage.data_ptr() // page) * page  # whole pages inside the storage only
+        end = (storage.data_ptr() + storage.nbytes()) // page * page
+        if end > start and libc.madvise(start, end - start, _MADV_PAGEOUT) != 0:
+            log.debug("madvise(MADV_PAGEOUT) failed: errno %d", ctypes.get_errno())
+            return
