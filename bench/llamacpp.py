@@ -204,6 +204,8 @@ def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
 
 def _tokens_in(chunk: dict[str, Any]) -> int:
     """Tokens one streamed chunk carries: its ids (asked for), else one per chunk with text."""
+    if "tokens" in chunk:  # llama.cpp's native /completion
+        return len(chunk["tokens"])
     count = 0
     for choice in chunk.get("choices") or ():
         ids = (choice.get("logprobs") or {}).get("content") or []
@@ -242,7 +244,7 @@ class Direct:
             f"{base}/v1", "embedded", default_cache_dir(), prompt_format=PROMPT_FORMAT
         )
         self.engine = connect(config)
-        self.url = f"{base}/v1/completions"
+        self.url = f"{base}{self.engine.dialect.text_path}"
         self._conversation = Conversation  # the engine only builds bodies here: no client
 
     def body(self, text: str, tokens: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from wschat.server.engine.formats import Exchange, GemmaTurns, Transcript, UserT
 from wschat.server.engine.history import Conversation
 from wschat.server.engine.openai.client import EngineHttp
 from wschat.server.engine.openai.dialect import LLAMA_CPP, VLLM, Dialect
-from wschat.server.engine.openai.engine import OpenAIEngine, _vision_tokens
+from wschat.server.engine.openai.engine import CHAT_PATH, OpenAIEngine, _vision_tokens
 from wschat.server.engine.openai.tokenizer import (
     GatewayTokenizer,
     default_cache_dir,
@@ -51,7 +51,13 @@ def engine(tokenizer: GatewayTokenizer, dialect: str, max_images: int) -> OpenAI
     """An engine that is never connected: it only builds bodies."""
     http = EngineHttp("http://127.0.0.1:9/v1", None)
     return OpenAIEngine(
-        http, Dialect(dialect), "gemma-3-12b-it", tokenizer, gemma(tokenizer), 8192, max_images
+        http,
+        Dialect.named(dialect),
+        "gemma-3-12b-it",
+        tokenizer,
+        gemma(tokenizer),
+        8192,
+        max_images,
     )
 
 
@@ -125,16 +131,15 @@ def test_the_chat_body_carries_the_messages_and_every_sampling_field_of_the_text
     request = GenerationRequest(ids, params, images, "session-1")
     chat, text = vision.chat_body(request), vision.completion_body(request)
     assert "prompt" not in chat and chat["messages"][-1]["role"] == "user"
-    ids_fields = {*vision.dialect.ids_request(), *vision.dialect.chat_ids_request()}
-    assert {k: v for k, v in chat.items() if k not in {"messages", *ids_fields}} == {
-        k: v for k, v in text.items() if k not in {"prompt", *ids_fields}
-    }
+    fields = vision.dialect.sampling(params, stop=[], stop_token_ids=[]).keys()
+    assert {k: chat[k] for k in fields} == {k: text[k] for k in fields}
+    assert text["temperature"] == 0.7 and text["seed"] == 7 and text["top_p"] == 1.0
     assert {k: chat[k] for k in vision.dialect.chat_ids_request()} == (
         {"logprobs": True, "top_logprobs": 1}
         if dialect == LLAMA_CPP
         else {"return_token_ids": True}
     )
-    assert chat["temperature"] == 0.7 and chat["max_tokens"] == 32 and chat["stream"] is True
+    assert chat["max_tokens"] == 32 and chat["stream"] is True
 
 
 def test_an_image_takes_its_tokens_in_the_context_and_is_kept_at_the_input_size(
@@ -198,12 +203,12 @@ async def test_llama_cpp_takes_the_chat_body_and_streams_text_with_its_ids(
     texts, got, reasons = [], [], []
     try:
         async with asyncio.timeout(TIMEOUT):
-            async for chunk in chat.http.stream("/chat/completions", body, "s1"):
-                for choice in chunk.get("choices") or []:
-                    texts.append((choice.get("delta") or {}).get("content") or "")
-                    got += chat.dialect.chunk_ids(choice)
-                    reasons.append(choice.get("finish_reason"))
+            async for chunk in chat.http.stream(CHAT_PATH, body, "s1"):
+                delta = chat.dialect.chat_delta(chunk)
+                texts.append(delta.text)
+                got += delta.ids
+                reasons += [delta.finish] if delta.finish else []
     finally:
         await chat.aclose()
-    assert reasons[-1] == "length" and len(got) == 6
+    assert reasons == ["length"] and len(got) == 6
     assert chat.tokenizer.decode(got) == "".join(texts)

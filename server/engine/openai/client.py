@@ -63,8 +63,8 @@ class EngineHttp:
             self._async = httpx.AsyncClient(
                 headers=self._headers,
                 timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
-                # one connection per running reply; idle ones are kept for the next turn
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                # one connection per running reply (and the health checks' one, kept)
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=8),
             )
         return self._async
 
@@ -78,12 +78,18 @@ class EngineHttp:
     async def stream(
         self, path: str, body: dict[str, Any], session_key: str | None
     ) -> AsyncIterator[dict[str, Any]]:
-        """The chunks of a streamed reply; leaving the iteration early (cancel) closes the
-        connection, which the engine takes as the request's abort."""
-        headers = {"X-Session-ID": session_key} if session_key else {}
+        """The chunks of a streamed reply from ``path`` (from the server's root); leaving the
+        iteration early (cancel) closes the connection, which the engine takes as the request's
+        abort. The stream ends at ``[DONE]`` or where the engine ends it.
+
+        Each reply has a connection of its own, closed after it: llama.cpp's server may close
+        a connection it streamed a reply on while the next request is being sent on it."""
+        headers = {"Connection": "close"}
+        if session_key:
+            headers["X-Session-ID"] = session_key
         try:
             async with self.client.stream(
-                "POST", f"{self.api_url}{path}", json=body, headers=headers
+                "POST", f"{self.root_url}{path}", json=body, headers=headers
             ) as response:
                 if response.status_code != 200:
                     raw = await response.aread()

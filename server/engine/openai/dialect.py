@@ -1,9 +1,10 @@
-"""How each OpenAI-compatible engine spells what the API leaves open.
+"""How each OpenAI-compatible engine is spoken to: one class per engine.
 
-The engines share ``/v1/completions`` and its streaming, but differ in the fields beyond
+The engines share the chat API (``/v1/chat/completions``, for prompts with images) but differ in
+where a text prompt of token ids goes, what its reply chunks look like, and the fields beyond
 OpenAI's: how to ask for the generated token ids, the repetition penalty's name, the range a seed
-must fit, whether ``stop_token_ids`` is read, what "no top-k" is, and where the context length
-is published. Anything left out is filled from the engine's own defaults (llama.cpp's server:
+must fit, whether ``stop_token_ids`` is read, what "no top-k" is, and where the context length is
+published. Anything left out is filled from the engine's own defaults (llama.cpp's server:
 temperature 0.8, top-k 40, top-p 0.95, min-p 0.05; vLLM: the model's ``generation_config``), so
 every sampling field is sent, always.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..base import SamplingParams
 
@@ -20,93 +21,240 @@ LLAMA_CPP = "llama.cpp"
 VLLM = "vllm"
 _U32 = 1 << 32
 _I64 = 1 << 63
+# llama.cpp's repetition penalty looks back this many tokens (its default, sent as such)
+LLAMA_CPP_PENALTY_WINDOW = 64
 
 
 @dataclass(frozen=True, slots=True)
+class Delta:
+    """What one streamed chunk adds to a reply: text, the ids of its tokens, the finish reason
+    once the engine gives one (OpenAI's words: ``stop`` or ``length``), and the prompt tokens the
+    engine found in its cache, where the chunk says."""
+
+    text: str = ""
+    ids: Sequence[int] = ()
+    finish: str | None = None
+    cached_tokens: int | None = None
+
+
 class Dialect:
-    name: str
+    """The OpenAI API as vLLM extends it, which other engines are spoken to in (the richer, more
+    common set): token-id prompts on ``/v1/completions``, ``return_token_ids``, a usage chunk."""
+
+    name: ClassVar[str] = VLLM
+    # where a text prompt of token ids streams its reply, from the server's root
+    text_path: ClassVar[str] = "/v1/completions"
+    # whether the engine says in /props which modalities its model reads
+    publishes_modalities: ClassVar[bool] = False
 
     @staticmethod
     def detect(models: dict[str, Any]) -> Dialect:
         """From ``/v1/models``: llama.cpp's server says ``owned_by: llamacpp``; vLLM
-        ``vllm``; others are spoken to as vLLM is (the richer, more common set)."""
+        ``vllm``; others are spoken to as vLLM is."""
         data = models.get("data") or [{}]
         owner = str(data[0].get("owned_by", ""))
-        return Dialect(LLAMA_CPP if owner == "llamacpp" else VLLM)
+        return LlamaCppDialect() if owner == "llamacpp" else Dialect()
 
-    @property
-    def is_llama_cpp(self) -> bool:
-        return self.name == LLAMA_CPP
+    @staticmethod
+    def named(name: str) -> Dialect:
+        return LlamaCppDialect() if name == LLAMA_CPP else Dialect()
 
     def context_tokens(self, model: dict[str, Any]) -> int | None:
-        """The context one request may use: vLLM's ``max_model_len``; llama.cpp's per-slot
-        ``n_ctx`` (the server's ``n_ctx / parallel``)."""
-        if self.is_llama_cpp:
-            value = (model.get("meta") or {}).get("n_ctx")
-        else:
-            value = model.get("max_model_len")
-        return int(value) if isinstance(value, int) and value > 0 else None
+        """The context one request may use (vLLM's ``max_model_len``)."""
+        return _positive(model.get("max_model_len"))
+
+    def tokenize_body(self, text: str, model: str) -> dict[str, Any]:
+        """A ``/tokenize`` request for ``text`` as text: no special tokens added or parsed."""
+        return {"model": model, "prompt": text, "add_special_tokens": False}
 
     def sampling(
-        self,
-        params: SamplingParams,
-        *,
-        stop: Sequence[str],
-        stop_token_ids: Sequence[int],
+        self, params: SamplingParams, *, stop: Sequence[str], stop_token_ids: Sequence[int]
     ) -> dict[str, Any]:
         """Every sampling field, in this engine's spelling; greedy (temperature 0) means greedy
         on every engine because nothing is left to a default."""
-        body: dict[str, Any] = {
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "min_p": 0.0,
-            "presence_penalty": 0.0,
-            "frequency_penalty": 0.0,
-            "stop": list(stop),
+        return {
+            **_openai_sampling(params, stop),
+            "top_k": params.top_k or -1,  # -1: off (0 is refused by older releases)
+            "repetition_penalty": params.repetition_penalty,
+            "stop_token_ids": list(stop_token_ids),
+            "seed": None if params.seed is None else self.seed(params.seed),
         }
-        if self.is_llama_cpp:
-            body |= {
-                "top_k": params.top_k,  # 0: off
-                "repeat_penalty": params.repetition_penalty,
-                "typical_p": 1.0,
-                "dry_multiplier": 0.0,
-                "xtc_probability": 0.0,
-                "mirostat": 0,
-                # llama.cpp's server has no stop_token_ids: its end-of-generation tokens stop it
-                "seed": -1 if params.seed is None else self.seed(params.seed),
-            }
-        else:
-            body |= {
-                "top_k": params.top_k or -1,  # -1: off (0 is refused by older releases)
-                "repetition_penalty": params.repetition_penalty,
-                "stop_token_ids": list(stop_token_ids),
-                "seed": None if params.seed is None else self.seed(params.seed),
-            }
-        return body
 
     def seed(self, seed: int) -> int:
-        """Our seeds span -2^63 .. 2^64-1; llama.cpp reads 32 bits (and takes 2^32-1 for "pick
-        one at random"), vLLM an int64: each seed maps to one value the engine keeps as is."""
-        if self.is_llama_cpp:
-            return seed % (_U32 - 1)
+        """Our seeds span -2^63 .. 2^64-1; vLLM reads an int64: each seed maps to one value."""
         return seed % _I64
 
-    def ids_request(self) -> dict[str, Any]:
-        """What makes each chunk carry the ids of its tokens (the conversation keeps them, so
-        the next prompt extends this one token for token)."""
-        if self.is_llama_cpp:
-            return {"logprobs": 1}
-        return {"return_token_ids": True}
+    def text_body(
+        self, model: str, prompt: list[int], max_tokens: int, sampling: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The streamed request for a prompt of token ids, its reply's ids asked back (the
+        conversation keeps them, so the next prompt extends this one token for token)."""
+        return _streamed(model, max_tokens, sampling, prompt=prompt, return_token_ids=True)
+
+    def chat_body(
+        self, model: str, messages: list[dict[str, Any]], max_tokens: int, sampling: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The same for the chat API: messages instead of ids, the same sampling fields."""
+        return _streamed(model, max_tokens, sampling, messages=messages, **self.chat_ids_request())
 
     def chat_ids_request(self) -> dict[str, Any]:
-        """The same for the chat API, whose ``logprobs`` is a flag: llama.cpp gives each token's
-        id with its top-1 entry."""
-        if self.is_llama_cpp:
-            return {"logprobs": True, "top_logprobs": 1}
         return {"return_token_ids": True}
 
-    def chunk_ids(self, choice: dict[str, Any]) -> list[int]:
-        if self.is_llama_cpp:
-            content = (choice.get("logprobs") or {}).get("content") or []
-            return [int(entry["id"]) for entry in content if "id" in entry]
+    def text_delta(self, chunk: dict[str, Any]) -> Delta:
+        """One chunk of a text reply (``text_body``'s)."""
+        return self._openai_delta(chunk, "text")
+
+    def chat_delta(self, chunk: dict[str, Any]) -> Delta:
+        """One chunk of a chat reply (``chat_body``'s)."""
+        return self._openai_delta(chunk, "delta")
+
+    def choice_ids(self, choice: dict[str, Any]) -> list[int]:
         return [int(i) for i in choice.get("token_ids") or []]
+
+    def _openai_delta(self, chunk: dict[str, Any], text_key: str) -> Delta:
+        texts: list[str] = []
+        ids: list[int] = []
+        finish = None
+        for choice in chunk.get("choices") or ():
+            if text_key == "delta":
+                texts.append(str((choice.get("delta") or {}).get("content") or ""))
+            else:
+                texts.append(str(choice.get("text") or ""))
+            ids += self.choice_ids(choice)
+            finish = choice.get("finish_reason") or finish
+        usage = chunk.get("usage")
+        cached = None
+        if usage:
+            details = usage.get("prompt_tokens_details") or {}
+            cached = int(details.get("cached_tokens") or 0)
+        return Delta("".join(texts), ids, finish, cached)
+
+
+class LlamaCppDialect(Dialect):
+    """llama.cpp's server. A text prompt goes to its native ``/completion``, which streams each
+    token's id (``return_tokens``) and computes no probabilities; its chat API gives ids only
+    with each token's top-1 log-probability. Its sampler chain is named in full (``samplers``):
+    the shortest one that gives our tokens, where the default chain would run every sampler over
+    the whole vocabulary."""
+
+    name: ClassVar[str] = LLAMA_CPP
+    text_path: ClassVar[str] = "/completion"
+    publishes_modalities: ClassVar[bool] = True
+
+    def context_tokens(self, model: dict[str, Any]) -> int | None:
+        """llama.cpp's per-slot ``n_ctx`` (the server's ``n_ctx / parallel``)."""
+        return _positive((model.get("meta") or {}).get("n_ctx"))
+
+    def tokenize_body(self, text: str, model: str) -> dict[str, Any]:
+        return {"content": text, "add_special": False, "parse_special": False}
+
+    def sampling(
+        self, params: SamplingParams, *, stop: Sequence[str], stop_token_ids: Sequence[int]
+    ) -> dict[str, Any]:
+        # llama.cpp's server has no stop_token_ids: its end-of-generation tokens stop it
+        greedy = params.temperature == 0
+        return {
+            **_openai_sampling(params, stop),
+            "samplers": self.samplers(params),
+            "top_k": 1 if greedy else params.top_k,  # 0: off
+            "repeat_penalty": params.repetition_penalty,
+            "repeat_last_n": LLAMA_CPP_PENALTY_WINDOW,
+            "typical_p": 1.0,
+            "top_n_sigma": -1.0,
+            "dynatemp_range": 0.0,
+            "dry_multiplier": 0.0,
+            "xtc_probability": 0.0,
+            "mirostat": 0,
+            "min_keep": 1,
+            "n_probs": 0,
+            "seed": -1 if params.seed is None else self.seed(params.seed),
+        }
+
+    @staticmethod
+    def samplers(params: SamplingParams) -> list[str]:
+        """The chain, in the in-process engines' order (repetition penalty, then temperature,
+        top-k and top-p; top-k before the temperature is the same set, found on unscaled
+        logits), each sampler only when its setting does something. Greedy is top-k of 1: the
+        temperature sampler at 0 keeps the vocabulary and the final draw then takes the
+        softmax of all of it."""
+        chain = ["penalties"] if params.repetition_penalty != 1.0 else []
+        if params.temperature == 0:
+            return [*chain, "top_k"]
+        if params.top_k > 0:
+            chain.append("top_k")
+        chain.append("temperature")
+        if params.top_p < 1.0:
+            chain.append("top_p")
+        return chain
+
+    def seed(self, seed: int) -> int:
+        """llama.cpp reads 32 bits (and takes 2^32-1 for "pick one at random"): each of our
+        seeds maps to one value it keeps as is."""
+        return seed % (_U32 - 1)
+
+    def text_body(
+        self, model: str, prompt: list[int], max_tokens: int, sampling: dict[str, Any]
+    ) -> dict[str, Any]:
+        return {
+            "prompt": prompt,
+            "n_predict": max_tokens,
+            "stream": True,
+            "cache_prompt": True,
+            **sampling,
+            "return_tokens": True,
+        }
+
+    def chat_ids_request(self) -> dict[str, Any]:
+        """The chat API's ``logprobs`` is a flag: llama.cpp gives each token's id with its top-1
+        entry."""
+        return {"logprobs": True, "top_logprobs": 1}
+
+    def text_delta(self, chunk: dict[str, Any]) -> Delta:
+        """A native chunk: ``content`` and ``tokens``; the last has ``stop: true``, why it
+        stopped (``stop_type``: ``limit`` is the length, ``eos`` and ``word`` a stop) and the
+        prompt tokens taken from the slot's cache (``timings.cache_n``)."""
+        ids = chunk.get("tokens") or ()
+        if not chunk.get("stop"):
+            return Delta(str(chunk.get("content") or ""), ids)
+        finish = "length" if chunk.get("stop_type") == "limit" else "stop"
+        cached = (chunk.get("timings") or {}).get("cache_n")
+        return Delta(
+            str(chunk.get("content") or ""),
+            ids,
+            finish,
+            int(cached) if isinstance(cached, int) else None,
+        )
+
+    def choice_ids(self, choice: dict[str, Any]) -> list[int]:
+        content = (choice.get("logprobs") or {}).get("content") or []
+        return [int(entry["id"]) for entry in content if "id" in entry]
+
+
+def _openai_sampling(params: SamplingParams, stop: Sequence[str]) -> dict[str, Any]:
+    """The fields both engines read under OpenAI's names."""
+    return {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "min_p": 0.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "stop": list(stop),
+    }
+
+
+def _streamed(
+    model: str, max_tokens: int, sampling: dict[str, Any], **fields: Any
+) -> dict[str, Any]:
+    """An OpenAI API request whose reply streams, with a last chunk of usage."""
+    return {
+        "model": model,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **sampling,
+        **fields,
+    }
+
+
+def _positive(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and value > 0 else None

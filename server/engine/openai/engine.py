@@ -2,10 +2,11 @@
 behind the engine interface (``engine/base.py``).
 
 The gateway renders every prompt itself, as token ids in the model's prompt format, with a
-torch-free tokenizer (``tokenizer``), and sends them to ``/v1/completions``: user text stays
-text, and each turn's ids extend the last turn's exactly, which is what the engine's prefix cache
-matches on. Cancel, reset, disconnect and shutdown close the HTTP stream, which the engine takes
-as the request's abort. This class is the adapter; the HTTP client (``client``), the engines'
+torch-free tokenizer (``tokenizer``), and sends them to the engine's completions endpoint
+(``/v1/completions``; llama.cpp's native ``/completion``): user text stays text, and each turn's
+ids extend the last turn's exactly, which is what the engine's prefix cache matches on.
+Cancel, reset, disconnect and shutdown close the HTTP stream, which the engine takes as the
+request's abort. This class is the adapter; the HTTP client (``client``), the engines'
 spellings (``dialect``) and the error mapping (``errors``) do not depend on the interface.
 """
 
@@ -51,6 +52,7 @@ PROBE = "Hello, world! 12345 café 日本語 😀 def f(x): return x  <start_of_
 _WAIT_LOG_EVERY_S = 10.0
 _REACHABLE_TTL_S = 1.0
 DETECTED_MAX_IMAGES = 4  # per prompt, for an engine that says it reads images (as in process)
+CHAT_PATH = "/v1/chat/completions"  # where a prompt with images goes, on every engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,31 +177,31 @@ class OpenAIEngine:
         return answer
 
     def completion_body(self, request: GenerationRequest) -> dict[str, Any]:
-        params = request.params
-        room = self.info.context_tokens - len(request.prompt_ids)
-        stop = list(params.stop) + (["\n"] if self._newline_end else [])
-        return {
-            "model": self.model,
-            "prompt": request.prompt_ids,
-            # never more than the context holds: vLLM refuses such a request outright
-            "max_tokens": max(1, min(params.max_new_tokens, room)),
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            **self.dialect.sampling(params, stop=stop, stop_token_ids=self._stop_token_ids),
-            **self.dialect.ids_request(),
-        }
+        """A text prompt, as token ids, for the dialect's ``text_path``."""
+        return self.dialect.text_body(
+            self.model, request.prompt_ids, self._max_tokens(request), self._sampling(request)
+        )
 
     def chat_body(self, request: GenerationRequest) -> dict[str, Any]:
         """A prompt with images, for ``/v1/chat/completions``: the same conversation as
         messages, the images as data URIs, the same sampling fields."""
         image, turns = self._require_vision()
-        body = self.completion_body(request)
-        for key in ("prompt", *self.dialect.ids_request()):
-            del body[key]
         messages = chat_messages(
             request.prompt_ids, request.images, turns, image, self.tokenizer.decode
         )
-        return {"messages": messages, **body, **self.dialect.chat_ids_request()}
+        return self.dialect.chat_body(
+            self.model, messages, self._max_tokens(request), self._sampling(request)
+        )
+
+    def _max_tokens(self, request: GenerationRequest) -> int:
+        # never more than the context holds: vLLM refuses such a request outright
+        room = self.info.context_tokens - len(request.prompt_ids)
+        return max(1, min(request.params.max_new_tokens, room))
+
+    def _sampling(self, request: GenerationRequest) -> dict[str, Any]:
+        params = request.params
+        stop = list(params.stop) + (["\n"] if self._newline_end else [])
+        return self.dialect.sampling(params, stop=stop, stop_token_ids=self._stop_token_ids)
 
     async def _run(self, request: GenerationRequest, generation: Generation) -> None:
         ids: list[int] = []
@@ -209,26 +211,25 @@ class OpenAIEngine:
         finished: Finished
         try:
             chat = bool(request.images)
-            body = self.chat_body(request) if chat else self.completion_body(request)
-            path = "/chat/completions" if chat else "/completions"
+            if chat:
+                body, path, delta = self.chat_body(request), CHAT_PATH, self.dialect.chat_delta
+            else:
+                body, path = self.completion_body(request), self.dialect.text_path
+                delta = self.dialect.text_delta
             async for chunk in self.http.stream(path, body, request.session_key):
-                usage = chunk.get("usage")
-                if usage:
-                    details = usage.get("prompt_tokens_details") or {}
-                    generation.cached_tokens = int(details.get("cached_tokens") or 0)
-                for choice in chunk.get("choices") or []:
-                    delta = choice.get("delta") or {}  # a chat chunk's
-                    text = str(choice.get("text") or delta.get("content") or "")
-                    new_ids = self.dialect.chunk_ids(choice)
-                    if chat and text and not new_ids:  # an engine that gives chat text alone
-                        new_ids = self.tokenizer.tokenize_text(text)
-                    if strip and text and not ids:
-                        text = text.removeprefix(" ")
-                    ids += new_ids
-                    if text or new_ids:
-                        texts.append(text)
-                        generation.push(TokenPiece(text, tuple(new_ids)))
-                    reason = choice.get("finish_reason") or reason
+                piece = delta(chunk)
+                if piece.cached_tokens is not None:
+                    generation.cached_tokens = piece.cached_tokens
+                text, new_ids = piece.text, list(piece.ids)
+                if chat and text and not new_ids:  # an engine that gives chat text alone
+                    new_ids = self.tokenizer.tokenize_text(text)
+                if strip and text and not ids:
+                    text = text.removeprefix(" ")
+                ids += new_ids
+                if text or new_ids:
+                    texts.append(text)
+                    generation.push(TokenPiece(text, tuple(new_ids)))
+                reason = piece.finish or reason
             if reason is None:
                 raise lost("the stream ended without a finish reason")
             kind = FinishReason.LENGTH if reason == "length" else FinishReason.STOP
@@ -315,7 +316,7 @@ def _max_images(
         if requested > 0:
             _vision_tokens(tokenizer, fmt)  # a VisionError stops the start with its reason
         return max(0, requested)
-    if not dialect.is_llama_cpp:
+    if not dialect.publishes_modalities:
         return 0
     try:
         props = http.get_json("/props", root=True)
@@ -365,12 +366,8 @@ def check_tokenizer(
     """Refuse to start when the engine tokenizes the probe otherwise than we do: every prompt
     would then mean something else to the model."""
     ours = tokenizer.tokenize_text(PROBE)
-    if dialect.is_llama_cpp:
-        body: dict[str, Any] = {"content": PROBE, "add_special": False, "parse_special": False}
-    else:
-        body = {"model": model, "prompt": PROBE, "add_special_tokens": False}
     try:
-        answer = http.post_json("/tokenize", body, root=True)
+        answer = http.post_json("/tokenize", dialect.tokenize_body(PROBE, model), root=True)
     except httpx.HTTPStatusError as error:
         log.warning("cannot check the tokenizer against the engine's: %s", error)
         return

@@ -1,0 +1,193 @@
+"""How each engine is spoken to (``engine/openai/dialect.py``): llama.cpp's native
+``/completion`` chunks read as text, ids, finish reasons and cached prompt tokens; every sampling
+field sent in its spelling with the shortest sampler chain; vLLM's OpenAI chunks as before. The
+last tests ask a real llama.cpp server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from wschat.protocol import FinishReason
+from wschat.server.engine import GenerationRequest, SamplingParams
+from wschat.server.engine.history import Conversation
+from wschat.server.engine.openai import OpenAIEngine
+from wschat.server.engine.openai.dialect import (
+    LLAMA_CPP,
+    VLLM,
+    Delta,
+    Dialect,
+    LlamaCppDialect,
+)
+
+from tests.openai.llama import LlamaServer
+from tests.support import TIMEOUT, collect
+
+LLAMA = LlamaCppDialect()
+GREEDY = SamplingParams(max_new_tokens=8)
+# every field llama.cpp's server reads into its sampler chain, none left to its defaults
+LLAMA_CPP_SAMPLING_FIELDS = {
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "top_n_sigma",
+    "dynatemp_range",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "dry_multiplier",
+    "xtc_probability",
+    "mirostat",
+    "min_keep",
+    "n_probs",
+    "seed",
+    "stop",
+    "samplers",
+}
+
+
+def native_chunk(**fields: Any) -> dict[str, Any]:
+    return {"index": 0, "content": "", "tokens": [], "stop": False, "id_slot": -1, **fields}
+
+
+def said(delta: Delta) -> tuple[str, list[int], str | None, int | None]:
+    return delta.text, list(delta.ids), delta.finish, delta.cached_tokens
+
+
+def test_the_dialect_is_told_by_the_owner_of_the_models() -> None:
+    assert Dialect.detect({"data": [{"id": "m", "owned_by": "llamacpp"}]}).name == LLAMA_CPP
+    assert Dialect.detect({"data": [{"id": "m", "owned_by": "vllm"}]}).name == VLLM
+    assert Dialect.detect({"data": []}).name == VLLM
+    assert Dialect.named(LLAMA_CPP).text_path == "/completion"
+    assert Dialect.named(VLLM).text_path == "/v1/completions"
+
+
+def test_a_native_chunk_gives_its_text_and_ids_and_no_finish() -> None:
+    delta = LLAMA.text_delta(native_chunk(content=" Paris", tokens=[9079], tokens_predicted=1))
+    assert said(delta) == (" Paris", [9079], None, None)
+
+
+@pytest.mark.parametrize(
+    ("stop_type", "finish"), [("limit", "length"), ("eos", "stop"), ("word", "stop")]
+)
+def test_the_last_native_chunk_gives_the_finish_reason_and_the_cached_prompt_tokens(
+    stop_type: str, finish: str
+) -> None:
+    last = native_chunk(
+        stop=True,
+        stop_type=stop_type,
+        tokens_cached=40,  # the slot's tokens after the reply: not what the cache gave
+        timings={"cache_n": 31, "prompt_n": 2},
+    )
+    assert said(LLAMA.text_delta(last)) == ("", [], finish, 31)
+
+
+def test_a_stop_word_keeps_its_token_id_without_its_text() -> None:
+    # the token that completed the stop string: its text is withheld, its id is the reply's
+    delta = LLAMA.text_delta(native_chunk(content="", tokens=[236777]))
+    assert delta.text == "" and list(delta.ids) == [236777]
+
+
+def test_the_text_body_is_native_with_ids_asked_back_and_no_probabilities() -> None:
+    sampling = LLAMA.sampling(GREEDY, stop=["\n"], stop_token_ids=[106])
+    body = LLAMA.text_body("gemma", [2, 105], 8, sampling)
+    assert body["prompt"] == [2, 105] and body["n_predict"] == 8
+    assert body["stream"] is True and body["return_tokens"] is True
+    assert body["cache_prompt"] is True and body["n_probs"] == 0
+    assert "logprobs" not in body and "max_tokens" not in body
+    assert body["stop"] == ["\n"] and "stop_token_ids" not in body
+
+
+def test_every_sampling_field_llama_cpp_reads_is_sent() -> None:
+    sampled = SamplingParams(max_new_tokens=8, temperature=0.7, top_k=40, top_p=0.9, seed=3)
+    for params in (GREEDY, sampled):
+        fields = LLAMA.sampling(params, stop=[], stop_token_ids=[])
+        assert set(fields) == LLAMA_CPP_SAMPLING_FIELDS
+    assert fields["mirostat"] == 0 and fields["repeat_last_n"] == 64 and fields["seed"] == 3
+
+
+@pytest.mark.parametrize(
+    ("params", "chain", "top_k"),
+    [
+        (GREEDY, ["top_k"], 1),
+        (SamplingParams(8, repetition_penalty=1.3), ["penalties", "top_k"], 1),
+        (SamplingParams(8, temperature=0.8), ["temperature"], 0),
+        (
+            SamplingParams(8, temperature=0.8, top_k=50, top_p=0.9, repetition_penalty=1.1),
+            ["penalties", "top_k", "temperature", "top_p"],
+            50,
+        ),
+    ],
+)
+def test_the_sampler_chain_holds_only_the_samplers_that_act(
+    params: SamplingParams, chain: list[str], top_k: int
+) -> None:
+    fields = LLAMA.sampling(params, stop=[], stop_token_ids=[])
+    assert fields["samplers"] == chain and fields["top_k"] == top_k
+
+
+@pytest.mark.parametrize(("seed", "sent"), [(None, -1), (7, 7), (-1, (1 << 32) - 2)])
+def test_a_seed_is_32_bits_and_none_is_random(seed: int | None, sent: int) -> None:
+    params = SamplingParams(8, temperature=1.0, seed=seed)
+    assert LLAMA.sampling(params, stop=[], stop_token_ids=[])["seed"] == sent
+
+
+def test_vllm_chunks_give_text_ids_finish_and_the_usage_chunk_the_cached_tokens() -> None:
+    vllm = Dialect()
+    choice = {"index": 0, "text": " Paris", "token_ids": [9079], "finish_reason": None}
+    assert said(vllm.text_delta({"choices": [choice]})) == (" Paris", [9079], None, None)
+    last = {"choices": [{**choice, "text": "", "token_ids": [], "finish_reason": "length"}]}
+    assert vllm.text_delta(last).finish == "length"
+    usage = {"choices": [], "usage": {"prompt_tokens_details": {"cached_tokens": 12}}}
+    assert vllm.text_delta(usage).cached_tokens == 12
+    body = vllm.text_body("m", [1], 4, vllm.sampling(GREEDY, stop=[], stop_token_ids=[1]))
+    assert body["return_token_ids"] is True and body["max_tokens"] == 4
+    assert body["top_k"] == -1 and body["stop_token_ids"] == [1]
+
+
+# -- against llama.cpp's server ----------------------------------------------------------------
+
+
+async def _native_tokens(url: str, body: dict[str, Any]) -> list[int]:
+    async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+        response = await client.post(f"{url}/completion", json={**body, "stream": False})
+        response.raise_for_status()
+        return [int(i) for i in response.json()["tokens"]]
+
+
+@pytest.mark.parametrize("question", ["What is the capital of France?", "Name three colors."])
+async def test_greedy_with_the_short_chain_gives_llama_cpps_own_greedy_tokens(
+    openai_engine: OpenAIEngine, live_llama: LlamaServer, question: str
+) -> None:
+    conversation = Conversation(openai_engine.prompt_format)
+    ids = conversation.prompt_ids(conversation.tokenize_user(question))
+    ours = openai_engine.completion_body(GenerationRequest(ids, SamplingParams(32)))
+    # llama.cpp's default chain with temperature 0: every sampler runs, the pick is the argmax
+    plain = {"prompt": ids, "n_predict": 32, "temperature": 0, "return_tokens": True}
+    # the same length either way; the whole prompt evaluated each time (a prompt half from the
+    # cache is evaluated in other batches, whose rounding may flip a near tie)
+    ours |= {"stop": [], "cache_prompt": False}
+    plain["cache_prompt"] = False
+    got = await _native_tokens(live_llama.url, ours)
+    assert got and got == await _native_tokens(live_llama.url, plain)
+
+
+async def test_a_reply_cut_at_its_token_limit_finishes_length_and_a_stop_string_stop(
+    openai_engine: OpenAIEngine,
+) -> None:
+    conversation = Conversation(openai_engine.prompt_format)
+    ids = conversation.prompt_ids(conversation.tokenize_user("What is the capital of France?"))
+    cut = GenerationRequest(ids, SamplingParams(3), session_key="k")
+    text, finished = await collect(openai_engine.generate(cut))
+    assert finished.reason is FinishReason.LENGTH and len(finished.completion_ids) == 3
+    last = openai_engine.tokenizer.decode(finished.completion_ids[-1:])
+    stopped = GenerationRequest(ids, SamplingParams(16, stop=(last,)), session_key="k")
+    _, finished = await collect(openai_engine.generate(stopped))
+    assert finished.reason is FinishReason.STOP
+    assert finished.text == text.removesuffix(last)
+    # the same prompt again: the slot that ran it had it cached
+    assert finished.usage is not None and finished.usage.cached_tokens > 0
