@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # What --engine may name (runtime/engines.py builds each).
-ENGINES = ("batched", "generate", "openai")
+ENGINES = ("batched", "generate", "openai", "llamacpp")
 # What --dtype may name (engine/local/precision.py: what each is, and what auto picks)
 DTYPES = (
     "auto",

@@ -46,6 +46,8 @@ GATEWAY_EXTRA_MODULES = (
     "PIL",
     "prometheus_client",
 )
+# --engine llamacpp: the gateway's, and llama.cpp's server (the llamacpp extra)
+LLAMACPP_EXTRA_MODULES = (*GATEWAY_EXTRA_MODULES, "xllamacpp")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 EPILOG = """\
@@ -111,7 +113,8 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "model",
         str,
         "'embedded' (Gemma 3 270M shipped as a Python package), a local model "
-        "folder, or a hub name on machines that have its weights",
+        "folder, or a hub name on machines that have its weights; --engine llamacpp: "
+        "'embedded' or a .gguf file",
     ),
     (
         "cache_dir",
@@ -133,7 +136,10 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         str,
         "'batched': the replies of all sessions decode together, one forward pass a step; "
         "'generate': one model.generate per reply in its own thread; 'openai': replies come "
-        "from an OpenAI-compatible server at --engine-url (vLLM, llama.cpp's server)",
+        "from an OpenAI-compatible server at --engine-url (vLLM, llama.cpp's server); "
+        "'llamacpp': from llama.cpp's server (xllamacpp) on the --model GGUF, which wschat "
+        "starts on a loopback port, restarts if it dies and stops with itself: --threads "
+        "threads, --max-concurrent slots of --context-tokens each",
     ),
     ("engine_url", str, "--engine openai: the engine's OpenAI API base, http://HOST:PORT/v1"),
     (
@@ -157,7 +163,8 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "tokenizer",
         str,
         "--engine openai: the tokenizer prompts are rendered with, 'embedded' (the embedded "
-        "model's) or a tokenizer.json (or its folder); checked against the engine's at start",
+        "model's), a tokenizer.json (or its folder) or a Gemma .gguf file; checked against "
+        "the engine's at start (--engine llamacpp: the --model GGUF's own by default)",
     ),
     (
         "prompt_format",
@@ -181,7 +188,8 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "threads",
         thread_count,
         "CPU threads torch uses to generate: a number, or 'auto' (the default): one per usable "
-        "core while the cores are free, one fewer for each core other processes keep busy",
+        "core while the cores are free, one fewer for each core other processes keep busy "
+        "(--engine llamacpp: llama.cpp's threads, auto: every usable core)",
     ),
     ("max_queue", int, "prompts waiting for a slot before new ones get 'overloaded'"),
     ("max_new_tokens", int, "the most tokens one reply may ask for"),
@@ -191,7 +199,8 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "kv_budget_mib",
         int,
         "MiB of KV cache kept for idle sessions' next turns, text and image turns together "
-        "(least recently used evicted beyond it)",
+        "(least recently used evicted beyond it; --engine llamacpp: llama.cpp's prompt cache "
+        "in RAM)",
     ),
     ("max_frame_bytes", int, "largest frame accepted"),
     ("max_image_bytes", int, "largest image accepted"),
@@ -346,9 +355,11 @@ def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
 
 def missing_server_modules(engine: str = "batched") -> list[str]:
     """The modules the engine's extra needs that cannot be imported (looked up, not imported):
-    the server extra's, or the gateway extra's for --engine openai."""
+    the server extra's, the gateway extra's for --engine openai, and xllamacpp beside those for
+    --engine llamacpp."""
+    modules = {"openai": GATEWAY_EXTRA_MODULES, "llamacpp": LLAMACPP_EXTRA_MODULES}
     missing = []
-    for name in GATEWAY_EXTRA_MODULES if engine == "openai" else SERVER_EXTRA_MODULES:
+    for name in modules.get(engine, SERVER_EXTRA_MODULES):
         try:
             found = importlib.util.find_spec(name) is not None
         except ImportError:  # a finder that refuses the name: the import would fail too
@@ -359,6 +370,11 @@ def missing_server_modules(engine: str = "batched") -> list[str]:
 
 
 def missing_extra_message(missing: Sequence[str], engine: str = "batched") -> str:
+    if engine == "llamacpp":
+        return (
+            f"wschat-server --engine llamacpp needs the gateway and llamacpp extras (missing: "
+            f'{", ".join(missing)}): pip install -e ".[gateway,llamacpp]" in the wschat checkout'
+        )
     if engine == "openai":
         return (
             f"wschat-server --engine openai needs the gateway extra (missing: "
@@ -371,11 +387,28 @@ def missing_extra_message(missing: Sequence[str], engine: str = "batched") -> st
     )
 
 
+def llamacpp_model_problem(settings: Settings) -> str | None:
+    """Why ``--engine llamacpp`` cannot read ``--model`` (not a GGUF file), said before the
+    server starts; None when it may."""
+    if settings.engine != "llamacpp" or settings.model == "embedded":
+        return None
+    from ..engine.openai.supervisor import LlamaCppError, checked_gguf
+
+    try:
+        checked_gguf(settings.model)
+    except LlamaCppError as error:
+        return str(error)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     settings = settings_from_args(argv)
     missing = missing_server_modules(settings.engine)
     if missing:  # a client-only install: one line that says what to install, no traceback
         print(missing_extra_message(missing, settings.engine), file=sys.stderr)
+        return 2
+    if (problem := llamacpp_model_problem(settings)) is not None:
+        print(f"wschat-server: {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=settings.log_level.upper(),

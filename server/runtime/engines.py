@@ -26,6 +26,8 @@ def make_engine(settings: Settings) -> Engine:
         raise ValueError(f"unknown engine {settings.engine!r}: choose one of {ENGINES}")
     if settings.engine == "openai":
         return _connect_openai(settings)
+    if settings.engine == "llamacpp":
+        return _start_llamacpp(settings)
     made: list[Engine] = []
     failed: list[BaseException] = []
 
@@ -60,6 +62,24 @@ def _connect_openai(settings: Settings) -> Engine:
             images=settings.engine_images,
         )
     )
+
+
+def _start_llamacpp(settings: Settings) -> Engine:
+    """llama.cpp's server, started and supervised here, with the openai engine in front."""
+    from ..engine.cores import usable_cores
+    from ..engine.openai.supervisor import LlamaCppConfig, launch
+    from ..engine.openai.tokenizer import EMBEDDED, default_cache_dir
+
+    config = LlamaCppConfig(
+        model=settings.model,
+        cache_dir=settings.cache_dir or default_cache_dir(),
+        threads=settings.threads or usable_cores(),
+        slots=settings.max_concurrent or UNBATCHED_CONCURRENT,
+        slot_context=settings.context_tokens,
+        idle_kv_mib=settings.kv_budget_mib,
+    )
+    tokenizer = None if settings.tokenizer == EMBEDDED else settings.tokenizer
+    return launch(config, tokenizer=tokenizer, prompt_format=settings.prompt_format)
 
 
 def _build_engine(settings: Settings) -> Engine:

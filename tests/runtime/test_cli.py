@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib.abc
 import re
+import sys
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from wschat.server.runtime.cli import build_parser, settings_from_args
+from wschat.server.runtime.cli import build_parser, main, settings_from_args
 from wschat.server.runtime.serve import uvicorn_config
 from wschat.server.settings import Settings
 
@@ -174,3 +176,21 @@ def test_session_store_takes_memory_or_a_redis_url_and_refuses_the_rest(
     with pytest.raises(SystemExit):
         settings_from_args(["--session-store", "http://secret@host"])
     assert "secret" not in capsys.readouterr().err  # only the scheme is echoed
+
+
+class _NoXllamacpp(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: object, target: object = None) -> None:
+        if name.partition(".")[0] == "xllamacpp":
+            raise ImportError("xllamacpp is not installed (hidden by the test)")
+
+
+def test_engine_llamacpp_without_xllamacpp_says_what_to_install_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "meta_path", [_NoXllamacpp(), *sys.meta_path])
+    assert main(["--engine", "llamacpp", "--port", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [
+        "wschat-server --engine llamacpp needs the gateway and llamacpp extras (missing: "
+        'xllamacpp): pip install -e ".[gateway,llamacpp]" in the wschat checkout'
+    ]

@@ -34,12 +34,25 @@ def split_url(url: str) -> tuple[str, str]:
 
 class EngineHttp:
     def __init__(self, url: str, api_key: str | None) -> None:
-        self.api_url, self.root_url = split_url(url)
+        self._urls = split_url(url)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._async: httpx.AsyncClient | None = None
 
     def __repr__(self) -> str:  # the key stays out of every repr and log line
         return f"EngineHttp({self.api_url!r})"
+
+    @property
+    def api_url(self) -> str:
+        return self._urls[0]
+
+    @property
+    def root_url(self) -> str:
+        return self._urls[1]
+
+    def move_to(self, url: str) -> None:
+        """The engine is at ``url`` now (a supervised server restarted on another port); from
+        any thread: the next request goes there."""
+        self._urls = split_url(url)
 
     # -- at start, from the loading thread -------------------------------------------------
 

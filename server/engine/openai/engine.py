@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from wschat.protocol import FinishReason, Usage
@@ -83,8 +83,15 @@ class HttpGeneration(Generation):
             self._loop.call_soon_threadsafe(self._task.cancel)
 
 
+class Child(Protocol):
+    """A process the engine started and stops when it closes (``supervisor.LlamaCppServer``)."""
+
+    def stop(self) -> None: ...
+
+
 class OpenAIEngine:
-    name = NAME
+    # what closing the engine also stops: --engine llamacpp's server; None for --engine openai
+    child: Child | None = None
 
     def __init__(
         self,
@@ -95,7 +102,9 @@ class OpenAIEngine:
         prompt_format: PromptFormat,
         context_tokens: int,
         max_images: int = 0,
+        name: str = NAME,
     ) -> None:
+        self.name = name
         self.http = http
         self.dialect = dialect
         self.model = model
@@ -103,7 +112,7 @@ class OpenAIEngine:
         self.prompt_format = prompt_format
         self.text_tokenizer = TextTokenizer()
         self.info = EngineInfo(
-            NAME,
+            name,
             model,
             dialect.name,
             "remote",
@@ -165,6 +174,8 @@ class OpenAIEngine:
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
         await self.http.aclose()
+        if self.child is not None:
+            await asyncio.to_thread(self.child.stop)
 
     # -- beyond the interface ---------------------------------------------------------------
 
@@ -252,11 +263,14 @@ class OpenAIEngine:
 # -- building one ----------------------------------------------------------------------------
 
 
-def connect(config: OpenAIEngineConfig) -> OpenAIEngine:
+def connect(
+    config: OpenAIEngineConfig, *, http: EngineHttp | None = None, name: str = NAME
+) -> OpenAIEngine:
     """Load the tokenizer, wait for the engine, check it tokenizes as we do; in the loading
-    thread (blocking calls)."""
+    thread (blocking calls). ``http``: a client already made for ``config.url`` (one that a
+    supervisor moves); ``name``: the engine's name in ``ready`` and ``/readyz``."""
     tokenizer = load_tokenizer(config.tokenizer, config.cache_dir)
-    http = EngineHttp(config.url, config.api_key)
+    http = http or EngineHttp(config.url, config.api_key)
     models = _wait_for_engine(http)
     data = models.get("data") or []
     if not data:
@@ -274,7 +288,8 @@ def connect(config: OpenAIEngineConfig) -> OpenAIEngine:
     context = min(config.context_tokens, engine_context or config.context_tokens)
     fmt = gateway_format(config.prompt_format, tokenizer, model)
     log.info(
-        "engine openai: %s at %s (%s), context %d tokens (engine's %s), prompt format %s",
+        "engine %s: %s at %s (%s), context %d tokens (engine's %s), prompt format %s",
+        name,
         model,
         http.api_url,
         dialect.name,
@@ -283,7 +298,7 @@ def connect(config: OpenAIEngineConfig) -> OpenAIEngine:
         fmt.name,
     )
     images = _max_images(config.images, http, dialect, tokenizer, fmt)
-    return OpenAIEngine(http, dialect, model, tokenizer, fmt, context, images)
+    return OpenAIEngine(http, dialect, model, tokenizer, fmt, context, images, name)
 
 
 def _vision_tokens(

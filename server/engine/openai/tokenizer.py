@@ -2,12 +2,14 @@
 
 ``--tokenizer PATH`` reads a ``tokenizer.json`` (or the folder holding one); ``embedded`` builds
 one from the embedded Gemma 3 270M GGUF's vocabulary and scores (SentencePiece BPE: a merge's
-rank is the score of the piece it makes), cached beside the cache's other files, so the gateway
-renders prompts with the same ids llama.cpp's server would, with neither torch nor transformers.
+rank is the score of the piece it makes), and a ``.gguf`` file names another Gemma GGUF to build
+it from; each is cached beside the cache's other files, so the gateway renders prompts with the
+same ids llama.cpp's server would, with neither torch nor transformers.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -74,7 +76,12 @@ def load_tokenizer(spec: str, cache_dir: Path) -> GatewayTokenizer:
     if spec == EMBEDDED:
         return GatewayTokenizer(Tokenizer.from_file(str(embedded_tokenizer(cache_dir))), spec)
     path = Path(spec).expanduser()
-    if path.is_dir():
+    if path.suffix == ".gguf" and path.is_file():
+        try:
+            path = gguf_tokenizer(path, cache_dir)
+        except (KeyError, ValueError) as error:  # not a GGUF, or not a Gemma vocabulary
+            raise TokenizerError(f"no tokenizer can be built from {path}: {error!r}") from error
+    elif path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
         raise TokenizerError(f"no tokenizer.json at {path}")
@@ -90,8 +97,20 @@ def embedded_tokenizer(cache_dir: Path) -> Path:
     target = cache_dir / _CACHED_NAME
     if target.is_file():
         return target
-    gguf = embedded_gguf(cache_dir)
-    log.info("building the embedded tokenizer from %s", gguf)
+    return _built(embedded_gguf(cache_dir), target)
+
+
+def gguf_tokenizer(gguf: Path, cache_dir: Path) -> Path:
+    """The ``tokenizer.json`` of a Gemma GGUF file, built on first use; a file changed since
+    (another size or time) is another file."""
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    target = cache_dir / "tokenizers" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+    return target if target.is_file() else _built(gguf, target)
+
+
+def _built(gguf: Path, target: Path) -> Path:
+    log.info("building the tokenizer of %s", gguf)
     spec = tokenizer_json_from_gguf(gguf)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
