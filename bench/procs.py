@@ -115,6 +115,38 @@ def wschat(
         yield running
 
 
+@contextlib.contextmanager
+def wschat_llamacpp(
+    threads: int,
+    slots: int,
+    slot_context: int,
+    logs: Path,
+    cores: Set[int] | None = None,
+    engine_cores: Set[int] | None = None,
+) -> Iterator[Running]:
+    """``wschat --engine llamacpp``: wschat on ``cores`` and the llama.cpp server it starts
+    (``threads`` threads, ``slots`` slots of ``slot_context`` tokens) moved to ``engine_cores``
+    once ready, every thread of it (a child starts on its parent's cores); log
+    ``logs/wschat-llamacpp.log``."""
+    extra = (
+        "--threads", str(threads),
+        "--max-concurrent", str(slots),
+        "--context-tokens", str(slot_context),
+    )  # fmt: skip
+    with wschat("llamacpp", logs, 64, extra, cores=cores) as running:
+        if engine_cores is not None:
+            for child in psutil.Process(running.process.pid).children():
+                pin_threads(child.pid, engine_cores)
+        yield running
+
+
+def pin_threads(pid: int, cores: Set[int]) -> None:
+    """Every thread of the process ``pid`` on ``cores`` (an affinity is a thread's own)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.sched_setaffinity(int(task.name), set(cores))
+
+
 # Spins on one core until stopped; exits by itself once its parent is gone (the parent died
 # without stopping it), so no neighbour outlives a run.
 _BUSY_LOOP = """

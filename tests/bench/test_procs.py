@@ -92,3 +92,16 @@ def test_a_server_started_on_cores_runs_pinned_to_them(tmp_path: Path) -> None:
     with procs._run(command, "/", port, tmp_path / "http.log", cores={core}) as running:
         assert psutil.Process(running.process.pid).cpu_affinity() == [core]
     assert running.process.poll() is not None
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to split")
+def test_wschat_llamacpp_runs_wschat_and_its_llama_cpp_each_on_their_cores(
+    tmp_path: Path,
+) -> None:
+    front, engine = max(os.sched_getaffinity(0)), min(os.sched_getaffinity(0))
+    with procs.wschat_llamacpp(1, 1, 512, tmp_path, cores={front}, engine_cores={engine}) as run:
+        (child,) = psutil.Process(run.process.pid).children()
+        threads = [psutil.Process(t.id) for t in child.threads()]
+        assert {tuple(t.cpu_affinity()) for t in threads} == {(engine,)}
+        assert psutil.Process(run.process.pid).cpu_affinity() == [front]
+    wait_for(lambda: gone(child.pid), "its llama.cpp stopped with it")

@@ -169,6 +169,16 @@ def test_a_file_that_is_not_a_gguf_is_refused_before_anything_starts(tmp_path: P
         checked_gguf(str(tmp_path / "missing.gguf"))
 
 
+@pytest.mark.parametrize(("level", "verbosity"), [(logging.INFO, "2"), (logging.DEBUG, "3")])
+def test_its_info_lines_are_asked_for_only_where_our_log_keeps_debug_lines(
+    caplog: pytest.LogCaptureFixture, level: int, verbosity: str
+) -> None:
+    # five lines a request, each waking the thread that reads them
+    caplog.set_level(level, logger="wschat.engine.llamacpp")
+    command = LlamaCppServer(config())._command()
+    assert command[command.index("--verbosity") + 1] == verbosity
+
+
 def test_restarts_back_off_from_half_a_second_to_thirty() -> None:
     delays = [retry_delay(n) for n in range(10)]
     assert delays[:3] == [FIRST_RETRY_S, 2 * FIRST_RETRY_S, 4 * FIRST_RETRY_S]

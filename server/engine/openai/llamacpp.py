@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--alias", default=None, help="the model name /v1/models gives")
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument(
+        "--verbosity", type=int, default=3, help="llama.cpp's log levels kept: 2 warnings, 3 info"
+    )
+    parser.add_argument(
         "--until-stdin-closes",
         action="store_true",
         help="also stop once standard input ends (the parent holding the pipe exited)",
@@ -75,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     params.swa_full = args.swa_full
     if args.cache_ram_mib is not None:
         params.cache_ram_mib = args.cache_ram_mib
+    params.verbosity = args.verbosity
     params.endpoint_slots = True
     params.endpoint_metrics = True
     if args.alias:

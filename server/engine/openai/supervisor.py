@@ -17,7 +17,9 @@ streaming ends in an error.
 No child outlives us: closing the engine stops it (SIGTERM, SIGKILL after ``STOP_GRACE_S``), and
 it stops by itself once its standard input ends, a pipe whose other end only this process holds,
 which the kernel closes however this process dies. Its output goes to our log line by line,
-prefixed ``llama.cpp:``, at its own level (its info lines, a few per request, at debug).
+prefixed ``llama.cpp:``, at its own level; its info lines (five a request) only where our log
+takes debug lines: each line wakes a thread here, which takes the interpreter from the event
+loop while replies start.
 """
 
 from __future__ import annotations
@@ -255,6 +257,7 @@ class LlamaCppServer:
             "--alias", alias,
             "--cache-dir", str(config.cache_dir),
             "--until-stdin-closes",
+            "--verbosity", "3" if log.isEnabledFor(logging.DEBUG) else "2",
         ]  # fmt: skip
 
     def _launch(self) -> _Child:
