@@ -4,6 +4,7 @@ embedded model's perplexity with packed weights against float32's."""
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from wschat.server.engine.local.fused import FusedAttention, FusedMLP, fuse_layer
 from wschat.server.engine.local.loader import LoadedModel, embedded_model_dir, load_model
 from wschat.server.engine.local.packed import (
     Fp16Linear,
@@ -127,7 +129,9 @@ def test_fp16_weights_pack_every_linear_and_the_head_and_compute_in_float32(
     model = tiny_fp16.model
     assert layers_of(model, nn.Linear) == 0
     assert isinstance(model.lm_head, Fp16Linear)
-    assert layers_of(model, Fp16Linear) == 1 + 7 * model.config.num_hidden_layers
+    layers = model.config.num_hidden_layers
+    assert layers_of(model, FusedAttention) == layers_of(model, FusedMLP) == layers
+    assert layers_of(model, Fp16Linear) == 1 + 4 * layers  # qkv, o, gate_up, down; the head
     assert model.dtype == tiny_fp16.dtype == torch.float32
     assert tiny_fp16.precision_name == "fp16-weights"
 
@@ -141,6 +145,27 @@ def test_fp16_weights_give_the_float32_models_logits_within_rounding(
         exact = tiny_text_loaded.model(input_ids=ids).logits
     assert torch.equal(packed.argmax(-1), exact.argmax(-1))
     assert (packed - exact).abs().max() <= 1e-2 * exact.abs().max()
+
+
+def test_fused_layers_give_the_outputs_of_transformers_layers(
+    tiny_text_loaded: LoadedModel,
+) -> None:
+    """With float32 kernels (nn.Linear itself) the fused attention and MLP compute what
+    transformers' modules compute: a prefill, then decode steps over the same cache kind."""
+    from transformers import DynamicCache
+
+    reference = tiny_text_loaded.model
+    fused = copy.deepcopy(reference)
+    for layer in fused.model.layers:
+        fuse_layer(layer, lambda linear: linear)
+    prompt = torch.tensor([[2, *range(400, 440)]])  # past the sliding window (16)
+    pairs = [(m, DynamicCache(config=m.config)) for m in (reference, fused)]
+    with torch.inference_mode():
+        outs = [m(input_ids=prompt, cache=c) for m, c in pairs]
+        for _ in range(20):
+            assert torch.allclose(outs[0].logits, outs[1].logits, atol=1e-5, rtol=1e-4)
+            token = outs[0].logits[:, -1:].argmax(-1)
+            outs = [m(input_ids=token, cache=c) for m, c in pairs]
 
 
 def test_the_vision_tower_keeps_plain_weights_and_the_text_decoder_is_packed(

@@ -17,7 +17,6 @@ from wschat.server.engine.local.threads import (
     SAMPLE_INTERVAL_S,
     OthersLoad,
     ThreadPolicy,
-    _cgroup_cpu_limit,
     threads_for,
 )
 
@@ -184,13 +183,3 @@ def test_others_load_cannot_be_read_without_proc_stat(tmp_path: Path) -> None:
     load = OthersLoad({0}, stat=tmp_path / "missing")
     assert not load.readable
     assert load.sample() is None
-
-
-@pytest.mark.parametrize(
-    ("text", "cores"), [("150000 100000\n", 2), ("100000 100000\n", 1), ("max 100000\n", None)]
-)
-def test_a_cgroup_cpu_quota_caps_the_usable_cores(
-    tmp_path: Path, text: str, cores: int | None
-) -> None:
-    (tmp_path / "cpu.max").write_text(text)
-    assert _cgroup_cpu_limit(tmp_path / "cpu.max") == cores

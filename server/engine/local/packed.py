@@ -1,7 +1,8 @@
 """Linear layers whose weights are packed once for a CPU kernel (``precision.py`` says which and
 why), and the model surgery that puts them in place.
 
-``pack_model`` replaces every ``nn.Linear`` of the text decoder and the output head. Gemma 3 ties
+``pack_model`` replaces every ``nn.Linear`` of the text decoder and the output head (a Gemma 3
+decoder layer's projections fused, ``fused.py``). Gemma 3 ties
 the head to the embedding; once the head has a packed copy of its own, the embedding is only a
 lookup table, left in the dtype it was saved in: a step reads a few of its rows, not all of them.
 The vision tower keeps plain weights: it multiplies thousands of patch rows at once, where the
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fused import fusable, fuse_layer
 from .precision import Packing, Precision
 
 log = logging.getLogger("wschat.engine.packed")
@@ -114,6 +116,10 @@ def pack_model(model: Any, precision: Precision) -> int:
     with torch.no_grad():
         model.lm_head = kind(model.lm_head)
         packed += 1
+        for layer in getattr(text, "layers", ()):
+            if fusable(layer):
+                read += fuse_layer(layer, kind)
+                packed += 7
         for parent in list(text.modules()):
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from ..cores import usable_cores
+
 log = logging.getLogger("wschat.engine.threads")
 
 SAMPLE_INTERVAL_S = 0.5
@@ -40,26 +42,6 @@ FIRST_WINDOW_S = 0.1
 SPARE_CORE = 0.35
 
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal (guest is inside user)
-
-
-def usable_cores() -> int:
-    """CPUs this process may run on, capped by a cgroup CPU quota (``docker --cpus``)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    quota = _cgroup_cpu_limit()
-    return max(1, min(cores, quota)) if quota else max(1, cores)
-
-
-def _cgroup_cpu_limit(path: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
-    try:
-        quota, period = path.read_text().split()[:2]
-    except (OSError, ValueError):
-        return None
-    if quota == "max":
-        return None
-    return max(1, math.ceil(int(quota) / int(period)))
 
 
 def threads_for(others: float, cores: int) -> int:
