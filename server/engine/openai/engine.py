@@ -37,6 +37,7 @@ from ..formats import (
 )
 from ..history import TokenChat
 from ..tokenizing import TextTokenizer
+from .burst import Burst
 from .client import EngineHttp
 from .dialect import Dialect
 from .errors import lost
@@ -129,6 +130,7 @@ class OpenAIEngine:
         self._newline_end = any("\n" in tokenizer.decode([i]) for i in ends)
         self._stop_token_ids = [i for i in ends if "\n" not in tokenizer.decode([i])]
         self._tasks: set[asyncio.Task[None]] = set()
+        self._burst = Burst()  # prompts sent together reach the engine together
         self._reachable: tuple[float, bool] = (0.0, True)
 
     # -- the engine interface -------------------------------------------------------------
@@ -227,6 +229,7 @@ class OpenAIEngine:
             else:
                 body, path = self.completion_body(request), self.dialect.text_path
                 delta = self.dialect.text_delta
+            await self._burst.join()
             async for chunk in self.http.stream(path, body, request.session_key):
                 piece = delta(chunk)
                 if piece.cached_tokens is not None:
