@@ -1,13 +1,23 @@
-"""The llama.cpp scenario: llama.cpp's server (``xllamacpp``) on the embedded GGUF as a CPU peer,
-measured directly through its OpenAI API and through ``wschat --engine openai`` in front of it,
-with wschat's in-process engine beside them on the same prompts and the same threads.
+"""The llama.cpp scenario: wschat's own engine in process, wschat in front of llama.cpp's server
+(``--engine llamacpp``, which starts and supervises one, and ``--engine openai`` pointed at one),
+and llama.cpp's server answered directly, on the embedded Gemma 3 270M (llama.cpp's Q4_K_M GGUF,
+ours converted from it), the same prompts, greedy.
 
-Every round measures every system back to back at each stream count (the order alternates from
-round to round), so a drift of a shared machine's load hits them alike; each ratio is the median
-of round-by-round ratios. llama.cpp direct gets the very request body the gateway sends (the
-first turn's token ids, every sampling field, greedy, the ids asked back), built by the gateway's
-own code. Then cancels: a reply cancelled through wschat, timed to its ``done`` and to the moment
-llama.cpp's ``/slots`` shows no slot processing; and the same for a stream closed directly.
+"Direct" is what a client that knows nothing of wschat sends: ``/v1/completions`` with the
+prompt as text, ``max_tokens``, ``temperature`` 0 and ``stream``; everything else is llama.cpp's
+default. Two layouts of the cores:
+
+- ``shared``: every process on every core, as on a laptop; llama.cpp and our engine each take as
+  many threads as there are cores. Our in-process engine is measured here, with the default
+  ``--dtype`` and with the one ``auto`` picked before packed weights (``before_dtype``);
+- ``split``: llama.cpp on the first cores, wschat and the load generator on the last, as where
+  the engine has a machine of its own.
+
+Every round measures every system of a layout back to back at each stream count (the order
+alternates from round to round), so a drift of the machine's load hits them alike; each ratio is
+the median of round-by-round ratios. Then cancels, in the split layout: a reply cancelled
+through ``--engine openai``, timed to its ``done`` and to the moment llama.cpp's ``/slots``
+shows no slot processing, and a stream closed directly.
 """
 
 from __future__ import annotations
@@ -28,7 +38,6 @@ from typing import Any
 import httpx
 
 from . import procs, wsload
-from .inprocess import PROMPT_FORMAT
 from .run import _figures
 from .stats import Concurrent, StreamTimes, median, percentile
 from .workload import story
@@ -36,15 +45,24 @@ from .workload import story
 log = logging.getLogger("bench.llamacpp")
 
 DIRECT = "llama.cpp direct"
-GATEWAY = "wschat-openai"
+VIA_LLAMACPP = "wschat --engine llamacpp"
+VIA_OPENAI = "wschat --engine openai"
 PEER = "llama.cpp-server"  # the peer row of the main run (bench/run.py)
-TARGET_RATIO = 0.95  # aggregate tokens/s of wschat in front, over llama.cpp direct
-TTFT_LIMIT_S = 0.015  # TTFT over llama.cpp direct's
+SHARED, SPLIT = "shared", "split"
+FRONTS = (VIA_LLAMACPP, VIA_OPENAI)
 JUDGED = (1, 8)  # the stream counts the targets hold
+FRONT_RATIO = 0.95  # wschat in front: aggregate tokens/s over llama.cpp direct's
+FRONT_TTFT_LIMIT_S = 0.015  # wschat in front, split layout: TTFT over llama.cpp direct's
+# our in-process engine against llama.cpp direct (shared layout): aggregate tokens/s at 1 and 8
+# streams, and one stream's median TTFT as a ratio
+IN_PROCESS_RATIO = {1: 0.6, 8: 1.0}
+IN_PROCESS_TTFT_X = 2.5
+OVER_BEFORE = 2.5  # one stream: the default dtype over the one auto picked before
 SLOT_CONTEXT = 1024  # KV tokens per llama.cpp slot: a prompt and its reply fit many times
 POLL_S = 0.002  # /slots polling while waiting for idle
 IDLE_TIMEOUT_S = 10.0
 TIMEOUT = 600.0
+CPUINFO = Path("/proc/cpuinfo")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,27 +70,31 @@ class LlamaWork:
     tokens: int = 64
     streams: tuple[int, ...] = (1, 4, 8)
     rounds: int = 3
-    threads: int = 0  # 0: every engine core (see split_cores)
     cancels: int = 10
-    inprocess: bool = True  # wschat's in-process engine as a row beside them
-    # The engine on cores of its own, the gateway and the load generator on the last core, as
-    # where the engine has its own machine. Shared cores measure the scheduler instead: llama.cpp's
-    # threads spin between steps, and a third runnable process stalls a whole step.
-    split_cores: bool = True
+    inprocess: bool = True  # our in-process engine as rows of the shared layout
+    layouts: tuple[str, ...] = (SHARED, SPLIT)
 
     @classmethod
     def quick(cls) -> LlamaWork:
         return cls(tokens=16, rounds=1, cancels=3)
 
-    def cores(self) -> tuple[set[int], set[int]]:
-        """(the engine's cores, the front's: gateway and load generator)."""
-        usable = sorted(os.sched_getaffinity(0))
-        if not self.split_cores or len(usable) < 2:
-            return set(usable), set(usable)
-        return set(usable[:-1]), {usable[-1]}
 
-    def thread_count(self) -> int:
-        return self.threads or len(self.cores()[0])
+def layout_cores(layout: str) -> tuple[set[int], set[int]]:
+    """(llama.cpp's cores, the front's: wschat and the load generator) in ``layout``."""
+    usable = sorted(os.sched_getaffinity(0))
+    if layout == SHARED or len(usable) < 2:
+        return set(usable), set(usable)
+    return set(usable[:-1]), {usable[-1]}
+
+
+def before_dtype() -> str:
+    """What ``--dtype auto`` picked on this CPU before packed weights: bf16 where the CPU has
+    bf16 instructions, else float32."""
+    try:
+        flags = CPUINFO.read_text()
+    except OSError:
+        return "float32"
+    return "bfloat16" if any(f in flags for f in ("avx512_bf16", "amx_bf16")) else "float32"
 
 
 def available() -> str | None:
@@ -107,21 +129,22 @@ def figures_of(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
     return {**_figures(rounds), "ttft_rounds": [Concurrent.of(r).ttft_median for r in rounds]}
 
 
-def compare(figures: dict[str, dict[int, dict[str, Any]]]) -> dict[str, dict[int, Any]]:
-    """Each system against llama.cpp direct at each stream count: aggregate tokens/s as a ratio,
-    median TTFT as a difference in seconds."""
-    direct = figures[DIRECT]
+def compare(
+    figures: dict[str, dict[int, dict[str, Any]]], against: str = DIRECT
+) -> dict[str, dict[int, Any]]:
+    """Each system against ``against`` at each stream count: aggregate tokens/s as a ratio,
+    median TTFT as a difference in seconds and as a ratio."""
+    base = figures[against]
     out: dict[str, dict[int, Any]] = {}
     for system, by_n in figures.items():
-        out[system] = {
-            n: {
-                "aggregate_x": paired_ratio(
-                    f["aggregate_tps_rounds"], direct[n]["aggregate_tps_rounds"]
-                ),
-                "ttft_diff_s": paired_difference(f["ttft_rounds"], direct[n]["ttft_rounds"]),
+        out[system] = {}
+        for n, f in by_n.items():
+            agg, ttft = f["aggregate_tps_rounds"], f["ttft_rounds"]
+            out[system][n] = {
+                "aggregate_x": paired_ratio(agg, base[n]["aggregate_tps_rounds"]),
+                "ttft_diff_s": paired_difference(ttft, base[n]["ttft_rounds"]),
+                "ttft_x": paired_ratio(ttft, base[n]["ttft_rounds"]),
             }
-            for n, f in by_n.items()
-        }
     return out
 
 
@@ -140,27 +163,102 @@ def cancel_summary(waits: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
+def _row(
+    target: str,
+    value: Any,
+    against: Any,
+    unit: str,
+    ratio: float,
+    ratio_unit: str,
+    limit: float,
+    op: str,
+) -> dict[str, Any]:
+    met = ratio >= limit if op == ">=" else ratio <= limit
+    return {
+        "target": target,
+        "value": value,
+        "against": against,
+        "unit": unit,
+        "ratio": ratio,
+        "ratio_unit": ratio_unit,
+        "limit": limit,
+        "op": op,
+        "met": met,
+    }
+
+
+def _streams(n: int) -> str:
+    return "1 stream" if n == 1 else f"{n} streams"
+
+
 def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """wschat in front of llama.cpp against llama.cpp direct, at each judged stream count:
-    aggregate tokens/s within TARGET_RATIO, median TTFT within TTFT_LIMIT_S."""
-    figures, compared, rows = result["figures"], result["compared"][GATEWAY], []
-    for n in JUDGED:
-        if n not in figures[GATEWAY]:
+    """In front of llama.cpp (both layouts): aggregate tokens/s within FRONT_RATIO of direct,
+    and in the split layout TTFT within FRONT_TTFT_LIMIT_S; in process (shared layout): the
+    ratios of IN_PROCESS_RATIO, TTFT within IN_PROCESS_TTFT_X, and OVER_BEFORE the dtype auto
+    picked before packed weights."""
+    rows: list[dict[str, Any]] = []
+    for layout, run in result["layouts"].items():
+        figures, compared = run["figures"], run["compared"]
+        direct = figures[DIRECT]
+        for system in FRONTS:
+            for n in JUDGED:
+                if n not in figures.get(system, {}):
+                    continue
+                ours, c = figures[system][n], compared[system][n]
+                rows.append(
+                    _row(
+                        f"{layout}, {_streams(n)}: {system} agg >= {FRONT_RATIO} x direct",
+                        ours["aggregate_tps"], direct[n]["aggregate_tps"], "",
+                        c["aggregate_x"], "x", FRONT_RATIO, ">=",
+                    )
+                )  # fmt: skip
+                if layout == SPLIT:
+                    rows.append(
+                        _row(
+                            f"{layout}, {_streams(n)}: {system} TTFT <= direct + "
+                            f"{FRONT_TTFT_LIMIT_S * 1000:.0f} ms",
+                            ours["ttft_median_s"], direct[n]["ttft_median_s"], "ms",
+                            c["ttft_diff_s"], "ms", FRONT_TTFT_LIMIT_S, "<=",
+                        )
+                    )  # fmt: skip
+        local = run.get("inprocess")
+        if local is None or local not in figures:
             continue
-        what = "1 stream" if n == 1 else f"{n} streams"
-        ours, direct = figures[GATEWAY][n], figures[DIRECT][n]
-        ratio, diff = compared[n]["aggregate_x"], compared[n]["ttft_diff_s"]
-        rows += [
-            {"target": f"llama.cpp, {what}: wschat agg tok/s >= {TARGET_RATIO} x direct",
-             "value": ours["aggregate_tps"], "against": direct["aggregate_tps"], "unit": "",
-             "ratio": ratio, "ratio_unit": "x", "limit": TARGET_RATIO, "op": ">=",
-             "met": ratio >= TARGET_RATIO},
-            {"target": f"llama.cpp, {what}: wschat TTFT <= direct + "
-                       f"{TTFT_LIMIT_S * 1000:.0f} ms",
-             "value": ours["ttft_median_s"], "against": direct["ttft_median_s"], "unit": "ms",
-             "ratio": diff, "ratio_unit": "ms", "limit": TTFT_LIMIT_S, "op": "<=",
-             "met": diff <= TTFT_LIMIT_S},
-        ]  # fmt: skip
+        for n, limit in IN_PROCESS_RATIO.items():
+            if n in figures[local]:
+                rows.append(
+                    _row(
+                        f"{layout}, {_streams(n)}: in process agg >= {limit} x llama.cpp",
+                        figures[local][n]["aggregate_tps"], direct[n]["aggregate_tps"], "",
+                        compared[local][n]["aggregate_x"], "x", limit, ">=",
+                    )
+                )  # fmt: skip
+        rows.append(
+            _row(
+                f"{layout}, 1 stream: in process TTFT <= {IN_PROCESS_TTFT_X} x llama.cpp's",
+                figures[local][1]["ttft_median_s"], direct[1]["ttft_median_s"], "ms",
+                compared[local][1]["ttft_x"], "x", IN_PROCESS_TTFT_X, "<=",
+            )
+        )  # fmt: skip
+        before = run.get("before")
+        rss = run.get("rss_mb", {})
+        if before in rss:
+            rows.append(
+                _row(
+                    f"{layout}: in process RSS <= {run['before_dtype']}'s (same streams)",
+                    rss[local], rss[before], "MB", rss[local] / rss[before], "x", 1.0, "<=",
+                )
+            )  # fmt: skip
+        if before in figures:
+            now, then = figures[local][1], figures[before][1]
+            ratio = paired_ratio(now["aggregate_tps_rounds"], then["aggregate_tps_rounds"])
+            rows.append(
+                _row(
+                    f"{layout}, 1 stream: {run['dtype']} >= {OVER_BEFORE} x {run['before_dtype']}",
+                    figures[local][1]["aggregate_tps"], figures[before][1]["aggregate_tps"], "",
+                    ratio, "x", OVER_BEFORE, ">=",
+                )
+            )  # fmt: skip
     return rows
 
 
@@ -168,49 +266,66 @@ def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
     work = result["workload"]
     lines = [
         f"llama.cpp's server (xllamacpp {result.get('xllamacpp', '?')}) on the embedded GGUF, "
-        f"{result['threads']} threads on cores {result.get('engine_cores', '?')}, "
-        f"{result['slots']} slots; wschat --engine openai in front and the load generator on "
-        f"cores {result.get('front_cores', '?')};",
-        f"{work['tokens']} tokens per stream, greedy, median of {work['rounds']} rounds; "
-        "ratios and differences are to llama.cpp direct, round by round",
+        f"{result['slots']} slots; {work['tokens']} tokens per stream, greedy, median of "
+        f"{work['rounds']} rounds; ratios and differences to llama.cpp direct (its plain "
+        "default request), round by round",
     ]
-    head = f"{'system':<24}{'streams':>8}{'agg tok/s':>11}{'stream tok/s':>13}"
+    head = f"{'system':<34}{'streams':>8}{'agg tok/s':>11}{'stream tok/s':>13}"
     head += f"{'TTFT med':>10}{'TTFT p95':>10}{'agg vs direct':>15}{'TTFT - direct':>15}"
-    lines += [head, "-" * len(head)]
-    for system, by_n in result["figures"].items():
-        for n, f in sorted(by_n.items()):
-            c = result["compared"][system][n]
-            lines.append(
-                f"{system:<24}{n:>8}{f['aggregate_tps']:>11.1f}{f['stream_tps']:>13.1f}"
-                f"{fmt(f['ttft_median_s'], 'ms'):>10}{fmt(f['ttft_p95_s'], 'ms'):>10}"
-                f"{fmt(c['aggregate_x'], 'x'):>15}{fmt(c['ttft_diff_s'], 'ms'):>15}"
+    for layout, run in result["layouts"].items():
+        lines += [
+            "",
+            f"{layout}: llama.cpp {run['threads']} threads on cores {run['engine_cores']}; "
+            f"wschat and the load generator on cores {run['front_cores']}",
+            head,
+            "-" * len(head),
+        ]
+        for system, by_n in run["figures"].items():
+            for n, f in sorted(by_n.items()):
+                c = run["compared"][system][n]
+                lines.append(
+                    f"{system:<34}{n:>8}{f['aggregate_tps']:>11.1f}{f['stream_tps']:>13.1f}"
+                    f"{fmt(f['ttft_median_s'], 'ms'):>10}{fmt(f['ttft_p95_s'], 'ms'):>10}"
+                    f"{fmt(c['aggregate_x'], 'x'):>15}{fmt(c['ttft_diff_s'], 'ms'):>15}"
+                )
+        if run.get("rss_mb"):
+            rss = ", ".join(f"{system} {mb:.0f} MB" for system, mb in run["rss_mb"].items())
+            lines.append(f"RSS after the rounds: {rss}")
+    c = result.get("cancel")
+    if c:
+        parts = [
+            f"{label} median {fmt(c[key]['median_s'], 'ms')}, p95 {fmt(c[key]['p95_s'], 'ms')}"
+            for key, label in (
+                ("done_s", "cancel to done"),
+                ("idle_s", "cancel to slot idle"),
+                ("direct_idle_s", "direct close to slot idle"),
             )
-    c = result["cancel"]
-    parts = [
-        f"{label} median {fmt(c[key]['median_s'], 'ms')}, p95 {fmt(c[key]['p95_s'], 'ms')}"
-        for key, label in (
-            ("done_s", "cancel to done"),
-            ("idle_s", "cancel to slot idle"),
-            ("direct_idle_s", "direct close to slot idle"),
+            if key in c
+        ]
+        lines.append(
+            f"cancels through {VIA_OPENAI}, split layout ({c['count']}x, read from llama.cpp's "
+            "/slots): " + "; ".join(parts)
         )
-        if key in c
-    ]
-    lines.append(f"cancels ({c['count']}x, read from llama.cpp's /slots): " + "; ".join(parts))
     return "\n".join(lines)
 
 
-# -- the measurements -------------------------------------------------------------------------
+# -- llama.cpp spoken to directly -------------------------------------------------------------
+
+
+def turn_text(text: str) -> str:
+    """The first turn of a conversation in Gemma's turn markup, as the prompt text a client
+    sends; llama.cpp adds ``<bos>`` and reads the markup as its control tokens, which gives the
+    ids wschat renders for the same turn (``--prompt-format gemma-turns``)."""
+    return f"<start_of_turn>user\n{text}<end_of_turn>\n<start_of_turn>model\n"
+
+
+def plain_body(text: str, tokens: int) -> dict[str, Any]:
+    return {"prompt": turn_text(text), "max_tokens": tokens, "temperature": 0, "stream": True}
 
 
 def _tokens_in(chunk: dict[str, Any]) -> int:
-    """Tokens one streamed chunk carries: its ids (asked for), else one per chunk with text."""
-    if "tokens" in chunk:  # llama.cpp's native /completion
-        return len(chunk["tokens"])
-    count = 0
-    for choice in chunk.get("choices") or ():
-        ids = (choice.get("logprobs") or {}).get("content") or []
-        count += len(ids) or (1 if choice.get("text") else 0)
-    return count
+    """Tokens one streamed chunk carries: one per choice that is not the closing one."""
+    return sum(1 for choice in chunk.get("choices") or () if choice.get("finish_reason") is None)
 
 
 async def direct_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> StreamTimes:
@@ -232,43 +347,27 @@ async def direct_concurrent(url: str, bodies: list[dict[str, Any]]) -> list[Stre
 
 
 class Direct:
-    """llama.cpp's server spoken to as the gateway speaks to it: the same request bodies, built
-    by the gateway's own code (``OpenAIEngine.completion_body``)."""
+    """llama.cpp's server answering the plain request (``plain_body``)."""
 
     def __init__(self, base: str) -> None:
-        from wschat.server.engine.history import Conversation
-        from wschat.server.engine.openai import OpenAIEngineConfig, connect
-        from wschat.server.engine.openai.tokenizer import default_cache_dir
-
-        config = OpenAIEngineConfig(
-            f"{base}/v1", "embedded", default_cache_dir(), prompt_format=PROMPT_FORMAT
-        )
-        self.engine = connect(config)
-        self.url = f"{base}{self.engine.dialect.text_path}"
-        self._conversation = Conversation  # the engine only builds bodies here: no client
-
-    def body(self, text: str, tokens: int) -> dict[str, Any]:
-        from wschat.server.engine.base import GenerationRequest, SamplingParams
-
-        conversation = self._conversation(self.engine.prompt_format)
-        ids = conversation.prompt_ids(conversation.tokenize_user(text))
-        params = SamplingParams(max_new_tokens=tokens, temperature=0.0)
-        return self.engine.completion_body(GenerationRequest(ids, params))
+        self.url = f"{base}/v1/completions"
 
     def streams(self, texts: list[str], tokens: int) -> list[StreamTimes]:
-        bodies = [self.body(t, tokens) for t in texts]
-        return asyncio.run(direct_concurrent(self.url, bodies))
+        return asyncio.run(direct_concurrent(self.url, [plain_body(t, tokens) for t in texts]))
 
 
 @contextlib.contextmanager
 def peer(logs: Path, slots: int, threads: int) -> Iterator[Callable[[list[str], int], Any]]:
     """llama.cpp's server as a peer row of the main run: ``threads`` threads on the cores the
-    rest of the run shares, ``slots`` slots, measured directly with the gateway's request bodies
-    (``Direct``); warmed up at ``slots`` streams (its first use of a slot is slow)."""
+    rest of the run shares, ``slots`` slots, answering the plain request; warmed up at
+    ``slots`` streams (its first use of a slot is slow)."""
     with procs.llama_cpp(threads, slots, SLOT_CONTEXT, logs) as llama:
         direct = Direct(llama.base)
         direct.streams([story(i) for i in range(slots)], 4)
         yield direct.streams
+
+
+# -- cancels ----------------------------------------------------------------------------------
 
 
 async def _idle_after(http: httpx.AsyncClient, slots_url: str, since: float) -> float:
@@ -312,7 +411,7 @@ async def direct_cancels(
 ) -> list[float]:
     """Close a direct stream mid-reply: seconds until llama.cpp's slot is idle."""
     waits = []
-    body = direct.body(text, 500)
+    body = plain_body(text, 500)
     async with httpx.AsyncClient(timeout=TIMEOUT) as client:
         for _ in range(count):
             seen = 0
@@ -328,6 +427,9 @@ async def direct_cancels(
     return waits
 
 
+# -- the run ----------------------------------------------------------------------------------
+
+
 @contextlib.contextmanager
 def _pinned(cores: set[int]) -> Iterator[None]:
     """This process on ``cores`` while in the block."""
@@ -339,75 +441,120 @@ def _pinned(cores: set[int]) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
+def _ws(url: str) -> Callable[[list[str], int], list[StreamTimes]]:
+    return lambda texts, tokens: asyncio.run(wsload.concurrent(url, texts, tokens))
+
+
+def run_layout(
+    work: LlamaWork, logs: Path, layout: str, engine: str, stack: contextlib.ExitStack
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Start every system of ``layout`` (in ``stack``), measure them round by round; (the
+    layout's result, what the cancels need)."""
+    engine_cores, front_cores = layout_cores(layout)
+    threads, slots = len(engine_cores), max(work.streams)
+    stack.enter_context(_pinned(front_cores))  # the load generator
+    log.info(
+        "%s: llama.cpp's server, %d threads on cores %s, %d slots; wschat and the load "
+        "generator on cores %s",
+        layout,
+        threads,
+        sorted(engine_cores),
+        slots,
+        sorted(front_cores),
+    )
+    llama = stack.enter_context(
+        procs.llama_cpp(threads, slots, SLOT_CONTEXT, logs, cores=engine_cores, name=layout)
+    )
+    direct = Direct(llama.base)
+    measure: dict[str, Callable[[list[str], int], list[StreamTimes]]] = {DIRECT: direct.streams}
+    log.info("%s: wschat --engine llamacpp, its llama.cpp on cores %s", layout, engine_cores)
+    own = stack.enter_context(
+        procs.wschat_llamacpp(
+            threads, slots, SLOT_CONTEXT, logs, front_cores, engine_cores, f"llamacpp-{layout}"
+        )
+    )
+    measure[VIA_LLAMACPP] = _ws(own.ws_url)
+    log.info("%s: wschat --engine openai in front of the first", layout)
+    gateway_args = ("--engine-url", f"{llama.base}/v1", "--tokenizer", "embedded")
+    gateway = stack.enter_context(
+        procs.wschat(
+            "openai", logs, 64, gateway_args, name=f"wschat-openai-{layout}", cores=front_cores
+        )
+    )
+    measure[VIA_OPENAI] = _ws(gateway.ws_url)
+    out: dict[str, Any] = {
+        "threads": threads,
+        "engine_cores": sorted(engine_cores),
+        "front_cores": sorted(front_cores),
+    }
+    if work.inprocess and layout == SHARED:
+        local, before = f"wschat in process ({engine})", f"wschat in process, {before_dtype()}"
+        log.info("%s: wschat --engine %s --threads %d, default dtype and --dtype %s",
+                 layout, engine, threads, before_dtype())  # fmt: skip
+        server = stack.enter_context(
+            procs.wschat(engine, logs, 64, ("--threads", str(threads)), name=f"wschat-{engine}")
+        )
+        old = stack.enter_context(
+            procs.wschat(
+                engine, logs, 64, ("--threads", str(threads), "--dtype", before_dtype()),
+                name=f"wschat-{engine}-{before_dtype()}",
+            )
+        )  # fmt: skip
+        measure[local], measure[before] = _ws(server.ws_url), _ws(old.ws_url)
+        out |= {"inprocess": local, "before": before, "before_dtype": before_dtype()}
+        out["dtype"] = _dtype_of(server.base)
+    systems = list(measure)
+    rounds: dict[str, dict[int, list[list[StreamTimes]]]] = {
+        s: {n: [] for n in work.streams} for s in systems
+    }
+    # warm-up at the widest count: llama.cpp's first use of a slot is slow (2.9 s to the first
+    # token of 8 fresh slots, 0.1 s after), and whoever came first would pay it
+    for system in systems:
+        measure[system]([story(i) for i in range(slots)], 4)
+    for r in range(work.rounds):
+        order = systems if r % 2 == 0 else systems[::-1]
+        for n in work.streams:
+            texts = [story(i) for i in range(n)]
+            log.info("%s, round %d: %d streams: %s", layout, r + 1, n, ", ".join(order))
+            for system in order:
+                rounds[system][n].append(measure[system](texts, work.tokens))
+    figures = {s: {n: figures_of(r) for n, r in by_n.items()} for s, by_n in rounds.items()}
+    out |= {"figures": figures, "compared": compare(figures)}
+    if "inprocess" in out:  # both served the same streams: their weights and KV buffers
+        out["rss_mb"] = {out["inprocess"]: server.rss() / 2**20, out["before"]: old.rss() / 2**20}
+    return out, {"gateway": gateway.ws_url, "slots": f"{llama.base}/slots", "direct": direct}
+
+
+def _dtype_of(base: str) -> str:
+    """The precision a server runs (its /readyz says)."""
+    return str(httpx.get(f"{base}/readyz", timeout=10).json().get("dtype", "?"))
+
+
 def run(work: LlamaWork, logs: Path, engine: str = "batched") -> dict[str, Any]:
     import xllamacpp
 
     logs.mkdir(parents=True, exist_ok=True)
-    threads, slots = work.thread_count(), max(work.streams)
-    engine_cores, front_cores = work.cores()
-    systems = [DIRECT, GATEWAY] + ([f"wschat-{engine}"] if work.inprocess else [])
-    rounds: dict[str, dict[int, list[list[StreamTimes]]]] = {
-        s: {n: [] for n in work.streams} for s in systems
-    }
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(_pinned(front_cores))  # the load generator
-        log.info(
-            "starting llama.cpp's server: %d threads on cores %s, %d slots; the gateway and the "
-            "load generator on cores %s",
-            threads,
-            sorted(engine_cores),
-            slots,
-            sorted(front_cores),
-        )
-        llama = stack.enter_context(
-            procs.llama_cpp(threads, slots, SLOT_CONTEXT, logs, cores=engine_cores)
-        )
-        slots_url = f"{llama.base}/slots"
-        direct = Direct(llama.base)
-        log.info("starting wschat --engine openai in front of it")
-        gateway_args = ("--engine-url", f"{llama.base}/v1", "--tokenizer", "embedded")
-        gateway = stack.enter_context(
-            procs.wschat(
-                "openai", logs, 64, gateway_args, name="wschat-openai-llamacpp", cores=front_cores
-            )
-        )
-        measure: dict[str, Callable[[list[str], int], list[StreamTimes]]] = {
-            DIRECT: direct.streams,
-            GATEWAY: lambda t, k: asyncio.run(wsload.concurrent(gateway.ws_url, t, k)),
-        }
-        if work.inprocess:
-            log.info("starting wschat --engine %s --threads %d", engine, threads)
-            local = stack.enter_context(procs.wschat(engine, logs, 64, ("--threads", str(threads))))
-            measure[f"wschat-{engine}"] = lambda t, k: asyncio.run(
-                wsload.concurrent(local.ws_url, t, k)
-            )
-        # warm-up at the widest count: llama.cpp's first use of a slot is slow (2.9 s to the
-        # first token of 8 fresh slots, 0.1 s after), and whoever came first would pay it
-        for system in systems:
-            measure[system]([story(i) for i in range(slots)], 4)
-        for r in range(work.rounds):
-            order = systems if r % 2 == 0 else systems[::-1]
-            for n in work.streams:
-                texts = [story(i) for i in range(n)]
-                log.info("round %d: %d streams: %s", r + 1, n, ", ".join(order))
-                for system in order:
-                    rounds[system][n].append(measure[system](texts, work.tokens))
-        log.info("%d cancels through wschat, %d direct", work.cancels, work.cancels)
-        waits = asyncio.run(gateway_cancels(gateway.ws_url, slots_url, story(0), work.cancels))
-        closes = asyncio.run(direct_cancels(direct, slots_url, story(0), work.cancels))
-    figures = {s: {n: figures_of(r) for n, r in by_n.items()} for s, by_n in rounds.items()}
-    for wait, close in zip(waits, closes, strict=True):
-        wait["direct_idle_s"] = close
-    return {
+    result: dict[str, Any] = {
         "workload": dataclasses.asdict(work),
         "engine": engine,
-        "threads": threads,
-        "engine_cores": sorted(engine_cores),
-        "front_cores": sorted(front_cores),
-        "slots": slots,
+        "slots": max(work.streams),
         "xllamacpp": getattr(xllamacpp, "__version__", "?"),
-        "figures": figures,
-        "compared": compare(figures),
-        "cancel": cancel_summary(waits),
-        "cancel_waits": waits,
+        "layouts": {},
     }
+    for layout in work.layouts:
+        with contextlib.ExitStack() as stack:
+            result["layouts"][layout], parts = run_layout(work, logs, layout, engine, stack)
+            if layout != SPLIT or not work.cancels:
+                continue
+            log.info("%d cancels through wschat, %d direct", work.cancels, work.cancels)
+            waits = asyncio.run(
+                gateway_cancels(parts["gateway"], parts["slots"], story(0), work.cancels)
+            )
+            closes = asyncio.run(
+                direct_cancels(parts["direct"], parts["slots"], story(0), work.cancels)
+            )
+            for wait, close in zip(waits, closes, strict=True):
+                wait["direct_idle_s"] = close
+            result["cancel"] = cancel_summary(waits)
+            result["cancel_waits"] = waits
+    return result

@@ -123,17 +123,18 @@ def wschat_llamacpp(
     logs: Path,
     cores: Set[int] | None = None,
     engine_cores: Set[int] | None = None,
+    name: str = "wschat-llamacpp",
 ) -> Iterator[Running]:
     """``wschat --engine llamacpp``: wschat on ``cores`` and the llama.cpp server it starts
     (``threads`` threads, ``slots`` slots of ``slot_context`` tokens) moved to ``engine_cores``
     once ready, every thread of it (a child starts on its parent's cores); log
-    ``logs/wschat-llamacpp.log``."""
+    ``logs/<name>.log``."""
     extra = (
         "--threads", str(threads),
         "--max-concurrent", str(slots),
         "--context-tokens", str(slot_context),
     )  # fmt: skip
-    with wschat("llamacpp", logs, 64, extra, cores=cores) as running:
+    with wschat("llamacpp", logs, 64, extra, name=name, cores=cores) as running:
         if engine_cores is not None:
             for child in psutil.Process(running.process.pid).children():
                 pin_threads(child.pid, engine_cores)
@@ -213,11 +214,16 @@ def transformers_serve(model_dir: Path, batching: bool, logs: Path) -> Iterator[
 
 @contextlib.contextmanager
 def llama_cpp(
-    threads: int, slots: int, slot_context: int, logs: Path, cores: Set[int] | None = None
+    threads: int,
+    slots: int,
+    slot_context: int,
+    logs: Path,
+    cores: Set[int] | None = None,
+    name: str = "llama-cpp",
 ) -> Iterator[Running]:
     """llama.cpp's server (``xllamacpp``) on the embedded GGUF: ``slots`` requests at once, each
     with ``slot_context`` KV tokens; ``swa_full`` as the tests and compose run it; pinned to
-    ``cores`` when given."""
+    ``cores`` when given; its log ``logs/<name>.log``."""
     port = free_port()
     command = [
         sys.executable, "-m", "wschat.server.engine.openai.llamacpp",
@@ -227,5 +233,5 @@ def llama_cpp(
         "--ctx", str(slots * slot_context),
         "--swa-full",
     ]  # fmt: skip
-    with _run(command, "/health", port, logs / "llama-cpp.log", cores=cores) as running:
+    with _run(command, "/health", port, logs / f"{name}.log", cores=cores) as running:
         yield running
