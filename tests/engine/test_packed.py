@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,8 @@ from wschat.server.engine.local.packed import (
     page_out,
 )
 from wschat.server.engine.local.precision import Packing, packing_unavailable
+
+from tests.support import TIMEOUT
 
 # Each kernel's error bound, as a share of sum_k |x_k w_k| (the worst the rounding can do):
 # fp16 weights round each weight by at most 2^-11 of itself, float32 arithmetic adds little;
@@ -166,6 +169,33 @@ def test_fused_layers_give_the_outputs_of_transformers_layers(
             assert torch.allclose(outs[0].logits, outs[1].logits, atol=1e-5, rtol=1e-4)
             token = outs[0].logits[:, -1:].argmax(-1)
             outs = [m(input_ids=token, cache=c) for m, c in pairs]
+
+
+def test_transformers_batching_manager_runs_the_fused_layers_as_generate_does(
+    tiny_fp16: LoadedModel,
+) -> None:
+    """The fused attention reads the cache and attention function a caller configured: the
+    continuous-batching manager's paged ones give generate's greedy tokens."""
+    from transformers import GenerationConfig
+
+    model, prompt = tiny_fp16.model, [2, *range(300, 320)]
+    greedy = {"do_sample": False, "eos_token_id": [1], "pad_token_id": 0}
+    manager = model.init_continuous_batching(
+        generation_config=GenerationConfig(max_new_tokens=8, **greedy)
+    )
+    manager.start()
+    try:
+        request = manager.add_request(prompt, max_new_tokens=8)
+        deadline = time.monotonic() + TIMEOUT
+        while (out := manager.get_result(request_id=request, timeout=1)) is None or not (
+            out.is_finished()
+        ):
+            assert time.monotonic() < deadline, "the manager gave no finished result"
+    finally:
+        manager.stop(block=True)
+    with torch.inference_mode():
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=8, **greedy)
+    assert out.generated_tokens == expected[0, len(prompt) :].tolist()
 
 
 def test_the_vision_tower_keeps_plain_weights_and_the_text_decoder_is_packed(

@@ -5,9 +5,9 @@ A decode step multiplies a handful of rows by each weight, so a small projection
 kernel call's overhead plus its bytes; three projections read once as one matrix cost the bytes
 and one call. ``pack_model`` puts these modules in place of transformers' (``Gemma3Attention``,
 ``Gemma3MLP``) when it packs a Gemma 3 decoder; they take the same arguments and return the same
-values, so ``generate`` and the batched engine both run them. The arithmetic is transformers':
-RMS norms in float32 with Gemma's ``1 + weight``, rotary embeddings from the model's own
-cos/sin, attention through ``scaled_dot_product_attention`` with the masks it is given.
+values, so ``generate``, the batched engine and transformers' own batching manager all run them.
+The arithmetic is transformers': RMS norms in float32 with Gemma's ``1 + weight``, rotary
+embeddings from the model's own cos/sin, the attention function the model is configured with.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.gemma3.modeling_gemma3 import eager_attention_forward
 
 Kernel = Callable[[nn.Linear], nn.Module]  # a packed Linear of packed.py, made from an nn.Linear
 
@@ -48,19 +49,24 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 class FusedAttention(nn.Module):
-    """``Gemma3Attention`` with q, k and v in one packed GEMM."""
+    """``Gemma3Attention`` with q, k and v in one packed GEMM; the rest as transformers has it:
+    the cache's ``update`` and the attention function the model is configured with (sdpa, or a
+    continuous-batching manager's paged one) read the attributes they read there."""
 
     def __init__(self, attention: Any, kernel: Kernel) -> None:
         super().__init__()
-        config = attention.config
-        if config.attn_logit_softcapping is not None:
+        self.config = attention.config
+        if self.config.attn_logit_softcapping is not None:
             raise ValueError("attention logit softcapping is not supported")
         self.layer_idx: int = attention.layer_idx
+        self.layer_type = attention.layer_type
         self.head_dim: int = attention.head_dim
-        self.heads: int = config.num_attention_heads
-        self.kv_heads: int = config.num_key_value_heads
+        self.heads: int = self.config.num_attention_heads
+        self.kv_heads: int = self.config.num_key_value_heads
+        self.num_key_value_groups: int = attention.num_key_value_groups
         self.scaling: float = attention.scaling
         self.is_causal: bool = attention.is_causal
+        self.sliding_window = attention.sliding_window
         self.eps: float = attention.q_norm.eps
         self.qkv = _stacked(kernel, attention.q_proj, attention.k_proj, attention.v_proj)
         self.o_proj = kernel(attention.o_proj)
@@ -77,7 +83,7 @@ class FusedAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         cache: Any = None,
         **kwargs: Any,
-    ) -> tuple[torch.Tensor, None]:
+    ) -> tuple[torch.Tensor, Any]:
         rows, tokens = hidden_states.shape[:2]
         q, k, v = self.qkv(hidden_states).split(self._split, dim=-1)
         q = q.view(rows, tokens, self.heads, self.head_dim).transpose(1, 2)
@@ -88,18 +94,23 @@ class FusedAttention(nn.Module):
         cos, sin = (t.unsqueeze(1) for t in position_embeddings)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         if cache is not None:
-            k, v = cache.update(k, v, self.layer_idx)
-        out = F.scaled_dot_product_attention(
+            k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        out, weights = attend(
+            self,
             q,
             k,
             v,
-            attn_mask=attention_mask,
-            scale=self.scaling,
-            is_causal=attention_mask is None and tokens > 1 and self.is_causal,
-            enable_gqa=self.heads != self.kv_heads,
+            attention_mask,
+            dropout=0.0,
+            scaling=self.scaling,
+            sliding_window=self.sliding_window,
+            **kwargs,
         )
-        out = out.transpose(1, 2).reshape(rows, tokens, self.heads * self.head_dim)
-        return self.o_proj(out), None
+        out = out.reshape(rows, tokens, -1).contiguous()
+        return self.o_proj(out), weights
 
 
 class FusedMLP(nn.Module):
