@@ -86,16 +86,15 @@ SCENARIOS = {
 }  # fmt: skip
 
 
-def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """The results and the table of the run the arguments ask for."""
+def _measure(args: argparse.Namespace) -> dict[str, Any]:
+    """The results of the run the arguments ask for."""
     if args.only:
         scenario = SCENARIOS[args.only]
         why_not = scenario.available()
         if why_not:
             raise SystemExit(f"no {args.only} scenario: {why_not}")
         work = scenario.work.quick() if args.quick else scenario.work()
-        result = {args.only: scenario.run(work, args.logs, engine=args.engine)}
-        return {**result, "targets": scenario.targets(result[args.only])}, scenario.table(result)
+        return {args.only: scenario.run(work, args.logs, engine=args.engine)}
     from .run import run
 
     work = Workload.quick() if args.quick else Workload()
@@ -109,7 +108,18 @@ def _measure(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                     if why_not
                     else scenario.run(scenario.work(), args.logs, engine=args.engine)
                 )
-    return {**result, "targets": report.targets(result)}, report.table(result)
+    return result
+
+
+def _judged(result: dict[str, Any], only: str | None) -> str:
+    """Add the targets to ``result`` (of the scenario ``only``, or of a whole run); the table
+    to print."""
+    if only is None:
+        result["targets"] = report.targets(result)
+        return report.table(result)
+    scenario = SCENARIOS[only]
+    result["targets"] = scenario.targets(result[only])
+    return scenario.table(result)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,13 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C, so every process the run started is stopped by its pid
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     started = time.monotonic()
-    result, text = _measure(args)
+    result = _measure(args)
     result["machine"] = _machine()
     result["wall_s"] = time.monotonic() - started
-    print(text)
     results = ROOT / "bench" / "results"
     path = args.json or results / (f"{args.only}.json" if args.only else "latest.json")
     path.parent.mkdir(parents=True, exist_ok=True)
+    # the figures first: a run of an hour is never lost to its table
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(_judged(result, args.only))
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"\nwrote {path}")
     if not args.only:

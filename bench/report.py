@@ -106,7 +106,7 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         out += widths.targets(result["widths"])
     if "images" in result:
         out += images.targets(result["images"])
-    if "figures" in result.get("llamacpp", {}):
+    if "layouts" in result.get("llamacpp", {}):
         out += llamacpp.targets(result["llamacpp"])
     return out
 
@@ -170,7 +170,7 @@ def table(result: dict[str, Any]) -> str:
         lines += ["", widths.table(result["widths"], _fmt)]
     if "images" in result:
         lines += ["", images.table(result["images"], _fmt)]
-    if "figures" in result.get("llamacpp", {}):
+    if "layouts" in result.get("llamacpp", {}):
         lines += ["", llamacpp.table(result["llamacpp"], _fmt)]
     elif "llamacpp" in result:
         lines += ["", f"no llama.cpp scenario: {result['llamacpp']['skipped']}"]

@@ -194,3 +194,15 @@ def test_the_dtype_before_packed_weights_is_bf16_only_where_the_cpu_has_bf16(
     assert llamacpp.before_dtype() == "bfloat16"
     cpuinfo.write_text("flags : fpu avx2\n")
     assert llamacpp.before_dtype() == "float32"
+
+
+def test_the_main_runs_table_and_targets_take_the_llama_cpp_scenario() -> None:
+    from tests.bench.test_report_ttft import result as main_run
+
+    run = main_run([0.1] * 3, [0.1] * 3, [[0.05, 0.06]]) | {"llamacpp": result()}
+    assert llamacpp.table(result(), report._fmt) in report.table(run)
+    names = [row["target"] for row in report.targets(run)]
+    assert "shared, 1 stream: in process agg >= 0.6 x llama.cpp" in names
+    skipped = main_run([0.1] * 3, [0.1] * 3, [[0.05, 0.06]])
+    skipped["llamacpp"] = {"skipped": "xllamacpp is not installed"}
+    assert "no llama.cpp scenario: xllamacpp is not installed" in report.table(skipped)
