@@ -10,11 +10,13 @@ packed layouts gain nothing over plain bf16 and fbgemm's fp16 loses to float32.
 
 transformers maps a checkpoint's file into memory when its dtype is the one asked for, so the
 weights that were packed still sit in this process's memory as file pages once read; they are
-handed back to the kernel (``page_out``) as soon as their packed copies exist.
+handed back to the kernel (``page_out``) as soon as their packed copies exist, and so are the
+heap pages the packing's temporary copies freed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import mmap
@@ -132,7 +134,17 @@ def pack_model(model: Any, precision: Precision) -> int:
         if embedding.weight.dtype != precision.dtype:
             model.set_input_embeddings(WidenedEmbedding(embedding, precision.dtype))
     page_out(read)
+    del read
+    _trim_heap()
     return packed
+
+
+def _trim_heap() -> None:
+    """Return the heap's free pages to the kernel: packing made and freed a float32 or
+    concatenated copy of each weight, and glibc keeps freed blocks below its mmap threshold."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):  # not glibc
+            ctypes.CDLL(None).malloc_trim(0)
 
 
 def page_out(tensors: Iterable[torch.Tensor]) -> None:
