@@ -86,6 +86,10 @@ def _open(data: bytes, limits: ImageLimits) -> Image.Image:
     except Image.DecompressionBombError as e:
         # Over twice Pillow's own MAX_IMAGE_PIXELS: refused by open() itself, before decoding.
         raise TooLarge(f"the image is over max_image_pixels ({limits.max_pixels})") from e
+    except Image.DecompressionBombWarning as e:
+        # Over MAX_IMAGE_PIXELS open() warns; where the warnings filters make that an error
+        # (``-W error``, the tests) it is the refusal _check_pixels would make of the size.
+        raise TooLarge(f"the image is over max_image_pixels ({_pixel_limit(limits)})") from e
     except UnidentifiedImageError as e:
         raise BadImage("the image is not a PNG, JPEG, WebP or GIF") from e
     except _DECODE_ERRORS as e:
@@ -99,11 +103,15 @@ def _check_pixels(size: tuple[int, int], limits: ImageLimits) -> None:
     without a warnings filter (``catch_warnings`` swaps process-wide state: not thread-safe).
     """
     width, height = size
-    limit = min(limits.max_pixels, Image.MAX_IMAGE_PIXELS or limits.max_pixels)
+    limit = _pixel_limit(limits)
     if width * height > limit:
         raise TooLarge(
             f"the image is {width}x{height} = {width * height} pixels; max_image_pixels is {limit}"
         )
+
+
+def _pixel_limit(limits: ImageLimits) -> int:
+    return min(limits.max_pixels, Image.MAX_IMAGE_PIXELS or limits.max_pixels)
 
 
 def _to_rgb(im: Image.Image) -> Image.Image:

@@ -101,6 +101,15 @@ def test_pillow_warning_zone_is_refused_even_when_our_limit_is_higher() -> None:
     )
 
 
+@pytest.mark.filterwarnings("error::PIL.Image.DecompressionBombWarning")
+def test_pillow_warning_zone_is_too_large_where_warnings_are_errors() -> None:
+    # 100M pixels: the warning Pillow's open() gives is raised there (the suite's
+    # ``filterwarnings = error``, ``python -W error``); it is our refusal all the same
+    error = refusal(samples.png_bomb(10_000, 10_000))
+    assert error.code is ErrorCode.TOO_LARGE
+    assert error.message == f"the image is over max_image_pixels ({LIMITS.max_pixels})"
+
+
 def test_over_max_pixels_is_too_large_naming_the_limit() -> None:
     error = refusal(samples.png(100, 50), ImageLimits(max_bytes=1_000_000, max_pixels=4_999))
     assert error.code is ErrorCode.TOO_LARGE
