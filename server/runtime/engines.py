@@ -9,6 +9,7 @@ from typing import Any
 
 from ..engine import Engine
 from ..settings import ENGINES, UNBATCHED_CONCURRENT, Settings
+from .redaction import install_log_filters
 
 log = logging.getLogger("wschat.serve")
 
@@ -67,7 +68,7 @@ def _connect_openai(settings: Settings) -> Engine:
 def _start_llamacpp(settings: Settings) -> Engine:
     """llama.cpp's server, started and supervised here, with the openai engine in front."""
     from ..engine.cores import usable_cores
-    from ..engine.openai.supervisor import LlamaCppConfig, launch
+    from ..engine.openai.supervisor import LlamaCppConfig, LlamaCppServer, launch
     from ..engine.openai.tokenizer import EMBEDDED, default_cache_dir
 
     config = LlamaCppConfig(
@@ -79,7 +80,10 @@ def _start_llamacpp(settings: Settings) -> Engine:
         idle_kv_mib=settings.kv_budget_mib,
     )
     tokenizer = None if settings.tokenizer == EMBEDDED else settings.tokenizer
-    return launch(config, tokenizer=tokenizer, prompt_format=settings.prompt_format)
+    engine = launch(config, tokenizer=tokenizer, prompt_format=settings.prompt_format)
+    if isinstance(engine.child, LlamaCppServer):  # the key it made for its child is a secret too
+        install_log_filters([engine.child.api_key])
+    return engine
 
 
 def _build_engine(settings: Settings) -> Engine:

@@ -12,7 +12,7 @@ from ..engine import Engine
 from ..settings import Settings
 from ..web.app import EngineFactory, build_app
 from .engines import make_engine
-from .redaction import install_log_filters
+from .redaction import install_log_filters, settings_secrets
 from .shutdown import CLOSE_S, GracefulServer
 from .transport import http_protocol, raise_descriptor_limit, websocket_protocol
 
@@ -65,10 +65,10 @@ class ChatServer(GracefulServer):
 def serve(settings: Settings, engine: Engine | EngineFactory | None = None) -> int:
     """Serve until SIGTERM/SIGINT, drain (``shutdown.drain``): exit status 0. When the model
     fails to load, stop at once: exit status 1, the reason in the log."""
+    install_log_filters(settings_secrets(settings))
     app = build_app(settings, engine or (lambda: make_engine(settings)))
     config = uvicorn_config(settings, app)
     server = ChatServer(config, app.state.hub, app.state.stats_feed, settings.shutdown_grace_s)
-    install_log_filters()  # after Config, which (re)configures uvicorn's loggers
     raise_descriptor_limit(settings)
     server.run()
     return 0 if app.state.hub.load_error is None else 1
