@@ -15,9 +15,10 @@ import os
 import signal
 import socket
 import subprocess
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -115,10 +116,14 @@ def shared_port(hosts: Sequence[str]) -> int:
 
 
 @contextlib.asynccontextmanager
-async def haproxy(dns_port: int, replica_port: int, log: Path) -> AsyncIterator[HAProxy]:
+async def haproxy(
+    dns_port: int, replica_port: int, log: Path, settings: Mapping[str, str] | None = None
+) -> AsyncIterator[HAProxy]:
+    """HAProxy on deploy/haproxy.cfg; ``settings``: more of its ``WSCHAT_*`` variables."""
     port, stats_port = free_port(), free_port()
     env = {
         **os.environ,
+        **(settings or {}),
         "WSCHAT_LISTEN": f"127.0.0.1:{port}",
         "WSCHAT_REPLICAS": f"{REPLICA_NAME}:{replica_port}",
         "WSCHAT_REPLICA_SLOTS": "1-4",
@@ -142,8 +147,11 @@ async def haproxy(dns_port: int, replica_port: int, log: Path) -> AsyncIterator[
 
 
 @contextlib.asynccontextmanager
-async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
-    """Redis, two replicas and HAProxy, once HAProxy has both replicas up."""
+async def cluster(
+    tmp_path: Path, *options: str, proxy: Mapping[str, str] | None = None
+) -> AsyncIterator[Cluster]:
+    """Redis, two replicas and HAProxy, once HAProxy has both replicas up; ``options``: more
+    ``wschat-server`` options for the replicas, ``proxy``: HAProxy's ``WSCHAT_*`` variables."""
     port = shared_port(HOSTS)
     async with (
         redis_server(tmp_path) as store,
@@ -153,12 +161,19 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
         replicas = []
         for host in HOSTS:
             log = tmp_path / f"replica-{host}.log"
-            options = ("--session-store", store.url, *REPLICA_OPTIONS)
-            started = server_process(log, *options, host=host, port=port)
+            every = ("--session-store", store.url, *REPLICA_OPTIONS, *options)
+            started = server_process(log, *every, host=host, port=port)
             replicas.append(Replica(*await stack.enter_async_context(started)))
-        proxy = await stack.enter_async_context(haproxy(dns_port, port, tmp_path / "haproxy.log"))
-        await proxy.wait_servers(status_is("UP", *replicas))
-        yield Cluster(store, replicas, proxy)
+        started_proxy = haproxy(dns_port, port, tmp_path / "haproxy.log", proxy)
+        balancer = await stack.enter_async_context(started_proxy)
+        await balancer.wait_servers(status_is("UP", *replicas))
+        yield Cluster(store, replicas, balancer)
+
+
+def client_at(host: str) -> dict[str, Any]:
+    """``websockets.connect`` options for a client connecting from ``host`` (a loopback address
+    of its own, as distinct clients have distinct addresses)."""
+    return {"local_addr": (host, 0)}
 
 
 def live_id(session: str) -> str:

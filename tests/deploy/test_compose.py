@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from ipaddress import ip_address, ip_network
 from typing import Any
 
 from wschat.server.runtime.shutdown import CLOSE_S
 from wschat.server.settings import Settings
 
 from tests.deploy.cluster import CONFIG
-from tests.install.test_docker import SERVICES
+from tests.install.test_docker import COMPOSE, SERVICES
 from tests.support import ROOT
 
 PROFILE = {name for name, s in SERVICES.items() if "replicas" in s.get("profiles", [])}
@@ -75,3 +76,12 @@ def test_every_replica_setting_is_a_server_setting_and_a_drain_fits_its_stop_per
     assert replica["healthcheck"] == SERVICES["wschat"]["healthcheck"]
     stop_s = int(replica["stop_grace_period"].removesuffix("s"))
     assert stop_s >= Settings().shutdown_grace_s + CLOSE_S  # the drain, then the closes
+
+
+def test_the_replicas_trust_the_client_address_from_haproxy_alone() -> None:
+    trusted = SERVICES["wschat-replica"]["environment"]["WSCHAT_FORWARDED_ALLOW_IPS"]
+    assert trusted == SERVICES["haproxy"]["networks"]["default"]["ipv4_address"]
+    (pool,) = COMPOSE["networks"]["default"]["ipam"]["config"]
+    assert ip_address(trusted) in ip_network(pool["subnet"])
+    # never handed out to another container of the project
+    assert ip_address(trusted) not in ip_network(pool["ip_range"])

@@ -1,14 +1,17 @@
-"""deploy/haproxy.cfg as written: HAProxy 2.6 accepts it, and what it logs of a request leaves
-the query string (the resume token, a bearer token) out."""
+"""deploy/haproxy.cfg as written: HAProxy 2.6 accepts it, what it logs of a request leaves
+the query string (the resume token, a bearer token) out, and one address at its handshake bound
+cannot fill the session table within the entries' expiry."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.deploy.cluster import CONFIG, HAPROXY
+from tests.deploy.test_compose import config_default
 from tests.support import TIMEOUT
 
 
@@ -27,3 +30,12 @@ def test_the_log_format_leaves_the_query_string_out() -> None:
     fields = set(line.replace('"', " ").split())
     assert "%HPO" in fields  # the path alone
     assert not {"%r", "%HU", "%HQ", "%hr", "%CC"} & fields
+
+
+def test_one_address_at_the_handshake_bound_fills_under_a_quarter_of_the_session_table() -> None:
+    per_minute = int(config_default("WSCHAT_HANDSHAKES_PER_MINUTE"))
+    size = int(config_default("WSCHAT_SESSION_TABLE_SIZE").replace("k", "000"))
+    (expire,) = re.findall(
+        r'size "\$\{WSCHAT_SESSION_TABLE_SIZE-[^}]*\}" expire (\d+)h', CONFIG.read_text()
+    )
+    assert per_minute * int(expire) * 60 < size / 4  # docs/deploy.md "Sizing the stick table"
