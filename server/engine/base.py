@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import threading
+import weakref
 from array import array
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -136,6 +139,31 @@ class EngineInfo:
     # Generations it decodes in one forward pass, when it batches them (the sessions' slots
     # follow it unless --max-concurrent is set); None when each runs on its own
     batch_width: int | None = None
+    # Token ids run from 0 to below this (the model's embedding rows); None when unknown: an id
+    # past it fails the forward pass of every row of a batch
+    vocab_size: int | None = None
+    # The model and tokenizer (``fingerprint``): token ids kept by one engine mean the same to
+    # another only when theirs are equal
+    fingerprint: str = ""
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short digest of ``parts`` (JSON-able: a model's config, a tokenizer's vocabulary)."""
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# A vocabulary's digest takes about half a second (Gemma 3's 262,144 tokens): once per
+# tokenizer, however many engines share it
+_VOCABULARIES: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+
+
+def vocabulary_fingerprint(tokenizer: Any, vocab: Callable[[], dict[str, int]]) -> str:
+    """``fingerprint`` of a tokenizer's ``vocab()``, kept while the tokenizer lives."""
+    digest = _VOCABULARIES.get(tokenizer)
+    if digest is None:
+        digest = _VOCABULARIES[tokenizer] = fingerprint(sorted(vocab().items()))
+    return digest
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,8 @@ from .errors import ContextOverflow, TooLarge
 from .formats import Exchange, PromptFormat, UserTurn
 from .tokenizing import TextTokenizer
 
+MAX_TOKEN_ID = 1 << 31  # an id no engine takes (int32): the bound when the vocabulary is unknown
+
 
 class Conversation:
     def __init__(self, prompt_format: PromptFormat) -> None:
@@ -57,22 +59,18 @@ class Conversation:
             ],
         }
 
-    def import_state(self, state: dict[str, Any]) -> None:
-        """An exported conversation, checked for shape: it may come from another process."""
+    def import_state(self, state: dict[str, Any], ids: IdBudget) -> None:
+        """An exported conversation, checked for shape and its ids against ``ids``: it may come
+        from another process."""
         try:
             if state["format"] != self.format.name:
                 raise ValueError(
                     f"a conversation in the format {state['format']!r}, not {self.format.name!r}"
                 )
             system = state["system"]
-            system_ids = _int_list(state["system_ids"])
+            system_ids = ids.take(state["system_ids"])
             exchanges = [
-                Exchange(
-                    _int_list(e["user"]),
-                    [_int_list(run) for run in e["image_ids"]],
-                    list(e["images"]),
-                    _int_list(e["reply"]),
-                )
+                ids.exchange(e["user"], e["image_ids"], e["images"], e["reply"])
                 for e in state["exchanges"]
             ]
         except (KeyError, TypeError) as e:
@@ -86,6 +84,14 @@ class Conversation:
     @property
     def images(self) -> list[Any]:
         return [image for exchange in self.exchanges for image in exchange.images]
+
+    @property
+    def id_count(self) -> int:
+        """Its ids as ``IdBudget`` counts them: each exchange counts one more (its markup)."""
+        return len(self._system_ids) + sum(
+            1 + len(e.user_ids) + sum(map(len, e.image_ids)) + len(e.reply_ids)
+            for e in self.exchanges
+        )
 
     @property
     def generated_tokens(self) -> int:
@@ -132,10 +138,36 @@ class Conversation:
         self.exchanges.append(Exchange(list(user_ids), runs, images, list(reply_ids)))
 
 
-def _int_list(value: Any) -> list[int]:
-    if not isinstance(value, list) or not all(type(i) is int for i in value):
-        raise ValueError("not an exported conversation: ids are not a list of ints")
-    return value
+class IdBudget:
+    """Token ids read back from outside this process (a session store): each one below the
+    vocabulary size (an id past it fails the forward pass of every row of a batch), and no
+    more of them than ``total``, an exchange counting one for its markup: a live conversation
+    never holds more than its context, so a made-up one is refused rather than run."""
+
+    def __init__(self, vocab_size: int | None, total: int, max_images: int) -> None:
+        self.below = vocab_size if vocab_size is not None else MAX_TOKEN_ID
+        self.left = total
+        self.max_images = max_images  # per exchange, as per prompt
+
+    def take(self, value: Any) -> list[int]:
+        if not isinstance(value, list):
+            raise ValueError("not an exported conversation: ids are not a list")
+        self.left -= len(value)
+        if self.left < 0:
+            raise ValueError("not an exported conversation: more ids than a context holds")
+        below = self.below
+        if not all(type(i) is int and 0 <= i < below for i in value):
+            raise ValueError(f"not an exported conversation: ids outside 0..{below - 1}")
+        return value
+
+    def exchange(self, user: Any, image_ids: Any, images: Any, reply: Any) -> Exchange:
+        self.left -= 1
+        runs = [self.take(run) for run in image_ids]
+        if not isinstance(images, list) or len(images) != len(runs):
+            raise ValueError("not an exported conversation: images and their ids differ")
+        if len(images) > self.max_images:
+            raise ValueError(f"not an exported conversation: over {self.max_images} images")
+        return Exchange(self.take(user), runs, images, self.take(reply))
 
 
 class Prompted(Protocol):
@@ -273,7 +305,7 @@ class TokenChat:
 
     def import_state(self, state: dict[str, Any]) -> None:
         self._running = None
-        self.conversation.import_state(state)
+        self.conversation.import_state(state, self._id_budget(0))
         self._engine.forget(self.key)  # KV state kept for this key was another conversation's
 
     def export_running(self) -> dict[str, Any] | None:
@@ -285,10 +317,16 @@ class TokenChat:
         return {"user": ids.user, "image_ids": ids.images, "images": list(prepared.turn.images)}
 
     def add_cancelled(self, running: dict[str, Any], reply_ids: Sequence[int]) -> None:
+        ids = self._id_budget(self.conversation.id_count)
         try:
-            user = _int_list(running["user"])
-            image_ids = [_int_list(run) for run in running["image_ids"]]
-            images = list(running["images"])
+            exchange = ids.exchange(
+                running["user"], running["image_ids"], running["images"], list(reply_ids)
+            )
         except (KeyError, TypeError) as e:
             raise ValueError(f"not an exported running turn: {e!r}") from e
-        self.conversation.add_exchange(user, image_ids, images, _int_list(list(reply_ids)))
+        self.conversation.exchanges.append(exchange)
+
+    def _id_budget(self, used: int) -> IdBudget:
+        """Twice the context: a live conversation holds at most its context and one reply."""
+        info = self._engine.info
+        return IdBudget(info.vocab_size, 2 * info.context_tokens - used, info.max_images)

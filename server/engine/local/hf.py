@@ -42,6 +42,8 @@ from ..base import (
     KVUsage,
     LoopBridge,
     SamplingParams,
+    fingerprint,
+    vocabulary_fingerprint,
 )
 from ..errors import ImagesUnsupported
 from ..formats import build_format
@@ -91,6 +93,12 @@ class HFEngine:
             images=loaded.has_vision,
             max_images=max_images if loaded.has_vision else 0,
             prompt_format=self.prompt_format.name,
+            vocab_size=int(self.model.get_input_embeddings().num_embeddings),
+            fingerprint=fingerprint(
+                _config_identity(self.model.config.to_dict()),
+                vocabulary_fingerprint(self.tokenizer, self.tokenizer.get_vocab),
+                self.prompt_format.name,
+            ),
         )
         self.kv = kv if kv is not None else KVStore(kv_budget_bytes)
         self.text_tokenizer = TextTokenizer()
@@ -287,6 +295,17 @@ def _cache_bytes(cache: Any) -> int:
 def _model_context(config: Any) -> int:
     text = getattr(config, "text_config", config)
     return int(getattr(text, "max_position_embeddings", 8192))
+
+
+def _config_identity(config: dict[str, Any]) -> dict[str, Any]:
+    """A model's config without what differs between replicas of one model: its path, the
+    dtype it was loaded in, private and version fields."""
+    volatile = {"torch_dtype", "dtype", "transformers_version", "name_or_path"}
+    return {
+        k: _config_identity(v) if isinstance(v, dict) else v
+        for k, v in config.items()
+        if not str(k).startswith("_") and k not in volatile
+    }
 
 
 def _eos_ids(generation_config: Any, tokenizer: Any) -> tuple[int, ...]:

@@ -25,7 +25,16 @@ from typing import Any, Protocol
 import httpx
 from wschat.protocol import FinishReason, Usage
 
-from ..base import EngineInfo, Finished, Generation, GenerationRequest, KVUsage, TokenPiece
+from ..base import (
+    EngineInfo,
+    Finished,
+    Generation,
+    GenerationRequest,
+    KVUsage,
+    TokenPiece,
+    fingerprint,
+    vocabulary_fingerprint,
+)
 from ..errors import GenerationFailure, ImagesUnsupported
 from ..formats import (
     FormatHints,
@@ -121,6 +130,10 @@ class OpenAIEngine:
             max_images > 0,
             max_images,
             prompt_format=prompt_format.name,
+            vocab_size=max(tokenizer.vocab().values(), default=-1) + 1,
+            fingerprint=fingerprint(
+                model, vocabulary_fingerprint(tokenizer, tokenizer.vocab), prompt_format.name
+            ),
         )
         self._vision = _vision_tokens(tokenizer, prompt_format) if max_images > 0 else None
         ends = sorted(prompt_format.end_ids)
