@@ -17,9 +17,19 @@ detach the owner key goes and the others live out the resume window. A claim is 
 the token is read, refused while a live owner holds the session, else deleted (single-use) and
 the session taken over, so of two replicas racing one token exactly one gets it. A refused claim
 is tried again until the owner's lease lapses (its replica died, or its connection is ending),
-for at most a little over the lease; then the client gets a new session.
+for at most a little over the lease; then the client gets a new session. Each try carries a
+deadline on Redis's own clock (its ``TIME`` just before): a claim Redis runs later, after this
+process gave up on it (Redis stalled), changes nothing, so the token still works afterwards.
 
-What a claim rebuilds is the stored state; a turn that was running in it (its replica died
+Only another replica's owner value means a session is no longer this replica's: a missing owner
+key is none (the session's first write is still queued, or a lease lapsed), unless the token this
+replica last wrote is gone, which only a claim does.
+
+A claim's state is read, checked and rebuilt in a worker thread: each list, string and image
+within what a live session holds (``snapshot.Bounds``), its ids within the engine's vocabulary
+and context, its engine's fingerprint this engine's (``Session.import_state``); any other
+state is refused, logged, and the client gets a new session. What a claim rebuilds is the
+stored state; a turn that was running in it (its replica died
 mid-reply, or the claim beat a reply held elsewhere) joins the conversation as a cancelled
 exchange with the checkpointed tokens. The replica that held that reply finds out at its next
 write (the owner is another) and lets it go. A claim of a reply held here takes the session as
@@ -44,7 +54,7 @@ from redis.exceptions import RedisError
 
 from ..settings import Settings
 from .session import DETACHED_STATES, Session, SessionState
-from .snapshot import SnapshotError, pack, unpack
+from .snapshot import Bounds, pack, unpack
 from .store import Claim, Rebuild
 
 log = logging.getLogger("wschat.store")
@@ -56,12 +66,21 @@ MAX_TOKEN_CHARS = 64
 REPLY_CHECKPOINT_S = 1.0  # a crash loses at most this much of a running reply
 CLAIM_POLL_S = 0.1  # a refused claim is tried again this often...
 CLAIM_MARGIN_S = 1.0  # ...until the lease plus this is over
+# a claim Redis runs later than this after its TIME changes nothing: under the socket timeout,
+# after which this process gives up, less the answer's way back
+CLAIM_DEADLINE_S = TIMEOUT_S / 2
+MIN_KEPT_IDS = 1 << 16  # prompt ids a restored session may have used, at the least
 HELD = "~"  # an owner value's prefix: a reply goes on there without a connection
 
-# KEYS: the token; ARGV: the owner, the lease (ms), the prefix. {0}: no such token or
-# session; {2, ms}: owned by a live connection, its lease lapses in ms (the token stays);
-# {1, key, state, reply checkpoint or ''}: claimed (from a held owner too).
+# KEYS: the token; ARGV: the owner, the lease (ms), the prefix, the deadline (Redis's clock, ms).
+# {0}: no such token or session; {2, ms}: owned by a live connection, its lease lapses in ms
+# (the token stays); {3}: past the deadline (nothing changed); {1, key, state, reply checkpoint
+# or ''}: claimed (from a held owner too).
 _CLAIM = """
+local now = redis.call('TIME')
+if tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) > tonumber(ARGV[4]) then
+  return {3}
+end
 local key = redis.call('GET', KEYS[1])
 if not key then return {0} end
 local owner = ARGV[3] .. 'o:' .. key
@@ -77,18 +96,26 @@ local reply = redis.call('GET', ARGV[3] .. 'r:' .. key)
 return {1, key, state, reply or ''}
 """
 
+# Whether this replica (``me``) may still write a session: the owner is itself (live or held),
+# or there is no owner and the token is not one this replica wrote before (``first``: its
+# first write) or is still there (a claim deletes it).
+_OURS = """
+local function ours(current, me, token, first)
+  if current then return current == me or current == '~' .. me end
+  return first == '1' or redis.call('EXISTS', token) == 1
+end
+"""
+
 # KEYS: state, token, owner; ARGV: state, session key, ttl (ms), owner, lease (ms), mode:
 # 'live' (a connection here: the lease), 'held' (a reply goes on here without one: '~owner',
-# which only this replica's writes may follow) or 'gone' (let go: no owner). 0: another
-# replica owns the session now (nothing written).
-_WRITE = """
+# which only this replica's writes may follow) or 'gone' (let go: no owner), first ('1': the
+# token's first write). 0: another replica owns the session now (nothing written).
+_WRITE = (
+    _OURS
+    + """
 local current = redis.call('GET', KEYS[3])
 local held = '~' .. ARGV[4]
-if ARGV[6] == 'held' then
-  if current ~= ARGV[4] and current ~= held then return 0 end
-elseif current and current ~= ARGV[4] and current ~= held then
-  return 0
-end
+if not ours(current, ARGV[4], KEYS[2], ARGV[7]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 if ARGV[6] == 'live' then
@@ -100,14 +127,18 @@ elseif current then
 end
 return 1
 """
+)
 
-# KEYS: reply checkpoint, owner; ARGV: checkpoint, ttl (ms), owner. 0: not this replica's now.
-_REPLY = """
-local current = redis.call('GET', KEYS[2])
-if current ~= ARGV[3] and current ~= '~' .. ARGV[3] then return 0 end
+# KEYS: reply checkpoint, owner, token; ARGV: checkpoint, ttl (ms), owner, first. 0: not this
+# replica's now.
+_REPLY = (
+    _OURS
+    + """
+if not ours(redis.call('GET', KEYS[2]), ARGV[3], KEYS[3], ARGV[4]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
+)
 
 # KEYS: state, token, owner; ARGV: owner, lease (ms), ttl (ms). 0: owned by another replica;
 # -1: the state is gone (Redis lost it): write it again.
@@ -143,6 +174,13 @@ class RedisSessionStore:
         # the in-memory limits: images within max_session_image_bytes, ids within the context
         self.max_state_bytes = settings.max_session_image_bytes + 16 * settings.context_tokens
         self.max_state_bytes += 1 << 20
+        items = max(2 * settings.context_tokens, MIN_KEPT_IDS)
+        self.bounds = Bounds(
+            items=items,
+            values=4 * items,  # the conversation's ids and the prompt ids, with room to spare
+            text_bytes=settings.max_frame_bytes,  # a system prompt came in one frame
+            image_bytes=settings.max_session_image_bytes,
+        )
         self._rebuild = rebuild
         self.replica = secrets.token_hex(8)  # this process, as an owner
         self.client = aioredis.from_url(
@@ -155,6 +193,7 @@ class RedisSessionStore:
         self._reply_script = self.client.register_script(_REPLY)
         self.live: dict[str, Session] = {}
         self._tokens: dict[str, str] = {}  # session key -> its current resume token
+        self._stored: dict[str, str] = {}  # session key -> the token this replica last wrote
         self._dirty: dict[str, tuple[Session, float | None]] = {}  # key -> (session, give up at)
         self._detaching: dict[str, Session] = {}  # detached, their last write not yet done
         self._ended: list[Session] = []  # detached and written (or given up): expire() them
@@ -180,6 +219,7 @@ class RedisSessionStore:
         self.live[session.key] = session
         token = secrets.token_urlsafe(24)
         self._tokens[session.key] = token
+        self._stored.pop(session.key, None)
         self.checkpoint(session)
         return token
 
@@ -207,19 +247,31 @@ class RedisSessionStore:
         if held is not None:
             return Claim(held)  # its reply goes on here
         try:
-            partial = unpack(result[3]) if result[3] else None
-            session = self._rebuild(key, unpack(result[2]), partial)
-        except (SnapshotError, ValueError) as e:
-            log.error("session %s: its stored state does not rebuild (%s); a new session", key, e)
+            if len(result[2]) > self.max_state_bytes:
+                raise ValueError(f"{len(result[2])} bytes, over {self.max_state_bytes}")
+            session = await asyncio.to_thread(self._restore, key, result[2], result[3])
+        except Exception as e:  # whatever a made-up state raises, it is refused
+            log.error("session %s: its stored state is refused (%s); a new session", key, e)
             return Claim(None)
         return Claim(session)
 
+    def _restore(self, key: str, state: bytes, partial: bytes) -> Session:
+        """A claimed session from its stored bytes, in a worker thread: a large or made-up state
+        is read and checked without holding up the event loop (``ValueError`` refuses it)."""
+        checkpoint = unpack(partial, self.bounds) if partial else None
+        return self._rebuild(key, unpack(state, self.bounds), checkpoint)
+
     async def _claim_once(self, token: str) -> list[Any]:
+        async with asyncio.timeout(TIMEOUT_S * 2):
+            seconds, micros = await self.client.time()
+        deadline = seconds * 1000 + micros // 1000 + self._ms(CLAIM_DEADLINE_S)
         async with asyncio.timeout(TIMEOUT_S * 2):
             result: list[Any] = await self._claim(
                 keys=[f"{PREFIX}t:{token}"],
-                args=[self.replica, self._ms(self.lease_s), PREFIX],
+                args=[self.replica, self._ms(self.lease_s), PREFIX, deadline],
             )
+        if result[0] == 3:
+            raise TimeoutError("Redis ran the claim past its deadline: nothing was claimed")
         return result
 
     def checkpoint(self, session: Session) -> None:
@@ -236,8 +288,8 @@ class RedisSessionStore:
         self.live.pop(session.key, None)
         if self.resume_window_s <= 0 or session.state is SessionState.CLOSED:
             self._dirty.pop(session.key, None)
-            self._tokens.pop(session.key, None)
             self._spawn(self._release(session))
+            self._forget_token(session.key)
             return False
         if session.state in DETACHED_STATES:  # dropped mid-reply: it goes on here for a while
             self._held[session.key] = session
@@ -278,7 +330,7 @@ class RedisSessionStore:
             log.info("session %s: resumed on another replica; its reply here stops", session.key)
             self._unhold(session.key)
             self._growing.pop(session.key, None)
-            self._tokens.pop(session.key, None)
+            self._forget_token(session.key)
             self._spawn(session.stop_generation())
             self._ended.append(session)
 
@@ -365,8 +417,12 @@ class RedisSessionStore:
         """A detached session's last state is kept (or given up): this process lets it go."""
         if self._detaching.get(session.key) is session and session.key not in self.live:
             del self._detaching[session.key]
-            self._tokens.pop(session.key, None)
+            self._forget_token(session.key)
             self._ended.append(session)
+
+    def _forget_token(self, key: str) -> None:
+        self._tokens.pop(key, None)
+        self._stored.pop(key, None)
 
     async def _write(self, session: Session) -> None:
         token = self._tokens.get(session.key)
@@ -395,11 +451,14 @@ class RedisSessionStore:
                     self.replica,
                     self._ms(self.lease_s),
                     mode,
+                    self._first(session.key, token),
                 ],
             )
-        if written == 0 and session.key in self._held:
+        if written == 1:
+            self._stored[session.key] = token
+        elif session.key in self._held:
             self._lost(session)
-        elif written == 0:
+        else:
             log.warning("session %s: another replica owns it now; not written", session.key)
 
     async def _reply_loop(self) -> None:
@@ -409,10 +468,11 @@ class RedisSessionStore:
             growing, self._growing = self._growing, {}
             for key, session in growing.items():
                 partial = session.reply_checkpoint()
-                if partial is None:
+                token = self._tokens.get(key)
+                if partial is None or token is None:
                     continue
                 try:
-                    written = await self._write_reply(key, partial)
+                    written = await self._write_reply(key, token, partial)
                 except STORE_ERRORS as e:
                     self._failed("checkpoint", e)
                     self._growing = {**growing, **self._growing}  # all again, next time
@@ -421,14 +481,19 @@ class RedisSessionStore:
                 if written == 0:
                     self._lost(session)
 
-    async def _write_reply(self, key: str, partial: dict[str, Any]) -> int:
+    async def _write_reply(self, key: str, token: str, partial: dict[str, Any]) -> int:
         ttl = self._ms(self.resume_window_s + self.lease_s)
         async with asyncio.timeout(TIMEOUT_S * 2):
             written: int = await self._reply_script(
-                keys=[f"{PREFIX}r:{key}", f"{PREFIX}o:{key}"],
-                args=[pack(partial), ttl, self.replica],
+                keys=[f"{PREFIX}r:{key}", f"{PREFIX}o:{key}", f"{PREFIX}t:{token}"],
+                args=[pack(partial), ttl, self.replica, self._first(key, token)],
             )
         return written
+
+    def _first(self, key: str, token: str) -> str:
+        """'1' until this replica has written ``token``: a missing owner is no claim till then
+        (the token was in no one's hands)."""
+        return "0" if self._stored.get(key) == token else "1"
 
     async def _release(self, session: Session) -> None:
         """A session that is not kept: its keys go (once, best effort: they expire anyway)."""

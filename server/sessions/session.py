@@ -58,6 +58,7 @@ from wschat.protocol import (
     Unsupported,
     parse_params,
 )
+from wschat.protocol.fields import as_id
 from wschat.protocol.frames import CLIENT_FRAMES
 
 from ..engine import Engine, Refusal, SamplingParams, Turn
@@ -364,6 +365,7 @@ class Session:
             ],
             "ids": sorted(self._ids),
             "last_prompt": self.last_prompt,
+            "engine": self.engine.info.fingerprint,  # whose token ids these are
         }
 
     def reply_checkpoint(self) -> dict[str, Any] | None:
@@ -381,24 +383,30 @@ class Session:
         another turn's)."""
         from .images import CheckedImage
 
+        if state.get("engine") != self.engine.info.fingerprint:
+            raise ValueError("a state kept by an engine with another model or tokenizer")
         try:
             defaults = parse_params(state["defaults"])
             staged = [
                 CheckedImage(c["image"], int(c["width"]), int(c["height"]), str(c["format"]))
                 for c in state["staged"]
             ]
-            ids = {str(i) for i in state["ids"]}
+            # the bounds a live session has: ids as a prompt frame's, images as staged ones
+            ids = {as_id(i) for i in state["ids"]}
             last_prompt = state.get("last_prompt")
+            if last_prompt is not None:
+                last_prompt = as_id(last_prompt, "last_prompt")
             chat_state = state["chat"]
+            running = state.get("running")
+            if running:
+                last_prompt = as_id(running["id"])
         except (KeyError, TypeError, BadFrame, InvalidParams) as e:
             raise ValueError(f"not an exported session: {e!r}") from e
-        if last_prompt is not None and not isinstance(last_prompt, str):
-            raise ValueError("not an exported session: last_prompt is not a string")
-        running = state.get("running")
+        if len(staged) > self.max_images:
+            raise ValueError(f"not an exported session: over {self.max_images} staged images")
         self.chat.import_state(chat_state)
         if running:
             self._keep_cancelled(running, partial)
-            last_prompt = str(running["id"])
         self.defaults, self._staged, self._ids = defaults, staged, ids
         self.last_prompt = last_prompt
 

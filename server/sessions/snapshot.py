@@ -3,16 +3,19 @@ the engine's form (numpy arrays, Pillow images) as extension types.
 
 What it holds is ``Session.export_state``'s; ``unpack`` only rebuilds plain data and the two
 image forms (a dtype from a short list, a shape that matches the bytes), so a store's bytes
-can never make it run code.
+can never make it run code, and ``Bounds`` caps each list, string and image before it is even
+built, so bytes made up to be huge are refused early (what is left to check, ids and sizes
+against the engine, is ``Session.import_state``'s).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the state names its engine's model and tokenizer (a fingerprint)
 _ARRAY = 1  # ext type: [dtype, shape, bytes]
 _PIL = 2  # ext type: [mode, width, height, bytes]
 _DTYPES = frozenset({"|u1", "<f4", "<f2", "<i4", "<i8", "<f8"})
@@ -22,14 +25,51 @@ class SnapshotError(ValueError):
     """Bytes that are not a snapshot this version reads."""
 
 
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """The most a stored state holds of each kind, as a live session's would."""
+
+    items: int  # in one list or map (a conversation's ids, the prompt ids it used)
+    values: int  # in all its lists and maps together, each list or map counting one more
+    text_bytes: int  # in one string (a system prompt is the longest: one frame)
+    image_bytes: int  # in one image
+
+
+def _limits(bounds: Bounds | None) -> dict[str, Any]:
+    if bounds is None:
+        return {}
+    left = bounds.values
+
+    def counted(container: Any) -> Any:
+        # msgpack builds values in C without a pause: counting as it goes stops bytes that hold
+        # millions of small ones after the first ``values``, not once all are built
+        nonlocal left
+        left -= len(container) + 1
+        if left < 0:
+            raise SnapshotError(f"over {bounds.values} values")
+        return container
+
+    return {
+        "max_array_len": bounds.items,
+        "max_map_len": bounds.items,
+        "max_str_len": bounds.text_bytes,
+        "max_bin_len": bounds.image_bytes,
+        "max_ext_len": bounds.image_bytes + 64,  # an image's ext: its bytes and a short header
+        "list_hook": counted,
+        "object_hook": counted,
+    }
+
+
 def pack(state: dict[str, Any]) -> bytes:
     data: bytes = msgpack.packb({"v": FORMAT_VERSION, "state": state}, default=_encode_image)
     return data
 
 
-def unpack(data: bytes) -> dict[str, Any]:
+def unpack(data: bytes, bounds: Bounds | None = None) -> dict[str, Any]:
     try:
-        outer = msgpack.unpackb(data, ext_hook=_decode_image, strict_map_key=True)
+        outer = msgpack.unpackb(
+            data, ext_hook=_decode_image, strict_map_key=True, **_limits(bounds)
+        )
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError) as e:
         raise SnapshotError(f"not a session snapshot: {e}") from e
     if not isinstance(outer, dict) or outer.get("v") != FORMAT_VERSION:

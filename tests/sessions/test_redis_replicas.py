@@ -52,6 +52,7 @@ class RedisProcess:
     folder: Path
     aof: bool
     process: subprocess.Popen[bytes] | None = None
+    options: tuple[str, ...] = ()  # more of redis-server's options
 
     @property
     def url(self) -> str:
@@ -70,6 +71,7 @@ class RedisProcess:
             "--appendonly",
             "no",
             *persistence,
+            *self.options,
             "--dir",
             str(self.folder),
         ]
@@ -95,8 +97,10 @@ class RedisProcess:
 
 
 @contextlib.asynccontextmanager
-async def redis_server(folder: Path, *, aof: bool = False) -> AsyncIterator[RedisProcess]:
-    server = RedisProcess(free_port(), folder, aof)
+async def redis_server(
+    folder: Path, *, aof: bool = False, options: tuple[str, ...] = ()
+) -> AsyncIterator[RedisProcess]:
+    server = RedisProcess(free_port(), folder, aof, options=options)
     await server.start()
     try:
         yield server

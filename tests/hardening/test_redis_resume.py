@@ -1,0 +1,305 @@
+"""Resuming through the Redis store when things go wrong, with a real ``redis-server`` and a real
+server and WebSocket clients: a reply dropped before its session was ever written, a Redis that
+stalls while a claim is under way, and states in Redis that were tampered with or are huge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from wschat.server.sessions.hub import Hub
+from wschat.server.sessions.redis_store import RedisSessionStore
+from wschat.server.sessions.snapshot import pack, unpack
+from wschat.server.settings import Settings
+
+from tests.fakes.scripted import Script, ScriptedEngine
+from tests.prometheus import samples
+from tests.sessions.test_mid_reply_resume import drop, prompt, resume_url, tokens_until
+from tests.sessions.test_redis_replicas import REDIS_SERVER, detached, redis_server, turn
+from tests.support import TIMEOUT, RawPeer, http_base, raw_peer, running_server
+
+if TYPE_CHECKING:
+    from wschat.server.engine.local.batched import BatchedEngine
+    from wschat.server.engine.local.loader import LoadedModel
+
+pytestmark = pytest.mark.skipif(not Path(REDIS_SERVER).exists(), reason="needs redis-server")
+
+STALL_S = 4  # DEBUG SLEEP: Redis answers nothing for this long
+PACE_S = 0.05  # between one pong and the next ping
+
+
+def slow_endless() -> ScriptedEngine:
+    """A reply that goes on far past any wait here; only a cancel ends it."""
+    return ScriptedEngine(lambda r: Script([f" t{i}" for i in range(100_000)], delay_s=0.02))
+
+
+async def metric(url: str, name: str) -> float:
+    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+        text = (await http.get(f"{http_base(url)}/metrics")).text
+    return samples(text)[name]
+
+
+async def stored(store_url: str, key: str) -> bytes | None:
+    client = aioredis.from_url(store_url)
+    try:
+        value: bytes | None = await client.get(key)
+        return value
+    finally:
+        await client.aclose()
+
+
+async def store_set(store_url: str, key: str, value: bytes) -> None:
+    client = aioredis.from_url(store_url)
+    try:
+        await client.set(key, value, keepttl=True)
+    finally:
+        await client.aclose()
+
+
+# -- a reply dropped before its session's first write (issue 22, item 2) ------------------
+
+
+async def test_a_reply_dropped_before_its_session_was_first_written_is_still_resumed(
+    tmp_path: Path,
+) -> None:
+    """The session's first write fails (Redis is down) until after its connection dropped
+    mid-reply: its owner key does not exist yet, which is no other replica's claim, so the reply
+    goes on here and a resume gets it."""
+    engine = slow_endless()
+    async with (
+        redis_server(tmp_path) as store,
+        running_server(engine, session_store=store.url) as url,
+    ):
+        store.stop()
+        async with raw_peer(url) as (peer, ready):
+            await prompt(peer, "p1", max_new_tokens=1000)
+            got = await tokens_until(peer, 1)
+            drop(peer)
+        async with asyncio.timeout(TIMEOUT):
+            while await metric(url, "wschat_sessions_active"):
+                await asyncio.sleep(0.02)  # the server sees the drop: nothing to await here
+        await store.start()  # empty: the first write is the one after the drop
+        state = f"wschat:s:{ready['session']}"
+        async with asyncio.timeout(TIMEOUT):
+            while not await stored(store.url, state) and engine.threads:
+                await asyncio.sleep(0.02)  # written, or the reply was let go
+        async with raw_peer(resume_url(url, ready, got[-1]["index"])) as (peer, resumed):
+            assert resumed["session"] == ready["session"]
+            assert resumed["resumed"] == {"last_prompt": None, "reply": "p1"}
+            await peer.send({"type": "cancel", "id": "p1"})
+            done = (await peer.recv_until("done"))[-1]
+    assert done["reason"] == "cancelled"
+
+
+# -- a claim that Redis runs after the resume gave up on it (item 7) -----------------------
+
+
+async def redis_stalled(store_url: str) -> None:
+    """Until a ping to Redis goes unanswered for a while (another client's DEBUG SLEEP)."""
+    client = aioredis.from_url(store_url, socket_timeout=0.5)
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            while True:
+                try:
+                    await client.ping()
+                except aioredis.TimeoutError:
+                    return
+                await asyncio.sleep(0.02)  # the sleep is not on yet: nothing to await
+    finally:
+        with contextlib.suppress(aioredis.RedisError, OSError):
+            await client.aclose()
+
+
+async def test_a_claim_redis_runs_after_the_resume_gave_up_takes_nothing(tmp_path: Path) -> None:
+    async with (
+        redis_server(tmp_path, options=("--enable-debug-command", "local")) as store,
+        running_server(ScriptedEngine(), session_store=store.url) as url,
+    ):
+        async with raw_peer(url) as (peer, ready):
+            await turn(peer, "p1", "hello there")
+        await detached(store, ready["session"])
+        async with raw_peer(f"{url}?resume=not-a-token"):
+            pass  # Redis knows the claim's script from now on
+        sleeper = aioredis.from_url(store.url)  # no socket timeout: it waits the sleep out
+        stall = asyncio.create_task(sleeper.execute_command("DEBUG", "SLEEP", STALL_S))
+        try:
+            await redis_stalled(store.url)
+            async with raw_peer(f"{url}?resume={ready['resume']}") as (_, during):
+                pass  # the store gave up: a new session
+            async with asyncio.timeout(TIMEOUT):
+                await stall
+        finally:
+            await sleeper.aclose()
+        async with raw_peer(f"{url}?resume={ready['resume']}") as (_, after):
+            pass
+    assert during["session"] != ready["session"]
+    assert after["session"] == ready["session"]
+
+
+async def test_a_claim_past_its_deadline_on_redis_clock_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As if Redis ran the claim's script long after its ``TIME``: refused, the token kept."""
+    async with redis_server(tmp_path) as store:
+        hub = Hub(Settings(session_store=store.url))
+        hub.set_engine(ScriptedEngine())
+        session = hub.new_session()
+        token = await hub.sessions.add(session)
+        await hub.sessions.detach(session)
+        await detached(store, session.key)
+        assert isinstance(hub.sessions, RedisSessionStore)
+        client = hub.sessions.client
+        now = client.time
+
+        async def ten_seconds_ago() -> tuple[int, int]:
+            seconds, micros = await now()
+            return seconds - 10, micros
+
+        try:
+            monkeypatch.setattr(client, "time", ten_seconds_ago)
+            late = await hub.sessions.claim(token)
+            monkeypatch.setattr(client, "time", now)
+            claimed = await hub.sessions.claim(token)
+        finally:
+            await hub.sessions.aclose()
+    assert late.session is None and late.unavailable is not None
+    assert claimed.session is not None and claimed.session.key == session.key
+
+
+# -- states read back from Redis are checked (item 8) --------------------------------------
+
+
+def out_of_vocabulary(state: dict[str, Any], _: dict[str, Any]) -> None:
+    state["chat"]["exchanges"][0]["user"] += [10**9, -5]
+
+
+def checkpoint_out_of_range(state: dict[str, Any], checkpoint: dict[str, Any]) -> None:
+    """A reply that was running, its checkpoint holding ids no model has."""
+    user = state["chat"]["exchanges"][0]["user"]
+    state["running"] = {"id": "p9", "turn": {"user": user, "image_ids": [], "images": []}}
+    checkpoint.update({"id": "p9", "ids": [10**12, -3]})
+
+
+def another_engine(state: dict[str, Any], _: dict[str, Any]) -> None:
+    state["engine"] = "0123456789abcdef"  # another model's or tokenizer's fingerprint
+
+
+def huge_last_prompt(state: dict[str, Any], _: dict[str, Any]) -> None:
+    state["last_prompt"] = "x" * (4 << 20)
+
+
+@pytest.fixture
+async def batched3(tiny_text_loaded: LoadedModel) -> AsyncIterator[BatchedEngine]:
+    from wschat.server.engine.local.batched import BatchedEngine
+
+    engine = BatchedEngine(tiny_text_loaded, width=3, prefill_tokens=64)
+    yield engine
+    await engine.aclose()
+
+
+async def tamper(store_url: str, session: str, change: Callable[..., None]) -> None:
+    state = unpack(await stored(store_url, f"wschat:s:{session}") or b"")
+    checkpoint: dict[str, Any] = {}
+    change(state, checkpoint)
+    await store_set(store_url, f"wschat:s:{session}", pack(state))
+    if checkpoint:
+        client = aioredis.from_url(store_url)
+        try:
+            await client.set(f"wschat:r:{session}", pack(checkpoint), px=60_000)
+        finally:
+            await client.aclose()
+
+
+async def reply_of(peer: RawPeer) -> tuple[dict[str, Any], list[str]]:
+    """The next ``done``, and the codes of the error frames before it."""
+    frames = await peer.recv_until("done")
+    return frames[-1], [f["code"] for f in frames if f["type"] == "error"]
+
+
+@pytest.mark.parametrize(
+    "change", [out_of_vocabulary, checkpoint_out_of_range, another_engine, huge_last_prompt]
+)
+async def test_a_tampered_state_gives_a_new_session_and_its_batch_mates_finish(
+    tmp_path: Path, batched3: BatchedEngine, change: Callable[..., None]
+) -> None:
+    async with (
+        redis_server(tmp_path) as store,
+        running_server(batched3, session_store=store.url) as url,
+    ):
+        async with raw_peer(url) as (peer, ready):
+            await turn(peer, "p1", "hello there")
+        await detached(store, ready["session"])
+        await tamper(store.url, ready["session"], change)
+        async with raw_peer(url) as (a, _), raw_peer(url) as (b, _):
+            for peer in (a, b):  # replies far longer than the rest of the test
+                await prompt(peer, "long", max_new_tokens=1000)
+                await tokens_until(peer, 1)
+            async with raw_peer(f"{url}?resume={ready['resume']}") as (peer, resumed):
+                await prompt(peer, "p2", "and then?", max_new_tokens=8)
+                mine = await reply_of(peer)
+            for peer in (a, b):
+                await peer.send({"type": "cancel", "id": "long"})
+            mates = [await reply_of(peer) for peer in (a, b)]
+    assert resumed["session"] != ready["session"]  # refused: a new session
+    assert (mine[0]["reason"], mine[1]) == ("length", [])
+    assert all(done["reason"] in ("cancelled", "length") for done, _ in mates), mates
+    assert [errors for _, errors in mates] == [[], []]
+
+
+async def pings_while(peer: RawPeer, until: asyncio.Event) -> float:
+    """Pings one after the other until ``until`` is set; the longest a ping and its pong took,
+    or a pause between them (the server shares this event loop: a stall holds up either)."""
+    longest = 0.0
+    while not until.is_set():
+        start = time.monotonic()
+        await peer.send({"type": "ping", "t": start})
+        await peer.recv_until("pong")
+        await asyncio.sleep(PACE_S)  # within the frame rate limit
+        longest = max(longest, time.monotonic() - start - PACE_S)
+    return longest
+
+
+def many_exchanges(state: dict[str, Any], _: dict[str, Any]) -> None:
+    state["chat"]["exchanges"] *= 600_000  # 26 MB
+
+
+def many_ids(state: dict[str, Any], _: dict[str, Any]) -> None:
+    exchange = state["chat"]["exchanges"][0]
+    state["chat"]["exchanges"] = [{**exchange, "user": [70_000] * (1 << 16)}] * 32  # 10 MB
+
+
+@pytest.mark.parametrize("huge", [many_exchanges, many_ids])
+async def test_a_huge_stored_state_is_checked_without_stalling_other_sessions(
+    tmp_path: Path, huge: Callable[..., None]
+) -> None:
+    """A stored state far larger than a live session's: refused, and read and checked off the
+    event loop, so another session's pings are answered meanwhile."""
+    async with (
+        redis_server(tmp_path) as store,
+        running_server(ScriptedEngine(), session_store=store.url) as url,
+    ):
+        async with raw_peer(url) as (peer, ready):
+            await turn(peer, "p1", "hello there")
+        await detached(store, ready["session"])
+        await tamper(store.url, ready["session"], huge)
+        async with raw_peer(url) as (other, _):
+            over = asyncio.Event()
+            pinger = asyncio.create_task(pings_while(other, over))
+            try:
+                async with raw_peer(f"{url}?resume={ready['resume']}") as (_, resumed):
+                    pass
+            finally:
+                over.set()
+            async with asyncio.timeout(TIMEOUT):
+                longest = await pinger
+    print(f"{huge.__name__}: other sessions' pings held up at most {longest * 1000:.0f} ms")
+    assert resumed["session"] != ready["session"]
+    assert longest < 1.0
