@@ -62,7 +62,8 @@ class Hub:
     ) -> Session:
         """A session another connection (maybe another replica) left, from its state and the
         checkpoint of the reply it was generating (``Session.import_state``); ``ValueError``
-        when the state is not one this engine can take."""
+        when the state is not one this engine can take. The Redis store calls it in a worker
+        thread (a stored state may be large): it must touch nothing that belongs to the loop."""
         session = self.new_session(key)
         try:
             session.import_state(state, partial)
