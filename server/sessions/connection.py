@@ -92,6 +92,7 @@ class Connection:
         """Serve ``session`` until the connection ends. ``resumed``: taken over by a resume
         whose ``last`` is the index of the last ``token`` frame the client got."""
         self.session = session
+        session.address = self.ws.client.host if self.ws.client else "unknown"
         catch_up = session.resume(last) if resumed else None
         try:
             await self._open(session, resume_token, catch_up)

@@ -89,6 +89,9 @@ class GenerationRun:
                 await send(self._start_frame())
                 self._notify(RunStarted(self))
                 reason = await self._stream(send)
+            elif (pushed_out := self.ticket.pushed_out) is not None:  # slots.py: fair share
+                await send(error_frame(pushed_out, self.id))
+                reason = FinishReason.ERROR
         except BaseException:
             reason = FinishReason.ERROR
             if self.generation is not None:
@@ -99,11 +102,13 @@ class GenerationRun:
             await self._finish(send, reason)
 
     async def _wait_for_slot(self, send: Send) -> bool:
-        """True once a slot is granted; False when cancelled while queued."""
+        """True once a slot is granted; False when cancelled or pushed out while queued."""
         ticket = self.ticket
         cancel = asyncio.ensure_future(self.cancel_requested.wait())
         try:
             while not ticket.granted.done():
+                if ticket.pushed_out is not None:
+                    return False
                 await send(Queued(self.id, ticket.position))
                 ticket.moved.clear()
                 moved = asyncio.ensure_future(ticket.moved.wait())

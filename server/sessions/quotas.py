@@ -11,17 +11,25 @@ from collections import Counter, deque
 
 
 class ConnectionCaps:
+    """Places per server and per client address. A connection takes one; a reply held after
+    its connection dropped (``hold``) keeps it until the reply ends or is taken back, so that
+    dropping connections cannot run more replies than the caps allow open connections. A
+    resume may take one place over the caps for each place its address holds that way: it is
+    taking one of those replies back, which gives that place up."""
+
     def __init__(self, max_total: int, max_per_client: int) -> None:
         self.max_total = max_total
         self.max_per_client = max_per_client
         self.total = 0
         self._by_client: Counter[str] = Counter()
+        self._held: Counter[str] = Counter()  # of those, the places held replies keep
 
-    def acquire(self, client: str) -> str | None:
+    def acquire(self, client: str, resuming: bool = False) -> str | None:
         """Count a new connection; or say (as a close reason) why there is no room for it."""
-        if self.total >= self.max_total:
+        held = self._held[client] if resuming else 0
+        if self.total >= self.max_total + held:
             return f"the server is full ({self.max_total} connections)"
-        if self._by_client[client] >= self.max_per_client:
+        if self._by_client[client] >= self.max_per_client + held:
             return f"too many connections from this address ({self.max_per_client})"
         self.total += 1
         self._by_client[client] += 1
@@ -32,6 +40,16 @@ class ConnectionCaps:
         self._by_client[client] -= 1
         if self._by_client[client] <= 0:
             del self._by_client[client]  # the counter must not grow with every address seen
+
+    def hold(self, client: str) -> None:
+        """A connection's place is kept by its held reply from now on (``release_held``)."""
+        self._held[client] += 1
+
+    def release_held(self, client: str) -> None:
+        self._held[client] -= 1
+        if self._held[client] <= 0:
+            del self._held[client]
+        self.release(client)
 
     @property
     def clients(self) -> int:

@@ -100,7 +100,8 @@ class Relay:
         self._tokens = RecordedTokens()
 
     def detach(self, mid_reply: bool) -> None:
-        """The connection is gone; ``mid_reply``: the reply goes on without it."""
+        """The connection is gone; ``mid_reply``: a drop while the reply ran or waited (it goes
+        on, or was cancelled for want of anything to resume): the next one gets its frames."""
         self._target = None
         self._held = []
         self.in_flight = mid_reply

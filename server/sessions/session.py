@@ -6,16 +6,16 @@ the session is busy is its state and nothing else.
 
     IDLE --prompt accepted--> QUEUED --slot granted--> RUNNING --run ended--> IDLE
     QUEUED --run ended (cancelled while queued)--> IDLE
-    QUEUED, RUNNING --dropped--> QUEUED_DETACHED, RUNNING_DETACHED
-    QUEUED_DETACHED --slot granted--> RUNNING_DETACHED
-    QUEUED_DETACHED, RUNNING_DETACHED --resumed--> QUEUED, RUNNING
-    QUEUED_DETACHED, RUNNING_DETACHED --run ended (or the grace ran out: cancelled)--> IDLE
+    RUNNING --dropped--> RUNNING_DETACHED --resumed--> RUNNING
+    RUNNING_DETACHED --run ended (or the grace ran out: cancelled)--> IDLE
     any --close--> CLOSED   (no resume window, detach expiry, shutdown)
 
 "Dropped" is a connection that ended mid-reply without a close frame (PROTOCOL.md section 10):
 the reply goes on without it for ``--resume-grace-s``, its frames kept by the ``Relay``
 (relay.py) for the connection that resumes the session; a clean close, ``cancel``, ``reset``
-and shutdown cancel it at once. No frame reaches a detached session: no connection feeds it.
+and shutdown cancel it at once, as a drop does before the reply's first token (a queued prompt
+included): nothing of it to resume. No frame reaches a detached session: no connection feeds
+it.
 
 The session does no I/O of its own: the connection feeds it decoded frames (``handle``) and
 every frame it sends, its generation's included, goes out through ``send``, its relay to the
@@ -85,7 +85,6 @@ class SessionState(Enum):
     IDLE = "idle"
     QUEUED = "queued"
     RUNNING = "running"
-    QUEUED_DETACHED = "queued, detached"
     RUNNING_DETACHED = "running, detached"
     CLOSED = "closed"
 
@@ -101,29 +100,18 @@ class Change(Enum):
     CLOSE = "close"
 
 
-IDLE, QUEUED, RUNNING, QUEUED_DETACHED, RUNNING_DETACHED, CLOSED = SessionState
+IDLE, QUEUED, RUNNING, RUNNING_DETACHED, CLOSED = SessionState
 
 # (state, change) -> next state; a pair not listed is our bug, never the peer's.
 TRANSITIONS: dict[SessionState, dict[Change, SessionState]] = {
     IDLE: {Change.ACCEPTED: QUEUED, Change.CLOSE: CLOSED},
-    QUEUED: {
-        Change.STARTED: RUNNING,
-        Change.ENDED: IDLE,
-        Change.DROPPED: QUEUED_DETACHED,
-        Change.CLOSE: CLOSED,
-    },
+    QUEUED: {Change.STARTED: RUNNING, Change.ENDED: IDLE, Change.CLOSE: CLOSED},
     RUNNING: {Change.ENDED: IDLE, Change.DROPPED: RUNNING_DETACHED, Change.CLOSE: CLOSED},
-    QUEUED_DETACHED: {
-        Change.STARTED: RUNNING_DETACHED,
-        Change.ENDED: IDLE,
-        Change.RESUMED: QUEUED,
-        Change.CLOSE: CLOSED,
-    },
     RUNNING_DETACHED: {Change.ENDED: IDLE, Change.RESUMED: RUNNING, Change.CLOSE: CLOSED},
     CLOSED: {Change.CLOSE: CLOSED},
 }
-BUSY_STATES = frozenset({QUEUED, RUNNING, QUEUED_DETACHED, RUNNING_DETACHED})
-DETACHED_STATES = frozenset({QUEUED_DETACHED, RUNNING_DETACHED})
+BUSY_STATES = frozenset({QUEUED, RUNNING, RUNNING_DETACHED})
+DETACHED_STATES = frozenset({RUNNING_DETACHED})
 
 
 class Session:
@@ -153,6 +141,10 @@ class Session:
         # while detached mid-reply: cancels the reply once --resume-grace-s is over (set by
         # disconnect; cancelled by resume, the reply's end and close)
         self._grace: asyncio.TimerHandle | None = None
+        # while a reply goes on after a drop: done once it ends or a connection takes the
+        # session back (web/admission.py keeps the address's connection place until then)
+        self.held: asyncio.Future[None] | None = None
+        self.address = "unknown"  # its connection's client address: whose fair share it uses
         self.listeners: list[RunListener] = []
         # called at each turn boundary (done, configure, reset, image_ok, a reply's start): the
         # store saves; ``progress`` as the running reply grows: the store checkpoints it
@@ -256,7 +248,7 @@ class Session:
             )
         except Refusal as e:  # too large, context overflow: the peer's, as wire errors
             raise wire_error(e, frame.id) from e
-        ticket = self.slots.enqueue()
+        ticket = self.slots.enqueue(self.address)
         self._ids.add(frame.id)
         self._staged.clear()
         self.relay.begin(frame.id)
@@ -319,13 +311,18 @@ class Session:
         """The connection is gone. A reply in flight is cancelled (its ``done`` goes nowhere),
         or, given a ``grace_s`` (a drop mid-reply: PROTOCOL.md section 10), goes on without a
         connection for that long, its frames kept for ``resume``; then it is cancelled."""
-        mid_reply = self.busy and grace_s > 0
-        self.relay.detach(mid_reply)
+        # a reply that has sent no token yet (queued, or before its first) has nothing to
+        # resume: it is cancelled at once rather than hold a slot or a place in the queue
+        started = self.run is not None and self.run.first_token_at is not None
+        mid_reply = self.busy and grace_s > 0 and started
+        # a drop: a resume is told how the reply ended even so (its done, without asking)
+        self.relay.detach(self.busy and grace_s > 0)
         if not mid_reply:
             await self.stop_generation()
             return
         self._change(Change.DROPPED)
         self._grace = asyncio.get_running_loop().call_later(grace_s, self._grace_over)
+        self.held = asyncio.get_running_loop().create_future()
 
     def _grace_over(self) -> None:
         self._grace = None
@@ -337,6 +334,8 @@ class Session:
         if self._grace is not None:
             self._grace.cancel()
             self._grace = None
+        if self.held is not None and not self.held.done():
+            self.held.set_result(None)
 
     def resume(self, last: int | None) -> CatchUp:
         """A connection took the session over: what it must send before any live frame (the
@@ -531,8 +530,7 @@ Session.RULES = {
         Ping: Session._on_ping,
         Configure: Session._refuse_busy,
     },
-    # no connection feeds a detached session: a resume moves it back to QUEUED or RUNNING first
-    QUEUED_DETACHED: dict.fromkeys(CLIENT_FRAMES.values(), Session._drop),
+    # no connection feeds a detached session: a resume moves it back to RUNNING first
     RUNNING_DETACHED: dict.fromkeys(CLIENT_FRAMES.values(), Session._drop),
     CLOSED: {
         Prompt: Session._drop,

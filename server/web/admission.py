@@ -1,9 +1,11 @@
 """What every WebSocket route does before it serves: the access checks (``access.admit``), the
 accept with our subprotocol, a close for what cannot be served now, and a place in the
-connection caps, which chat and ``/v1/stats`` sockets share (PROTOCOL.md "Limits")."""
+connection caps, which chat and ``/v1/stats`` sockets share (PROTOCOL.md "Limits"). A chat's
+place outlives its connection while its reply goes on for a resume (``Session.held``)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from starlette.websockets import WebSocket
@@ -16,12 +18,14 @@ MODEL_FAILED_REASON = "the model failed to load (see the server's log)"
 
 # Accepts the handshake, with these headers on its response.
 Accept = Callable[[Sequence[tuple[bytes, bytes]]], Awaitable[None]]
+# Serves an admitted socket; what it returns, while not done, keeps the socket's place.
+Serve = Callable[[Accept], Awaitable["asyncio.Future[None] | None"]]
 
 
 async def serve_admitted(
     websocket: WebSocket,
     hub: Hub,
-    serve: Callable[[Accept], Awaitable[None]],
+    serve: Serve,
     *,
     needs_engine: bool,
 ) -> None:
@@ -41,15 +45,20 @@ async def serve_admitted(
         await websocket.close(*closed)
         return
     client = websocket.client.host if websocket.client else "unknown"
-    full = hub.caps.acquire(client)
+    full = hub.caps.acquire(client, resuming="resume" in websocket.query_params)
     if full is not None:
         await accept()
         await websocket.close(CloseCode.TRY_AGAIN_LATER, full)
         return
+    held: asyncio.Future[None] | None = None
     try:
-        await serve(accept)
+        held = await serve(accept)
     finally:
-        hub.caps.release(client)
+        if held is None or held.done():
+            hub.caps.release(client)
+        else:  # a reply held for a resume counts as a connection of its address until it ends
+            hub.caps.hold(client)
+            held.add_done_callback(lambda _: hub.caps.release_held(client))
 
 
 def _unservable(hub: Hub, needs_engine: bool) -> tuple[CloseCode, str] | None:

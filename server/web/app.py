@@ -75,13 +75,16 @@ async def readyz(request: Request) -> Response:
 async def chat(websocket: WebSocket) -> None:
     hub: Hub = websocket.app.state.hub
 
-    async def serve(accept: Accept) -> None:
-        await _serve_session(websocket, hub, accept)
+    async def serve(accept: Accept) -> asyncio.Future[None] | None:
+        return await _serve_session(websocket, hub, accept)
 
     await serve_admitted(websocket, hub, serve, needs_engine=True)
 
 
-async def _serve_session(websocket: WebSocket, hub: Hub, accept: Accept) -> None:
+async def _serve_session(
+    websocket: WebSocket, hub: Hub, accept: Accept
+) -> asyncio.Future[None] | None:
+    """Serve one chat connection; the session's held reply once it is over, if one goes on."""
     # ?session= (SESSION_PARAM) is the load balancer's routing key: never looked at here, the
     # resume token alone decides which session this is
     token = websocket.query_params.get("resume")
@@ -101,6 +104,7 @@ async def _serve_session(websocket: WebSocket, hub: Hub, accept: Accept) -> None
     finally:
         hub.connections.discard(connection)
         await hub.end_connection(session)
+    return session.held
 
 
 def _token_index(value: str | None) -> int | None:

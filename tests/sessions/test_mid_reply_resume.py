@@ -211,7 +211,8 @@ async def test_with_no_grace_a_drop_cancels_at_once_as_before() -> None:
     assert got[0]["text"] + token_text(rest) == rest[-1]["text"]
 
 
-async def test_a_drop_while_queued_resumes_into_the_queue_and_then_the_reply() -> None:
+async def test_a_drop_while_queued_cancels_the_prompt_at_once() -> None:
+    """Nothing of it was sent, so nothing is kept for a resume: it gives its place up at once."""
     engine = endless()
     async with (
         running_server(engine, max_concurrent=1) as url,
@@ -223,11 +224,28 @@ async def test_a_drop_while_queued_resumes_into_the_queue_and_then_the_reply() -
         await prompt(peer, "p1")
         assert (await peer.recv())["type"] == "queued"
         drop(peer)
+        # the hog still runs: a prompt still queued would not be done yet
         async with raw_peer(resume_url(url, ready, None)) as (peer, resumed):
-            await hog.send({"type": "cancel"})
-            await hog.recv_until("done")
-            frames = [await peer.recv() for _ in range(2)]
-            await peer.send({"type": "cancel"})
-            await peer.recv_until("done")
+            frames = await peer.recv_until("done")
+        await hog.send({"type": "cancel"})
+        await hog.recv_until("done")
     assert resumed["resumed"] == {"last_prompt": None, "reply": "p1"}
-    assert [f["type"] for f in frames] == ["start", "token"]
+    assert [f["type"] for f in frames] == ["done"]
+    assert frames[-1]["reason"] == FinishReason.CANCELLED.value
+    assert len(engine.requests) == 1  # p1 never reached the engine
+
+
+async def test_a_drop_before_the_first_token_cancels_the_reply_at_once() -> None:
+    # a token a second: the drop, right after start, comes before the first
+    engine = ScriptedEngine(lambda r: Script([f" t{i}" for i in range(100)], delay_s=1.0))
+    async with running_server(engine) as url:
+        async with raw_peer(url) as (peer, ready):
+            await prompt(peer, "p1")
+            assert (await peer.recv())["type"] == "start"
+            drop(peer)
+        async with raw_peer(resume_url(url, ready, 0)) as (peer, resumed):
+            frames = await peer.recv_until("done")  # held, it would go on for 100 s
+    assert resumed["resumed"] == {"last_prompt": "p1", "reply": "p1"}
+    done = frames[-1]
+    assert done["reason"] == FinishReason.CANCELLED.value
+    assert done["usage"]["completion_tokens"] <= 1  # the one the engine had under way, if any

@@ -314,7 +314,8 @@ class SessionMachine(RuleBasedStateMachine):
         async def take() -> Ticket | None:
             full = self.queue_full()
             try:
-                ticket = self.slots.enqueue()
+                # another session of the same address: first come, first served between them
+                ticket = self.slots.enqueue(self.session.address)
             except ProtocolError as e:
                 assert full and e.code is ErrorCode.OVERLOADED
                 return None

@@ -27,6 +27,7 @@ from wschat.protocol import (
     ResetOk,
     SessionMisuse,
     Start,
+    Token,
 )
 from wschat.protocol.frames import CLIENT_FRAMES
 from wschat.server.sessions.session import TRANSITIONS, Change, Session, SessionState
@@ -39,16 +40,16 @@ from tests.support import wait_until
 
 from .test_session import Recorder, done_of
 
-IDLE, QUEUED, RUNNING, QUEUED_DETACHED, RUNNING_DETACHED, CLOSED = SessionState
-ATTACHED = {QUEUED_DETACHED: QUEUED, RUNNING_DETACHED: RUNNING}
+IDLE, QUEUED, RUNNING, RUNNING_DETACHED, CLOSED = SessionState
+ATTACHED = {RUNNING_DETACHED: RUNNING}
 
 
 class Table:
     """A session driven into one state, with the slot ticket that keeps it QUEUED."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_s: float = 0.02) -> None:
         engine = ScriptedEngine(
-            lambda r: Script([f" t{i}" for i in range(200)], delay_s=0.02), images=True
+            lambda r: Script([f" t{i}" for i in range(200)], delay_s=delay_s), images=True
         )
         self.slots = GenerationSlots(1, 4)
         self.session = Session("s", engine, self.slots, Settings())
@@ -65,6 +66,7 @@ class Table:
         if attached is RUNNING:
             await self.rec.wait_for(lambda f: isinstance(f, Start))
         if state in ATTACHED:
+            await self.rec.wait_for(lambda f: isinstance(f, Token))  # something to resume
             await self.session.disconnect(grace_s=60)  # dropped: the reply goes on
         if state is CLOSED:
             await self.session.close()
@@ -197,13 +199,27 @@ async def test_busy_follows_the_state_alone(table: Table) -> None:
 async def test_a_drop_mid_reply_then_a_resume_move_the_session_as_the_table_says(
     table: Table,
 ) -> None:
-    await table.enter(QUEUED_DETACHED)
-    table.slots.release(table.hog)  # type: ignore[arg-type]
-    table.hog = None
-    await wait_until(lambda: table.session.state is RUNNING_DETACHED)  # started, detached
+    await table.enter(RUNNING_DETACHED)
     catch_up = table.session.resume(0)
     assert table.session.state is RUNNING
-    assert catch_up.reply == "g" and isinstance(catch_up.frames[0], Start)
+    assert catch_up.reply == "g" and isinstance(catch_up.frames[0], Token)
+
+
+@pytest.mark.parametrize("state", [QUEUED, RUNNING])
+async def test_a_drop_before_the_first_token_ends_the_reply_and_leaves_the_session_idle(
+    state: SessionState,
+) -> None:
+    table = Table(delay_s=1.0)  # RUNNING is entered at its start, a second before any token
+    try:
+        await table.enter(state)
+        await table.session.disconnect(grace_s=60)
+        assert table.session.state is IDLE and table.session.run is None
+        assert table.session.held is None  # nothing keeps its connection's place
+        catch_up = table.session.resume(None)  # a drop: the resume is told how it ended
+        assert catch_up.reply == "g" and isinstance(catch_up.frames[-1], Done)
+    finally:
+        async with asyncio.timeout(10):
+            await table.leave()
 
 
 async def test_a_drop_with_no_grace_ends_the_reply_and_leaves_the_session_idle(
