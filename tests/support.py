@@ -151,6 +151,7 @@ class ZombiePeer:
     ) -> None:
         self.reader, self.writer, self.ws = reader, writer, ws
         self._events: list[Frame | Response] = []
+        self.ready: dict[str, Any] = {}  # the server's ``ready`` (zombie_peer)
 
     async def send(self, frame: dict[str, Any]) -> None:
         self.ws.send_binary(msgpack.packb(frame, use_bin_type=True))
@@ -219,7 +220,7 @@ async def zombie_peer(url: str, *, deflate: bool = False) -> AsyncIterator[Zombi
         await peer._flush()
         response = await peer.event()
         assert isinstance(response, Response) and response.status_code == 101, response
-        await peer.recv_until("ready")
+        peer.ready = await peer.recv_until("ready")
         yield peer
     finally:
         writer.transport.abort()

@@ -10,9 +10,11 @@ connection, a generation slot for good (README "Security and limits"). Here:
   may be waiting for theirs; more are dropped on arrival.
 - ``BoundedWebSocketProtocol``: a send buffer that stays full for ``send_timeout_s``, or a
   transport still flushing that long after it was closed, aborts the connection; the app sees a
-  disconnect and its generation is cancelled. Pings and pongs are limited to
-  ``frames_per_second`` like messages (each ping queues a pong that a peer that does not read
-  never takes): past it, close 1008. permessage-deflate is not offered (``uvicorn_config``).
+  disconnect and its generation is cancelled. The app may also drop a connection at once
+  (``DROP_EXTENSION`` in the scope): a resume drops the one it replaces. Pings and pongs are
+  limited to ``frames_per_second`` like messages (each ping queues a pong that a peer that does
+  not read never takes): past it, close 1008. permessage-deflate is not offered
+  (``uvicorn_config``).
 - ``handle_loop_exception``: when descriptors run out, asyncio logs a traceback for every failed
   accept, a backlog's worth (2,048) a second; here one line per interval. ``raise_descriptor_limit``
   lifts the soft limit to the hard one at start and says when the caps could still reach it.
@@ -24,6 +26,7 @@ import asyncio
 import logging
 import resource
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -31,8 +34,10 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.frames import Frame
+from websockets.http11 import Request
 from wschat.protocol import CloseCode
 
+from ..sessions.connection import DROP_EXTENSION
 from ..sessions.quotas import ConnectionCaps, FrameRate
 from ..settings import Settings
 
@@ -266,6 +271,12 @@ class BoundedWebSocketProtocol(StuckPeerGuard, WebSocketsSansIOProtocol):
         if self.transport.is_closing() and not self.disconnected:
             self.stuck.arm()
 
+    def handle_connect(self, event: Request) -> None:
+        super().handle_connect(event)
+        extensions = self.scope.get("extensions") if self.response.status_code == 101 else None
+        if extensions is not None:
+            extensions[DROP_EXTENSION] = {"drop": _dropper(self.transport)}
+
     # -- messages ---------------------------------------------------------------------------
 
     # websockets' parser keeps the frame it parsed last in a local until the next one arrives,
@@ -307,6 +318,18 @@ class BoundedWebSocketProtocol(StuckPeerGuard, WebSocketsSansIOProtocol):
         self.transport.write(b"".join(self.conn.data_to_send()))
         self.close_sent = True
         self.transport.close()
+
+
+def _dropper(transport: asyncio.Transport) -> Callable[[], None]:
+    """Aborts ``transport`` while it exists: held weakly, as a session keeps this past its
+    connection (sessions/relay.py ``drop_last``)."""
+    ref = weakref.ref(transport)
+
+    def drop() -> None:
+        if (alive := ref()) is not None:
+            alive.abort()
+
+    return drop
 
 
 def http_protocol(settings: Settings) -> type[BoundedHTTPProtocol]:

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 
 from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -50,6 +51,9 @@ log = logging.getLogger("wschat.connection")
 
 # a peer's close codes that end its reply at once; any other end is a drop (section 10)
 CLEAN_CLOSES = frozenset({CloseCode.NORMAL, CloseCode.GOING_AWAY})
+# The ASGI scope extension under which the transport (runtime/transport.py) gives
+# {"drop": callable}: drops the connection at once, with whatever it has not sent yet.
+DROP_EXTENSION = "wschat.drop"
 
 
 class Connection:
@@ -94,6 +98,7 @@ class Connection:
         self.session = session
         session.address = self.ws.client.host if self.ws.client else "unknown"
         catch_up = session.resume(last) if resumed else None
+        session.relay.drop_last = self._drop_transport()
         try:
             await self._open(session, resume_token, catch_up)
             while not self.closed and await self._handle_next():
@@ -113,6 +118,12 @@ class Connection:
         for frame in catch_up.frames if catch_up else ():
             await self.send(frame)
         await session.relay.attach(self.outbox)
+
+    def _drop_transport(self) -> Callable[[], None] | None:
+        """What drops this connection's transport; None where the server gives nothing."""
+        extension = (self.ws.scope.get("extensions") or {}).get(DROP_EXTENSION) or {}
+        drop = extension.get("drop")
+        return drop if callable(drop) else None
 
     def _grace_s(self) -> float:
         """How long a reply in flight goes on after a drop: none while shutting down, nor

@@ -8,7 +8,9 @@ none of it twice. While no connection is attached (a drop mid-reply, for ``--res
 the reply's ``queued`` and ``start`` frames are held for the next one.
 
 What is kept is bounded by one reply (its text and ids, and four integers per frame: a slow
-reader gets many frames), the next prompt's ``begin`` lets it go.
+reader gets many frames), the next prompt's ``begin`` lets it go. A replay costs its frame, and
+one is in flight per session at most: a resume drops the connection it replaces (``drop_last``),
+which may still be flushing the last replay to a peer that never read it.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class RecordedTokens:
         text_from = self._text_ends[first - 1] if first else 0
         ids_from = self._id_ends[first - 1] if first else 0
         ids = tuple(self._ids[ids_from:]) if self._has_ids else None
+        # the kept text itself from index 0 (a slice of all of a str is that str), else its tail
         return Token(reply, self._text.join()[text_from:], self._indexes[-1], ids)
 
 
@@ -76,6 +79,9 @@ class Relay:
         # the connection went while the reply ran or waited: the next one gets its frames
         # without asking (set by detach, cleared once a connection is attached again)
         self.in_flight = False
+        # drops the connection last attached at once, with what it has not sent (a no-op once
+        # it is gone); set by that connection (sessions/connection.py)
+        self.drop_last: Callable[[], None] | None = None
 
     async def __call__(self, frame: Frame) -> None:
         self._record(frame)
@@ -112,7 +118,10 @@ class Relay:
         The frames held since the drop that open the reply (``queued``, ``start``), one
         ``token`` frame with the text of every frame after index ``last`` (a ``last`` between
         boundaries counts as the boundary below, one past the end as the end), then the reply's
-        ``error`` and ``done`` if it ended. Frames sent from now on are held for ``attach``."""
+        ``error`` and ``done`` if it ended. Frames sent from now on are held for ``attach``.
+        The connection before is dropped first: what it was still sending is nobody's now."""
+        if self.drop_last is not None:
+            self.drop_last()
         if self.reply is None or not (self.in_flight or last is not None):
             return CatchUp()
         opening = [f for f in self._held if isinstance(f, Queued | Start)]
