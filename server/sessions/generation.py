@@ -92,6 +92,14 @@ class GenerationRun:
             elif (pushed_out := self.ticket.pushed_out) is not None:  # slots.py: fair share
                 await send(error_frame(pushed_out, self.id))
                 reason = FinishReason.ERROR
+        except Exception:
+            # a failure of ours (the start raised, a frame could not be sent): the client is
+            # told as for any failed reply, error then done, and the session goes on
+            log.exception("generation %s failed", self.id)
+            reason = FinishReason.ERROR
+            if self.generation is not None:
+                self.generation.cancel()
+            await self._told(send, Internal("generation failed"))
         except BaseException:
             reason = FinishReason.ERROR
             if self.generation is not None:
@@ -183,7 +191,24 @@ class GenerationRun:
         self.reason = reason
         done = self.done_frame(reason)
         self._notify(RunDone(self, done))
-        await send(done)
+        try:
+            await send(done)
+        except Exception:  # a done that cannot be sent (a bug of ours): a bare one after an error
+            log.exception("generation %s: its done could not be sent", self.id)
+            self.reason = FinishReason.ERROR
+            await self._told(send, Internal("generation failed"))
+            await send(self._bare_done())
+
+    async def _told(self, send: Send, error: Exception) -> None:
+        """Send ``error``'s frame; one that cannot be sent is logged (the done still follows)."""
+        try:
+            await send(error_frame(error, self.id))
+        except Exception:
+            log.exception("generation %s: its error could not be sent", self.id)
+
+    def _bare_done(self) -> Done:
+        """A failed reply's done from nothing but its id: what the last line of defence sends."""
+        return Done(self.id, FinishReason.ERROR, "", Usage(0, 0, 0), Timing(0.0, None, 0.0, 0.0))
 
     def done_frame(self, reason: FinishReason) -> Done:
         now = time.perf_counter()

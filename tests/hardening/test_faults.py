@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 import wschat.server.sessions.images
-from wschat.server.engine import GenerationRequest
+from wschat.server.engine import Generation, GenerationRequest
 from wschat.server.engine.history import Conversation
 
 from tests.fakes.scripted import Script, ScriptedEngine
@@ -66,6 +66,28 @@ async def test_an_exception_in_the_generation_thread_is_an_internal_error_then_d
         assert frames[-2]["id"] == "a"
         assert (frames[-1]["reason"], frames[-1]["text"]) == ("error", " a b")
         await still_chats(peer)
+
+
+class FailingStart(ScriptedEngine):
+    """Starting a prompt with an ``X`` raises, as an id past int64 from a restored state did."""
+
+    def generate(self, request: GenerationRequest) -> Generation:
+        if 300 + ord("X") in request.prompt_ids:
+            raise OverflowError(SECRET)
+        return super().generate(request)
+
+
+async def test_a_generation_whose_start_raises_gets_an_internal_error_then_done() -> None:
+    async with (
+        running_server(FailingStart(script), max_concurrent=1) as url,
+        raw_peer(url) as (peer, _),
+    ):
+        await peer.send({"type": "prompt", "id": "a", "text": "X"})
+        frames = await peer.recv_until("done")
+        assert [f["type"] for f in frames[-2:]] == ["error", "done"]
+        assert_generic(frames[-2])
+        assert frames[-2]["id"] == "a" and frames[-1]["reason"] == "error"
+        await still_chats(peer)  # max_concurrent=1: the slot was freed
 
 
 async def test_a_stalled_generation_is_cancelled_with_an_error_and_frees_its_slot() -> None:

@@ -6,8 +6,26 @@ from __future__ import annotations
 
 import asyncio
 
-from wschat.protocol import Done, Error, ErrorCode, FinishReason, Frame, Queued, Start, Token
-from wschat.server.engine import Chat, SamplingParams, Turn
+from wschat.protocol import (
+    Done,
+    Error,
+    ErrorCode,
+    FinishReason,
+    Frame,
+    Queued,
+    Start,
+    Token,
+    Usage,
+    encode,
+)
+from wschat.server.engine import (
+    Chat,
+    Finished,
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    Turn,
+)
 from wschat.server.sessions.generation import GenerationRun, Send
 from wschat.server.sessions.slots import GenerationSlots
 
@@ -75,6 +93,55 @@ async def test_a_failing_generation_sends_one_internal_error_then_exactly_one_do
     (done,) = of_type(frames, Done)
     assert frames[-1] is done and done.reason is FinishReason.ERROR
     assert slots.running == 0  # the slot is free again
+
+
+class StartFails(ScriptedEngine):
+    """An engine whose start raises: an id of a restored state past int64, say."""
+
+    def generate(self, request: GenerationRequest) -> Generation:
+        raise OverflowError("Python int too large to convert to C long")
+
+
+class HugeUsage(ScriptedEngine):
+    """An engine that ends a reply with a count no frame can carry (a check missing)."""
+
+    def generate(self, request: GenerationRequest) -> Generation:
+        generation = Generation(prompt_tokens=len(request.prompt_ids))
+        generation.push(Finished(FinishReason.STOP, text="a", usage=Usage(1, 1, 10**30)))
+        return generation
+
+
+async def test_a_start_that_raises_sends_an_internal_error_then_done_and_frees_the_slot() -> None:
+    slots = GenerationSlots(1, 4)
+    run, chat = await new_run(StartFails(), slots)
+    frames: list[Frame] = []
+
+    async def send(frame: Frame) -> None:
+        frames.append(frame)
+
+    await drive(run, chat, slots, send)  # the failure is the client's to hear, not raised
+    assert [type(f) for f in frames] == [Error, Done]
+    error, done = frames
+    assert isinstance(error, Error) and (error.code, error.id) == (ErrorCode.INTERNAL, "g1")
+    assert isinstance(done, Done) and done.reason is FinishReason.ERROR
+    assert slots.running == 0
+
+
+async def test_a_done_that_cannot_be_encoded_becomes_an_internal_error_and_a_bare_done() -> None:
+    slots = GenerationSlots(1, 4)
+    run, chat = await new_run(HugeUsage(), slots)
+    frames: list[Frame] = []
+
+    async def send(frame: Frame) -> None:  # as the connection does: encoded, then sent
+        encode(frame)
+        frames.append(frame)
+
+    await drive(run, chat, slots, send)
+    assert [type(f) for f in frames] == [Start, Error, Done]
+    error, done = frames[1:]
+    assert isinstance(error, Error) and error.code is ErrorCode.INTERNAL
+    assert isinstance(done, Done) and (done.reason, done.text) == (FinishReason.ERROR, "")
+    assert done.usage == Usage(0, 0, 0) and slots.running == 0
 
 
 async def test_a_stalled_generation_is_stopped_with_an_error_and_exactly_one_done() -> None:
