@@ -7,7 +7,7 @@ import json
 
 import pytest
 from wschat.server.engine.errors import ContextExhausted, EngineFailed, EngineOverloaded
-from wschat.server.engine.openai.errors import failure_from_status, lost
+from wschat.server.engine.openai.errors import MAX_RETRY_S, failure_from_status, lost
 
 
 def _body(message: str) -> bytes:
@@ -40,3 +40,11 @@ def test_any_other_status_is_engine_failed_and_keeps_the_body_out_of_the_message
     assert isinstance(failure, EngineFailed)
     assert "/opt/llama" not in failure.message and "/opt/llama" in failure.detail
     assert isinstance(lost("connection reset"), EngineFailed)
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"), [("1e30", MAX_RETRY_S), ("inf", MAX_RETRY_S), ("nan", 1.0), ("-5", 0.0)]
+)
+def test_a_retry_after_out_of_range_is_bounded(header: str, seconds: float) -> None:
+    failure = failure_from_status(503, b"busy", retry_after=header)
+    assert isinstance(failure, EngineOverloaded) and failure.retry_s == seconds

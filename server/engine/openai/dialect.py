@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..base import SamplingParams
+from .errors import bad_answer
 
 LLAMA_CPP = "llama.cpp"
 VLLM = "vllm"
@@ -23,6 +24,8 @@ _U32 = 1 << 32
 _I64 = 1 << 63
 # llama.cpp's repetition penalty looks back this many tokens (its default, sent as such)
 LLAMA_CPP_PENALTY_WINDOW = 64
+# the largest count a chunk may give (cached prompt tokens): far over any context
+MAX_COUNT = (1 << 31) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +42,10 @@ class Delta:
 
 class Dialect:
     """The OpenAI API as vLLM extends it, which other engines are spoken to in (the richer, more
-    common set): token-id prompts on ``/v1/completions``, ``return_token_ids``, a usage chunk."""
+    common set): token-id prompts on ``/v1/completions``, ``return_token_ids``, a usage chunk.
+
+    Every value a chunk gives is checked for its type (and a count for its range) as it is read:
+    a wrong one is a bad answer (``errors.bad_answer``), never a number passed on to a frame."""
 
     name: ClassVar[str] = VLLM
     # where a text prompt of token ids streams its reply, from the server's root
@@ -109,24 +115,25 @@ class Dialect:
         return self._openai_delta(chunk, "delta")
 
     def choice_ids(self, choice: dict[str, Any]) -> list[int]:
-        return [int(i) for i in choice.get("token_ids") or []]
+        return _ids(choice.get("token_ids"))
 
     def _openai_delta(self, chunk: dict[str, Any], text_key: str) -> Delta:
         texts: list[str] = []
         ids: list[int] = []
         finish = None
-        for choice in chunk.get("choices") or ():
+        for choice in _list(chunk.get("choices"), "choices"):
+            if not isinstance(choice, dict):
+                raise bad_answer(f"a choice that is a {type(choice).__name__}")
             if text_key == "delta":
-                texts.append(str((choice.get("delta") or {}).get("content") or ""))
+                texts.append(_text(_object(choice.get("delta"), "delta").get("content")))
             else:
-                texts.append(str(choice.get("text") or ""))
+                texts.append(_text(choice.get("text")))
             ids += self.choice_ids(choice)
-            finish = choice.get("finish_reason") or finish
-        usage = chunk.get("usage")
+            finish = _finish(choice.get("finish_reason")) or finish
         cached = None
-        if usage:
-            details = usage.get("prompt_tokens_details") or {}
-            cached = int(details.get("cached_tokens") or 0)
+        if usage := chunk.get("usage"):
+            details = _object(_object(usage, "usage").get("prompt_tokens_details"), "details")
+            cached = _count(details.get("cached_tokens") or 0, "cached_tokens")
         return Delta("".join(texts), ids, finish, cached)
 
 
@@ -213,21 +220,17 @@ class LlamaCppDialect(Dialect):
         """A native chunk: ``content`` and ``tokens``; the last has ``stop: true``, why it
         stopped (``stop_type``: ``limit`` is the length, ``eos`` and ``word`` a stop) and the
         prompt tokens taken from the slot's cache (``timings.cache_n``)."""
-        ids = chunk.get("tokens") or ()
+        text, ids = _text(chunk.get("content")), _ids(chunk.get("tokens"))
         if not chunk.get("stop"):
-            return Delta(str(chunk.get("content") or ""), ids)
+            return Delta(text, ids)
         finish = "length" if chunk.get("stop_type") == "limit" else "stop"
-        cached = (chunk.get("timings") or {}).get("cache_n")
-        return Delta(
-            str(chunk.get("content") or ""),
-            ids,
-            finish,
-            int(cached) if isinstance(cached, int) else None,
-        )
+        cached = _object(chunk.get("timings"), "timings").get("cache_n")
+        return Delta(text, ids, finish, None if cached is None else _count(cached, "cache_n"))
 
     def choice_ids(self, choice: dict[str, Any]) -> list[int]:
-        content = (choice.get("logprobs") or {}).get("content") or []
-        return [int(entry["id"]) for entry in content if "id" in entry]
+        content = _list(_object(choice.get("logprobs"), "logprobs").get("content"), "content")
+        entries = [_object(entry, "logprob") for entry in content]
+        return _ids([entry["id"] for entry in entries if "id" in entry])
 
 
 def _openai_sampling(params: SamplingParams, stop: Sequence[str]) -> dict[str, Any]:
@@ -258,3 +261,56 @@ def _streamed(
 
 def _positive(value: Any) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
+
+
+# -- a chunk's values, checked as they are read ----------------------------------------------
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise bad_answer(f"a text that is a {type(value).__name__}")
+    return value
+
+
+def _ids(value: Any) -> list[int]:
+    """Token ids: ints (the engine's vocabulary is checked where it is known, the engine)."""
+    ids = _list(value, "ids")
+    if not all(type(i) is int for i in ids):
+        raise bad_answer("token ids that are not all integers")
+    return ids
+
+
+def _count(value: Any, name: str) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_COUNT:
+        raise bad_answer(f"{name} {_short(value)}, not a count")
+    return value
+
+
+def _finish(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise bad_answer(f"a finish reason that is a {type(value).__name__}")
+    return value or None
+
+
+def _list(value: Any, name: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise bad_answer(f"{name} that is a {type(value).__name__}, not a list")
+    return value
+
+
+def _object(value: Any, name: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_answer(f"{name} that is a {type(value).__name__}, not an object")
+    return value
+
+
+def _short(value: Any) -> str:
+    """A value for the log, cut short: an engine's answer may be of any size."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}..."

@@ -6,13 +6,17 @@ torch-free tokenizer (``tokenizer``), and sends them to the engine's completions
 (``/v1/completions``; llama.cpp's native ``/completion``): user text stays text, and each turn's
 ids extend the last turn's exactly, which is what the engine's prefix cache matches on.
 Cancel, reset, disconnect and shutdown close the HTTP stream, which the engine takes as the
-request's abort. This class is the adapter; the HTTP client (``client``), the engines'
+request's abort; so does a reply that reaches its token limit, whatever the engine does with the
+``max_tokens`` it was sent. What the engine streams is checked as it comes (ids in the
+vocabulary, a chunk's text and a line within their byte limits): a bad answer ends the reply as
+``EngineFailed``. This class is the adapter; the HTTP client (``client``), the engines'
 spellings (``dialect``) and the error mapping (``errors``) do not depend on the interface.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -49,7 +53,7 @@ from ..tokenizing import TextTokenizer
 from .burst import Burst
 from .client import EngineHttp
 from .dialect import Dialect
-from .errors import lost
+from .errors import bad_answer, lost
 from .tokenizer import GatewayTokenizer, TokenizerError, load_tokenizer
 from .vision import ImageTokens, TurnTokens, VisionError, chat_messages, normalise
 
@@ -63,6 +67,12 @@ _WAIT_LOG_EVERY_S = 10.0
 _REACHABLE_TTL_S = 1.0
 DETECTED_MAX_IMAGES = 4  # per prompt, for an engine that says it reads images (as in process)
 CHAT_PATH = "/v1/chat/completions"  # where a prompt with images goes, on every engine
+# A chunk's text: a token's, or a few held back by the engine (a stop string's start).
+CHUNK_TEXT_BYTES = 64 * 1024
+# A line of a reply's stream: llama.cpp's last chunk repeats the prompt as text, so a line may
+# hold the context's text (a token's text is at most a few dozen bytes, escaped).
+LINE_BASE_BYTES = 1 << 20
+LINE_BYTES_PER_TOKEN = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +152,7 @@ class OpenAIEngine:
         # end-of-generation tokens.
         self._newline_end = any("\n" in tokenizer.decode([i]) for i in ends)
         self._stop_token_ids = [i for i in ends if "\n" not in tokenizer.decode([i])]
+        self._line_bytes = LINE_BASE_BYTES + LINE_BYTES_PER_TOKEN * context_tokens
         self._tasks: set[asyncio.Task[None]] = set()
         self._burst = Burst()  # prompts sent together reach the engine together
         self._reachable: tuple[float, bool] = (0.0, True)
@@ -234,6 +245,8 @@ class OpenAIEngine:
         texts: list[str] = []
         reason: str | None = None
         strip = self.prompt_format.strips_leading_space
+        limit = self._max_tokens(request)  # ours to enforce: an engine may ignore it
+        spent = 0  # tokens counted against it: the ids, and one for a text without ids
         finished: Finished
         try:
             chat = bool(request.images)
@@ -243,20 +256,36 @@ class OpenAIEngine:
                 body, path = self.completion_body(request), self.dialect.text_path
                 delta = self.dialect.text_delta
             await self._burst.join()
-            async for chunk in self.http.stream(path, body, request.session_key):
-                piece = delta(chunk)
-                if piece.cached_tokens is not None:
-                    generation.cached_tokens = piece.cached_tokens
-                text, new_ids = piece.text, list(piece.ids)
-                if chat and text and not new_ids:  # an engine that gives chat text alone
-                    new_ids = self.tokenizer.tokenize_text(text)
-                if strip and text and not ids:
-                    text = text.removeprefix(" ")
-                ids += new_ids
-                if text or new_ids:
+            stream = self.http.stream(path, body, request.session_key, self._line_bytes)
+            async with contextlib.aclosing(stream) as chunks:
+                async for chunk in chunks:
+                    piece = delta(chunk)
+                    if piece.cached_tokens is not None:
+                        # an engine may count an image's tokens otherwise: at most the prompt
+                        generation.cached_tokens = min(piece.cached_tokens, len(request.prompt_ids))
+                    text, new_ids = self._checked(piece.text, list(piece.ids))
+                    if chat and text and not new_ids:  # an engine that gives chat text alone
+                        new_ids = self.tokenizer.tokenize_text(text)
+                    reason = piece.finish or reason
+                    if not (text or new_ids):
+                        continue
+                    room = limit - spent
+                    if room <= 0:  # more than it was asked for: not taken, the stream closed
+                        reason = "length"
+                        break
+                    cut = len(new_ids) > room
+                    if cut:
+                        new_ids = new_ids[:room]
+                        text = self.tokenizer.decode(new_ids)
+                    spent += max(len(new_ids), 1)
+                    if strip and not ids:
+                        text = text.removeprefix(" ")
+                    ids += new_ids
                     texts.append(text)
                     generation.push(TokenPiece(text, tuple(new_ids)))
-                reason = piece.finish or reason
+                    if cut:
+                        reason = "length"
+                        break
             if reason is None:
                 raise lost("the stream ended without a finish reason")
             kind = FinishReason.LENGTH if reason == "length" else FinishReason.STOP
@@ -274,6 +303,16 @@ class OpenAIEngine:
         text = "".join(texts)
         ended = dataclasses.replace(finished, completion_ids=tuple(ids), text=text, usage=usage)
         generation.push(ended)
+
+    def _checked(self, text: str, ids: list[int]) -> tuple[str, list[int]]:
+        """A chunk's text and ids, or a bad answer: an id outside the vocabulary, a text over
+        ``CHUNK_TEXT_BYTES``."""
+        vocab_size = self.info.vocab_size or 0
+        if any(not 0 <= i < vocab_size for i in ids):
+            raise bad_answer(f"a token id outside the vocabulary of {vocab_size}")
+        if len(text) > CHUNK_TEXT_BYTES // 4 and len(text.encode()) > CHUNK_TEXT_BYTES:
+            raise bad_answer(f"a chunk's text over {CHUNK_TEXT_BYTES} bytes")
+        return text, ids
 
 
 # -- building one ----------------------------------------------------------------------------

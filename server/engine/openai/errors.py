@@ -2,7 +2,8 @@
 
 - a prompt the engine's context cannot hold: ``ContextExhausted``;
 - 429, 503, or an engine that cannot be reached: ``EngineOverloaded``, with when to retry;
-- anything else: ``EngineFailed``. The engine's own message is the ``detail`` (logged, never
+- anything else, and an answer we cannot use (a number out of range, a line or text over its
+  byte limit): ``EngineFailed``. The engine's own message is the ``detail`` (logged, never
   sent to clients).
 """
 
@@ -14,6 +15,8 @@ from typing import Any
 from ..errors import ContextExhausted, EngineFailed, EngineOverloaded, GenerationFailure
 
 DEFAULT_RETRY_S = 1.0
+# what an engine's Retry-After may ask for at most (a larger one is taken as this)
+MAX_RETRY_S = 600.0
 _OVERLOAD_STATUSES = frozenset({429, 503})
 
 
@@ -45,9 +48,12 @@ def _is_context_overflow(status: int, message: str) -> bool:
 
 def retry_after_s(header: str | None) -> float:
     try:
-        return max(float(header), 0.0) if header else DEFAULT_RETRY_S
+        seconds = float(header) if header else DEFAULT_RETRY_S
     except ValueError:
         return DEFAULT_RETRY_S
+    if seconds != seconds:  # NaN
+        return DEFAULT_RETRY_S
+    return min(max(seconds, 0.0), MAX_RETRY_S)
 
 
 def failure_from_status(
@@ -75,3 +81,9 @@ def overloaded(detail: str, retry_s: float = DEFAULT_RETRY_S) -> EngineOverloade
 def lost(detail: str) -> EngineFailed:
     """The engine went away mid-reply."""
     return EngineFailed("the engine stopped mid-reply", detail=detail)
+
+
+def bad_answer(detail: str) -> EngineFailed:
+    """The engine answered what we cannot use: a number out of range, a value of the wrong type,
+    a line or a text over its byte limit. ``detail`` says which, never the whole of it."""
+    return EngineFailed("the engine gave an answer that cannot be used", detail=detail)
