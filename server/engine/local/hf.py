@@ -48,6 +48,7 @@ from ..base import (
 from ..errors import ImagesUnsupported
 from ..formats import build_format
 from ..history import TokenChat
+from ..stopping import final_reason, token_budget
 from ..tokenizing import TextTokenizer
 from .kvstore import CachedPrefix, KVStore, held_bytes
 from .loader import LoadedModel
@@ -224,7 +225,6 @@ class HFEngine:
         cached: int,
     ) -> list[int]:
         params = request.params
-        room = self.info.context_tokens - len(request.prompt_ids)
         device = self.model.device
         input_ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
         kwargs = _sampling_kwargs(params)
@@ -237,7 +237,9 @@ class HFEngine:
                 input_ids=input_ids,
                 attention_mask=torch.ones_like(input_ids),
                 cache=cache,
-                max_new_tokens=max(1, min(params.max_new_tokens, room)),
+                max_new_tokens=token_budget(
+                    params.max_new_tokens, self.info.context_tokens, len(request.prompt_ids)
+                ),
                 eos_token_id=sorted(self.prompt_format.end_ids),
                 pad_token_id=self.tokenizer.pad_token_id,
                 streamer=streamer,
@@ -249,13 +251,11 @@ class HFEngine:
         return list(out[0].tolist())
 
     def _reason(self, generation: Generation, streamer: TokenStreamer) -> FinishReason:
-        if generation.cancel_flag.is_set():
-            return FinishReason.CANCELLED
-        if streamer.stop_string_hit:
-            return FinishReason.STOP
-        if streamer.generated and streamer.generated[-1] in self.prompt_format.end_ids:
-            return FinishReason.STOP
-        return FinishReason.LENGTH
+        generated, ends = streamer.generated, self.prompt_format.end_ids
+        return final_reason(
+            cancelled=generation.cancel_flag.is_set(),
+            stopped=streamer.stop_string_hit or bool(generated and generated[-1] in ends),
+        )
 
 
 def _sampling_kwargs(params: SamplingParams) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from ..formats import (
     looks_instruction_tuned,
 )
 from ..history import TokenChat
+from ..stopping import final_reason, token_budget
 from ..tokenizing import TextTokenizer
 from .burst import Burst
 from .client import EngineHttp
@@ -232,8 +233,8 @@ class OpenAIEngine:
 
     def _max_tokens(self, request: GenerationRequest) -> int:
         # never more than the context holds: vLLM refuses such a request outright
-        room = self.info.context_tokens - len(request.prompt_ids)
-        return max(1, min(request.params.max_new_tokens, room))
+        params, context = request.params, self.info.context_tokens
+        return token_budget(params.max_new_tokens, context, len(request.prompt_ids))
 
     def _sampling(self, request: GenerationRequest) -> dict[str, Any]:
         params = request.params
@@ -288,8 +289,7 @@ class OpenAIEngine:
                         break
             if reason is None:
                 raise lost("the stream ended without a finish reason")
-            kind = FinishReason.LENGTH if reason == "length" else FinishReason.STOP
-            finished = Finished(kind)
+            finished = Finished(final_reason(cancelled=False, stopped=reason != "length"))
         except asyncio.CancelledError:
             # the stream is closed by now (leaving ``async with`` closed the connection)
             finished = Finished(FinishReason.CANCELLED)

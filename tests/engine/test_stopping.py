@@ -1,0 +1,34 @@
+"""The reply rules every engine shares: its token budget and why it ended."""
+
+from __future__ import annotations
+
+import pytest
+from wschat.protocol import FinishReason
+from wschat.server.engine.stopping import final_reason, finish_reason, token_budget
+
+
+@pytest.mark.parametrize(
+    ("asked", "prompt", "budget"),
+    [(100, 50, 100), (100, 8150, 42), (100, 8192, 1), (100, 9000, 1), (0, 10, 1)],
+)
+def test_the_budget_is_what_was_asked_within_the_room_left_and_at_least_one(
+    asked: int, prompt: int, budget: int
+) -> None:
+    assert token_budget(asked, 8192, prompt) == budget
+
+
+def test_a_cancel_comes_before_a_stop_and_a_stop_before_the_length() -> None:
+    assert finish_reason(cancelled=True, stopped=True, produced=5, budget=5) is (
+        FinishReason.CANCELLED
+    )
+    assert finish_reason(cancelled=False, stopped=True, produced=5, budget=5) is FinishReason.STOP
+    assert finish_reason(cancelled=False, stopped=False, produced=5, budget=5) is (
+        FinishReason.LENGTH
+    )
+    assert finish_reason(cancelled=False, stopped=False, produced=4, budget=5) is None
+
+
+def test_a_reply_its_producer_ended_unstopped_ended_at_a_length_limit() -> None:
+    assert final_reason(cancelled=False, stopped=False) is FinishReason.LENGTH
+    assert final_reason(cancelled=False, stopped=True) is FinishReason.STOP
+    assert final_reason(cancelled=True, stopped=True) is FinishReason.CANCELLED
