@@ -36,12 +36,12 @@ class PassClock:
     """Times the engine's full decode passes and the picks inside them."""
 
     def __init__(self, engine: Any) -> None:
-        from wschat.server.engine import batched
+        from wschat.server.engine.local import runner
 
         self.passes: list[float] = []
         self.picks: list[float] = []
-        self._module, self._engine = batched, engine
-        self._step, self._pick = engine._decode_step, batched.pick_tokens
+        self._module, self._engine = runner, engine
+        self._step, self._pick = engine._decode_step, runner.pick_tokens
         self._in_full_pass = False
 
     def __enter__(self) -> PassClock:
@@ -54,7 +54,7 @@ class PassClock:
         self._module.pick_tokens = self._pick
 
     def _timed_step(self) -> None:
-        self._in_full_pass = len(self._engine._decoding) == WIDTH
+        self._in_full_pass = self._engine.scheduler.decoding_count == WIDTH
         started = time.perf_counter()
         self._step()
         if self._in_full_pass:
@@ -97,7 +97,7 @@ async def measure(model: str, tokens: int, rounds: int) -> dict[str, list[tuple[
     engine = BatchedEngine(loaded, width=WIDTH, prompt_format=PROMPT_FORMAT)
     conversation = Conversation(engine.prompt_format)
     prompts = [conversation.prompt_ids(conversation.tokenize_user(story(i))) for i in range(WIDTH)]
-    vocabulary = engine._lm_head.out_features
+    vocabulary = engine.runner.lm_head.out_features
     print(f"{model}: {loaded.dtype} on {loaded.device}, vocabulary {vocabulary}", flush=True)
     figures: dict[str, list[tuple[float, float]]] = {name: [] for name in MIXES}
     await run_mix(engine, prompts, MIXES["8 greedy"], 4)  # warm-up

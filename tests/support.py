@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -305,6 +306,25 @@ def tcp_queues(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, in
             tx, rx = fields[4].split(":")
             return int(tx, 16), int(rx, 16)
     return 0, 0
+
+
+def modules_loaded_by(code: str) -> list[str]:
+    """The modules that running ``code`` in a fresh, isolated interpreter loads, beyond what
+    the interpreter itself starts with."""
+    probe = (
+        "import json, sys\nbefore = set(sys.modules)\n"
+        f"{code}\nprint(json.dumps(sorted(set(sys.modules) - before)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    loaded: list[str] = json.loads(result.stdout)
+    return loaded
 
 
 def free_port() -> int:

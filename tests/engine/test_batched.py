@@ -25,6 +25,7 @@ from wschat.server.engine.base import (
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.output import OutputProcessor
 from wschat.server.engine.local.rows import BatchRow
 from wschat.server.engine.local.sampling import RowSampler
 from wschat.server.engine.local.slotkv import KVState
@@ -124,13 +125,13 @@ async def test_a_burst_stays_whole_when_the_loop_is_held_up_between_two_of_its_p
     # collection, with the second frame already read): the worker waits for the loop to turn
     # before it takes the first prompt alone.
     engine = BatchedEngine(tiny_text_loaded, width=WIDTH)
-    engine.idle_gather_cap_s = 5.0  # the wait for the loop decides, not the cap
+    engine.scheduler.idle_gather_cap_s = 5.0  # the wait for the loop decides, not the cap
     try:
         asks = prompts(engine, 2)
         expected = [await alone(tiny_text_engine, ids, greedy(8)) for ids in asks]
         first = engine.generate(GenerationRequest(asks[0], greedy(8)))
         await asyncio.sleep(0)  # the worker starts and gathers
-        time.sleep(20 * engine.gather_s)
+        time.sleep(20 * engine.scheduler.gather_s)
         second = engine.generate(GenerationRequest(asks[1], greedy(8)))
         results = await asyncio.gather(collect(first), collect(second))
         assert [text for text, _ in results] == expected
@@ -144,9 +145,8 @@ def passes(engine: BatchedEngine, count: int | None = None) -> None:
     them, or until no row is left."""
     with torch.inference_mode():
         while count is None or count > 0:
-            engine._waiting.extend(engine._inbox)
-            engine._inbox.clear()
-            if not (engine._waiting or engine._rows):
+            engine.scheduler.take_arrivals()
+            if not (engine.scheduler.waiting or engine.scheduler.rows):
                 return
             engine._pass()
             count = None if count is None else count - 1
@@ -170,10 +170,10 @@ async def test_rows_that_end_or_finish_their_prompt_while_others_prefill_keep_ev
         batched.generate(GenerationRequest(ids, greedy(10))) for ids in (long_a, short, long_b)
     ]
     passes(batched, 1)  # 16 tokens of each: the short prompt is done, second in line
-    assert [row.request.prompt_ids for row in batched._decoding] == [first, short]
+    assert [row.request.prompt_ids for row in batched.scheduler.decoding] == [first, short]
     passes(batched, 1)  # the first row's last token: it ends with both long ones prefilling
-    assert [row.request.prompt_ids for row in batched._decoding] == [short]
-    assert [row.request.prompt_ids for row in batched._prefilling] == [long_b, long_a]
+    assert [row.request.prompt_ids for row in batched.scheduler.decoding] == [short]
+    assert [row.request.prompt_ids for row in batched.scheduler.prefilling] == [long_b, long_a]
     passes(batched)
     results = await asyncio.gather(*(collect(g) for g in generations))
     assert [text for text, _ in results] == expected
@@ -190,7 +190,7 @@ async def test_cancel_in_a_batch_leaves_the_others_unchanged_and_ends_within_one
     original_set, original_step, original_finish = (
         CancelFlag.set,
         BatchedEngine._decode_step,
-        BatchRow.finish,
+        OutputProcessor.finish,
     )
 
     def set_and_log(self: CancelFlag) -> None:
@@ -201,13 +201,13 @@ async def test_cancel_in_a_batch_leaves_the_others_unchanged_and_ends_within_one
         events.append("step")
         original_step(self)
 
-    def finish_and_log(self: BatchRow, *args: Any, **kwargs: Any) -> None:
-        events.append(f"finish {self.request.prompt_ids is asks[1]}")
-        original_finish(self, *args, **kwargs)
+    def finish_and_log(self: OutputProcessor, row: BatchRow, *args: Any, **kwargs: Any) -> None:
+        events.append(f"finish {row.request.prompt_ids is asks[1]}")
+        original_finish(self, row, *args, **kwargs)
 
     monkeypatch.setattr(CancelFlag, "set", set_and_log)
     monkeypatch.setattr(BatchedEngine, "_decode_step", step_and_log)
-    monkeypatch.setattr(BatchRow, "finish", finish_and_log)
+    monkeypatch.setattr(OutputProcessor, "finish", finish_and_log)
     generations = [batched.generate(GenerationRequest(ids, greedy(40))) for ids in asks]
     async with asyncio.timeout(TIMEOUT):
         streamed = 0
@@ -441,7 +441,7 @@ async def test_cancel_of_one_session_over_a_server_leaves_its_batch_mates_unchan
         )
         await peer.recv_until("token")
         others = [asyncio.create_task(reply(url, text, max_new_tokens=30)) for text in mates]
-        await wait_until(lambda: len(batched._decoding) == 3)  # all three decode together
+        await wait_until(lambda: batched.scheduler.decoding_count == 3)  # all three decode together
         await peer.send({"type": "cancel", "id": "c"})
         cancelled = (await peer.recv_until("done"))[-1]
         async with asyncio.timeout(TIMEOUT):
@@ -502,7 +502,7 @@ async def test_a_failure_in_one_row_ends_that_row_alone(
     expected = [await alone(tiny_text_engine, ids, greedy(20)) for ids in asks[1:]]
     expected_faulty = await alone(batched, asks[0], sampled)
     boom = RuntimeError("one row's fault")
-    original_pick, original_take = RowSampler.pick, BatchRow.take
+    original_pick, original_stream = RowSampler.pick, OutputProcessor.stream
     picks = 0
 
     def pick_or_fail(self: RowSampler, logits: Any) -> int:
@@ -513,15 +513,15 @@ async def test_a_failure_in_one_row_ends_that_row_alone(
                 raise boom
         return original_pick(self, logits)
 
-    def take_or_fail(self: BatchRow, token: int) -> Any:
-        if self.request.params is sampled and len(self.streamer.generated) == at_token:
+    def stream_or_fail(self: OutputProcessor, row: BatchRow, token: int) -> Any:
+        if row.request.params is sampled and len(row.streamer.generated) == at_token:
             raise boom
-        return original_take(self, token)
+        return original_stream(self, row, token)
 
     if fault == "pick":
         monkeypatch.setattr(RowSampler, "pick", pick_or_fail)
     else:
-        monkeypatch.setattr(BatchRow, "take", take_or_fail)
+        monkeypatch.setattr(OutputProcessor, "stream", stream_or_fail)
     generations = [batched.generate(GenerationRequest(asks[0], sampled))]
     generations += [batched.generate(GenerationRequest(ids, greedy(20))) for ids in asks[1:]]
     results = await asyncio.gather(*(collect(g) for g in generations))
@@ -565,10 +565,11 @@ def test_generates_kv_state_taken_into_the_batch_continues_as_one_full_forward(
         cache = DynamicCache(config=model.config)
         model(input_ids=torch.tensor([ids[:cached]]), cache=cache, use_cache=True)
         want = model(input_ids=torch.tensor([ids])).logits[0, cached:]
-        engine._kv.add(KVState.of_cache(cache, engine._layout))
+        runner = engine.runner
+        runner.kv.add(KVState.of_cache(cache, runner.layout))
         prefill = torch.tensor([ids[cached : cached + 5]])
-        got = [engine._logits(engine._forward(prefill, [5], first=0))]
+        got = [runner.logits(runner.forward(prefill, [5], first=0))]
         for position in (cached + 5, cached + 6):
-            hidden = engine._forward(torch.tensor([[ids[position]]]), [1], first=0)
-            got.append(engine._logits(hidden))
+            hidden = runner.forward(torch.tensor([[ids[position]]]), [1], first=0)
+            got.append(runner.logits(hidden))
     torch.testing.assert_close(torch.cat([g[0] for g in got]), want.float())

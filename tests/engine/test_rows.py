@@ -1,6 +1,7 @@
-"""``BatchRow`` with the tiny model's tokenizer and streamer: what a row tracks (the prompt it
-still has to feed, the tokens it took, why it ends), the one ``Finished`` it delivers, the KV
-state it leaves for the session's next turn, and a failure that stays its own."""
+"""``BatchRow`` and the ``OutputProcessor`` with the tiny model's tokenizer and streamer: what a
+row tracks (the prompt it still has to feed, the tokens it took, why it ends), the one
+``Finished`` it delivers, the KV state it leaves for the session's next turn, and a failure that
+stays its own."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from wschat.server.engine.base import (
     LoopBridge,
     SamplingParams,
 )
-from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.kvstore import CachedPrefix, KVStore
+from wschat.server.engine.local.output import OutputProcessor
 from wschat.server.engine.local.rows import BatchRow
 from wschat.server.engine.local.sampling import RowSampler
 from wschat.server.engine.local.slotkv import KVState
@@ -74,22 +75,24 @@ async def test_a_row_feeds_only_the_prompt_its_cached_prefix_lacks(
 async def test_a_row_ends_at_max_new_tokens_or_at_an_end_token(
     tiny_text_engine: HFEngine, prompt: list[int]
 ) -> None:
+    output = OutputProcessor(KVStore(1 << 20))
     words = tiny_text_engine.tokenize_text("one two three")
     row = make_row(tiny_text_engine, prompt, max_new_tokens=3)
-    assert [row.take(t) for t in words[:3]] == [None, None, FinishReason.LENGTH]
+    assert [output.stream(row, t) for t in words[:3]] == [None, None, FinishReason.LENGTH]
     assert row.streamer.generated == words[:3] and row.next_token == words[2]
     (end, *_) = sorted(tiny_text_engine.prompt_format.end_ids)
     stopped = make_row(tiny_text_engine, prompt)
-    assert [stopped.take(t) for t in (words[0], end)] == [None, FinishReason.STOP]
+    assert [output.stream(stopped, t) for t in (words[0], end)] == [None, FinishReason.STOP]
 
 
 async def test_a_stop_string_ends_the_row_on_the_token_that_completes_it(
     tiny_text_engine: HFEngine, prompt: list[int]
 ) -> None:
+    output = OutputProcessor(KVStore(1 << 20))
     words = tiny_text_engine.tokenize_text("red green blue yellow")
     row = make_row(tiny_text_engine, prompt, stop=("blue",))
     through_blue = len(tiny_text_engine.tokenize_text("red green blue"))
-    reasons = [row.take(t) for t in words[:through_blue]]
+    reasons = [output.stream(row, t) for t in words[:through_blue]]
     assert reasons == [None] * (through_blue - 1) + [FinishReason.STOP]
 
 
@@ -97,15 +100,16 @@ async def test_a_finished_row_delivers_one_finished_and_keeps_its_state_for_the_
     tiny_text_engine: HFEngine, prompt: list[int]
 ) -> None:
     store = KVStore(1 << 20)
+    output = OutputProcessor(store)
     row = make_row(tiny_text_engine, prompt, key="s", max_new_tokens=2)
     finishes: list[Finished] = []
     row.generation.on_finish.append(finishes.append)
     words = tiny_text_engine.tokenize_text("one two")
-    reason = [row.take(t) for t in words][-1]
+    reason = [output.stream(row, t) for t in words][-1]
     assert reason is FinishReason.LENGTH
     # the state holds the prompt and the first reply token (the last one is never fed)
-    row.finish(reason, state_of(len(prompt) + 1), store)
-    row.finish(FinishReason.STOP, state_of(1), store)  # ignored: it has ended
+    output.finish(row, reason, state_of(len(prompt) + 1))
+    output.finish(row, FinishReason.STOP, state_of(1))  # ignored: it has ended
     text, finished = await collect(row.generation)
     assert (finished.reason, finished.completion_ids, finished.error) == (
         FinishReason.LENGTH,
@@ -121,6 +125,7 @@ async def test_a_rows_failure_ends_it_alone_and_leaves_no_state(
     tiny_text_engine: HFEngine, prompt: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = KVStore(1 << 20)
+    output = OutputProcessor(store)
     failing = make_row(tiny_text_engine, prompt, key="a")
     mate = make_row(tiny_text_engine, prompt, key="b")
     boom = RuntimeError("its streamer broke")
@@ -130,12 +135,12 @@ async def test_a_rows_failure_ends_it_alone_and_leaves_no_state(
 
     monkeypatch.setattr(failing.streamer, "put", broken)
     word = tiny_text_engine.tokenize_text("one")[0]
-    assert BatchedEngine._take(failing, word) is FinishReason.ERROR
-    assert BatchedEngine._take(mate, word) is None
+    assert output.take(failing, word) is FinishReason.ERROR
+    assert output.take(mate, word) is None
     assert failing.error is boom and mate.error is None
-    failing.finish(FinishReason.ERROR, state_of(len(prompt)), store, failing.error)
-    assert mate.take(word) is None
-    mate.finish(FinishReason.STOP, state_of(len(prompt) + 1), store)
+    output.finish(failing, FinishReason.ERROR, state_of(len(prompt)), failing.error)
+    assert output.stream(mate, word) is None
+    output.finish(mate, FinishReason.STOP, state_of(len(prompt) + 1))
     (_, failed), (_, ended) = [await collect(r.generation) for r in (failing, mate)]
     assert (failed.reason, failed.error) == (FinishReason.ERROR, boom)
     assert (ended.reason, ended.error, ended.completion_ids) == (
@@ -150,12 +155,13 @@ async def test_a_rows_failure_ends_it_alone_and_leaves_no_state(
 async def test_a_cancelled_row_ends_cancelled_at_its_next_pick(
     tiny_text_engine: HFEngine, prompt: list[int]
 ) -> None:
+    output = OutputProcessor(KVStore(1 << 20))
     row = make_row(tiny_text_engine, prompt)
     word = tiny_text_engine.tokenize_text("one")[0]
-    assert BatchedEngine._take(row, word) is None
+    assert output.take(row, word) is None
     row.generation.cancel()
     assert row.cancelled
-    assert BatchedEngine._take(row, word) is FinishReason.CANCELLED
+    assert output.take(row, word) is FinishReason.CANCELLED
     assert row.streamer.generated == [word]  # the pick after the cancel is not streamed
 
 
@@ -163,14 +169,15 @@ async def test_a_row_whose_store_fails_still_delivers_its_finished(
     tiny_text_engine: HFEngine, prompt: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = KVStore(1 << 20)
+    output = OutputProcessor(store)
 
     def full(key: str, entry: CachedPrefix) -> None:
         raise MemoryError("no room")
 
     monkeypatch.setattr(store, "put", full)
     row = make_row(tiny_text_engine, prompt, key="s")
-    row.take(tiny_text_engine.tokenize_text("one")[0])
+    output.stream(row, tiny_text_engine.tokenize_text("one")[0])
     with pytest.raises(MemoryError):
-        row.finish(FinishReason.STOP, state_of(len(prompt)), store)
+        output.finish(row, FinishReason.STOP, state_of(len(prompt)))
     _, finished = await collect(row.generation)
     assert finished.reason is FinishReason.STOP

@@ -1,17 +1,14 @@
 """``BatchedEngine``: the generations of all sessions decode together, one forward pass a step.
 
-One worker thread owns the model while there is work (and exits when there is none; it is
-started from the event loop once the callbacks already due have run). Each pass of its loop:
+It composes three parts, as vLLM's engine core and llama.cpp's server do: the ``Scheduler``
+(``scheduler.py``, no torch: admission, burst gathering, each row's state and slot), the
+``ModelRunner`` (``runner.py``: forwards, slot KV, logits, picks) and the ``OutputProcessor``
+(``output.py``: picks to the row's stream, stops, finish reasons). One worker thread owns the
+model while there is work (and exits when there is none; it is started from the event loop once
+the callbacks already due have run). Each pass of its loop:
 
-1. takes new requests in, up to ``width`` rows in all, once a burst of them has stopped arriving:
-   no new prompt for ``gather_s`` and none in the event loop's next ``SETTLE_TURNS`` iterations
-   after that (a loop held up, by a thread start or a collection, has frames it read and has not
-   handed over yet), never longer than ``GATHER_CAP_S`` from the first while rows decode (they
-   wait for it) or ``IDLE_GATHER_CAP_S`` while none does. Prompts that clients sent together
-   reach the engine over some loop iterations (one socket each), and a prefill started on the
-   first of them makes the rest wait for its forward and a decode step before their own: 8
-   prompts sent at once got their first tokens in about 2x the static batch's time whenever the
-   burst split;
+1. takes new requests in, up to ``width`` rows in all, once a burst of them has stopped arriving
+   (the scheduler's gather: prompts that clients sent together start together);
 2. prefills the prompts of the rows that joined (their uncached tails, all joiners in one
    forward, long prompts in chunks of ``prefill_tokens`` so the running rows never wait long);
    a row whose prompt is done picks its first token and joins the decode batch;
@@ -54,8 +51,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
-from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -67,28 +62,19 @@ from wschat.protocol import FinishReason
 
 from ..base import Generation, GenerationRequest, KVUsage, LoopBridge
 from ..history import TokenChat
+from ..stopping import token_budget
 from .hf import HFEngine
 from .kvstore import CachedPrefix, KVStore
 from .loader import LoadedModel
+from .output import OutputProcessor
 from .rows import BatchRow
-from .sampling import RowSampler, pick_tokens
-from .slotkv import KVState, LayerLayout, SlotKV
+from .runner import ModelRunner
+from .sampling import RowSampler
+from .scheduler import GATHER_S, RowState, Scheduler
+from .slotkv import KVState
 from .threads import ThreadPolicy
 
 log = logging.getLogger("wschat.engine.batched")
-
-# A burst of prompts is admitted once none came for GATHER_S (prompts sent together reach the
-# engine 0.5-1 ms apart on 2 CPU cores) and the event loop then turned SETTLE_TURNS times without
-# one. A frame takes a few turns from its socket to the engine, and when a batch ends the loop
-# hands its freed slots to queued sessions over 10-25 ms, up to 10 ms apart: 4 turns let 3 of 14
-# such bursts split at width 8, 16 none of 11, and 16 turns of an idle loop cost a lone prompt
-# about 0.05 ms. At most GATHER_CAP_S after the first arrived while other rows decode,
-# IDLE_GATHER_CAP_S while none does (a burst split in two costs its second half a whole prefill
-# and decode step, far more than the wait).
-GATHER_S = 0.002
-SETTLE_TURNS = 16
-GATHER_CAP_S = 0.010
-IDLE_GATHER_CAP_S = 0.050
 
 
 class BatchedEngine:
@@ -121,36 +107,13 @@ class BatchedEngine:
         self.prompt_format = self.single.prompt_format
         self.text_tokenizer = self.single.text_tokenizer
         self.model = loaded.model
-        inner = self.model.model
-        self._text = getattr(inner, "language_model", inner)  # the decoder stack, text only
-        self._lm_head = self.model.lm_head
-        text_config = getattr(self.model.config, "text_config", self.model.config)
-        self._softcap = getattr(text_config, "final_logit_softcapping", None)
-        self._pad_id = int(loaded.tokenizer.pad_token_id or 0)
         self.width = width
-        self.prefill_tokens = prefill_tokens
-        self.gather_s = gather_s
-        self.gather_cap_s = max(gather_s, GATHER_CAP_S)
-        self.idle_gather_cap_s = max(gather_s, IDLE_GATHER_CAP_S)
-        self._layout = LayerLayout.of(text_config, loaded.dtype, self.model.device)
-        # One set of buffers: the decoding rows first, then the prefilling ones, so a row whose
-        # prompt is done starts decoding where it is (no copy of its cache) and the rows of a
-        # width need one row of KV buffers each (worker thread only, like the lists)
-        self._kv = SlotKV(self._layout, width)
-        self._decoding: list[BatchRow] = []  # row b of _kv
-        self._prefilling: list[BatchRow] = []  # row len(_decoding) + j of _kv
-        self._waiting: deque[BatchRow] = deque()  # admitted by start, no row yet (worker only)
-        # guards _inbox, its arrival times and _worker: generate() appends on the loop; the
-        # worker drains and exits
-        self._lock = threading.Lock()
-        self._inbox: list[BatchRow] = []
-        self._first_arrival = 0.0  # when the oldest row of _inbox came (time.monotonic)
-        self._last_arrival = 0.0  # when the newest did
-        self._widest_gap = 0.0  # the longest wait between two of them (logged, to tune gather_s)
-        self._arrivals = 0  # prompts ever put in _inbox: the gather sees whether more came
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop generate() runs on
-        self._worker: threading.Thread | None = None
-        self._wake_pending = False
+        self.runner = ModelRunner(loaded, width)
+        self.scheduler: Scheduler[BatchRow] = Scheduler(
+            self.runner, width, prefill_tokens=prefill_tokens, gather_s=gather_s
+        )
+        self.output = OutputProcessor(self.kv)
+        self._worker: threading.Thread | None = None  # the latest worker (aclose joins it)
         self.prefill_forwards = 0
         self.decode_steps = 0
         self.decoded_tokens = 0
@@ -197,7 +160,6 @@ class BatchedEngine:
             self.image_turns["batch"] += 1
         generation = Generation(prompt_tokens=len(request.prompt_ids))
         generation.cached_tokens = len(prefix.ids) if prefix else 0
-        room = self.info.context_tokens - len(request.prompt_ids)
         loop = asyncio.get_running_loop()
         bridge = LoopBridge(loop, generation)
         row = BatchRow(
@@ -207,22 +169,12 @@ class BatchedEngine:
             self.single.streamer(bridge, request),
             RowSampler(request.params, request.prompt_ids, self.model.device),
             prefix,
-            max(1, min(request.params.max_new_tokens, room)),
+            token_budget(
+                request.params.max_new_tokens, self.info.context_tokens, len(request.prompt_ids)
+            ),
             self.prompt_format.end_ids,
         )
-        with self._lock:
-            now = time.monotonic()
-            if self._inbox:
-                self._widest_gap = max(self._widest_gap, now - self._last_arrival)
-            else:
-                self._first_arrival, self._widest_gap = now, 0.0
-            self._last_arrival = now
-            self._inbox.append(row)
-            self._arrivals += 1
-            self._loop = loop
-            wake = self._worker is None and not self._wake_pending
-            self._wake_pending = self._wake_pending or wake
-        if wake:
+        if self.scheduler.submit(row, loop):
             # After the callbacks already due: prompts that arrived together start together.
             loop.call_soon(self._wake)
         return generation
@@ -235,13 +187,11 @@ class BatchedEngine:
         return self.single.image_layout.images_in(prefix.ids) == len(request.images)
 
     def _wake(self) -> None:
-        with self._lock:
-            self._wake_pending = False
-            if self._worker is None and self._inbox:
-                self._worker = threading.Thread(
-                    target=self._work, name="wschat-generate-batch", daemon=True
-                )
-                self._worker.start()
+        if self.scheduler.start_worker():
+            self._worker = threading.Thread(
+                target=self._work, name="wschat-generate-batch", daemon=True
+            )
+            self._worker.start()
 
     async def reachable(self) -> bool:
         return True
@@ -255,240 +205,85 @@ class BatchedEngine:
     # -- the worker thread ---------------------------------------------------------------
 
     def _work(self) -> None:
+        scheduler = self.scheduler
         with torch.inference_mode():
             while True:
-                self._gather()
-                with self._lock:
-                    if self._inbox:
-                        log.debug(
-                            "%d prompts in, reaching the engine over %.1f ms (at most %.1f ms "
-                            "apart); %d rows busy",
-                            len(self._inbox),
-                            (self._last_arrival - self._first_arrival) * 1000,
-                            self._widest_gap * 1000,
-                            self._rows,
-                        )
-                    self._waiting.extend(self._inbox)
-                    self._inbox.clear()
-                    if not (self._waiting or self._prefilling or self._decoding):
-                        self._worker = None
-                        return
+                scheduler.gather()
+                came, spread_s = scheduler.take_arrivals()
+                if came:
+                    log.debug(
+                        "%d prompts in, reaching the engine over %.1f ms (at most %.1f ms "
+                        "apart); %d rows busy",
+                        came,
+                        spread_s * 1000,
+                        scheduler.widest_gap * 1000,
+                        scheduler.rows,
+                    )
+                if scheduler.worker_done():
+                    return
                 try:
                     self._pass()
                 except BaseException as error:
                     log.exception(
-                        "a batched pass failed; its %d rows end with an error", self._rows
+                        "a batched pass failed; its %d rows end with an error", scheduler.rows
                     )
-                    self._fail_all(error)
-
-    def _gather(self) -> None:
-        """Wait while a burst of prompts is still arriving and rows are free for it."""
-        cap_s = self.gather_cap_s if self._rows else self.idle_gather_cap_s
-        while self._rows < self.width:
-            with self._lock:
-                if not self._inbox:
-                    return
-                arrivals, loop = self._arrivals, self._loop
-                quiet_at = self._last_arrival + self.gather_s
-                cap_at = self._first_arrival + cap_s
-            now = time.monotonic()
-            if now >= cap_at:
-                return
-            if now < quiet_at:
-                time.sleep(min(quiet_at, cap_at) - now)
-                continue
-            if loop is None or not _turned(loop, SETTLE_TURNS, cap_at - now):
-                return
-            with self._lock:
-                if self._arrivals == arrivals:
-                    return
-
-    @property
-    def _rows(self) -> int:
-        return len(self._decoding) + len(self._prefilling)
+                    self.output.fail(scheduler.clear(), error)
 
     def _pass(self) -> None:
         self.threads.apply()  # auto: follows what other processes leave free
         self._end_cancelled()
-        self._admit()
-        if self._prefilling:
+        for row in self.scheduler.admit():  # cancelled while they waited
+            self.runner.adopt(row)
+            self.output.finish(row, FinishReason.CANCELLED, row.prefix_state)
+        if self.scheduler.prefilling:
             self._prefill_chunk()
             self._end_cancelled()
-        if self._decoding:
+        if self.scheduler.decoding_count:
             self._decode_step()
 
-    def _admit(self) -> None:
-        while self._waiting and self._rows < self.width:
-            row = self._waiting.popleft()
-            if row.prefix is not None and isinstance(row.prefix.cache, Cache):
-                state = KVState.of_cache(row.prefix.cache, self._layout)
-                row.prefix = CachedPrefix(state, row.prefix.ids, state.nbytes)
-            if row.cancelled:
-                row.finish(FinishReason.CANCELLED, row.prefix_state, self.kv)
-                continue
-            self._kv.add(row.prefix_state)  # the last row: the prefilling ones come last
-            self._prefilling.append(row)
-
     def _end_cancelled(self) -> None:
-        for b in reversed(range(len(self._decoding))):
-            if self._decoding[b].cancelled:
-                self._retire(self._decoding[b], FinishReason.CANCELLED)
-        for j in reversed(range(len(self._prefilling))):
-            if self._prefilling[j].cancelled:
-                self._retire(self._prefilling[j], FinishReason.CANCELLED)
+        for state in (RowState.DECODING, RowState.PREFILLING):
+            for row in self.scheduler.cancelled(state):
+                self._retire(row, FinishReason.CANCELLED)
 
     def _prefill_chunk(self) -> None:
-        rows = self._prefilling
-        per_row = max(16, self.prefill_tokens // len(rows))
-        counts = [min(row.unfed, per_row) for row in rows]
-        width = max(counts)
-        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        for b, (row, n) in enumerate(zip(rows, counts, strict=True)):
-            ids[b, :n] = torch.tensor(row.prompt_ids[row.fed : row.fed + n])
-        hidden = self._forward(ids, counts, first=len(self._decoding))
+        scheduler = self.scheduler
+        rows, counts = scheduler.prefilling, scheduler.chunk()
+        hidden = self.runner.prefill(rows, counts, first=scheduler.decoding_count)
         self.prefill_forwards += 1
-        for row, n in zip(rows, counts, strict=True):
-            row.fed += n
-        done = [b for b, row in enumerate(rows) if row.unfed == 0]
+        done = scheduler.fed(counts)
         if not done:
             return
-        last = torch.tensor([counts[b] - 1 for b in done])
-        logits = self._logits(hidden[torch.tensor(done), last])
-        picked = pick_tokens([rows[b].sampler for b in done], logits)
-        for row, token in [(rows[b], token) for b, token in zip(done, picked, strict=True)]:
-            reason = self._take(row, token)
+        picked = self.runner.pick_after_prefill(hidden, rows, done, counts)
+        for row, token in [(rows[j], token) for j, token in zip(done, picked, strict=True)]:
+            reason = self.output.take(row, token)
             if reason is not None:
                 self._retire(row, reason)
             else:
-                self._start_decoding(self._prefilling.index(row))
-
-    def _start_decoding(self, j: int) -> None:
-        """The prefilling row ``j`` joins the decoding rows: first in line (a swap of two rows
-        when it is not), then the boundary moves past it."""
-        rows, d = self._prefilling, len(self._decoding)
-        self._kv.swap(d, d + j)
-        rows[0], rows[j] = rows[j], rows[0]
-        self._decoding.append(rows.pop(0))
+                scheduler.start_decoding(row)
 
     def _decode_step(self) -> None:
-        rows = self._decoding
-        ids = torch.tensor([[row.next_token] for row in rows], dtype=torch.long)
-        hidden = self._forward(ids, [1] * len(rows), first=0)
-        picked = pick_tokens([row.sampler for row in rows], self._logits(hidden[:, -1]))
+        rows = self.scheduler.decoding
+        picked = self.runner.decode(rows)
         self.decode_steps += 1
         self.decoded_tokens += len(rows)
         ended: list[tuple[BatchRow, FinishReason]] = []
         for row, token in zip(rows, picked, strict=True):
-            reason = self._take(row, token)
+            reason = self.output.take(row, token)
             if reason is not None:
                 ended.append((row, reason))
         for row, reason in ended:
             self._retire(row, reason)
 
-    @staticmethod
-    def _take(row: BatchRow, picked: int | Exception) -> FinishReason | None:
-        """Stream the row's pick; the reason it ends now, if it does. A failure of the row's own
-        work (its pick, its text) ends it alone: its batch mates never see it."""
-        if row.cancelled:
-            return FinishReason.CANCELLED
-        if isinstance(picked, Exception):
-            row.error = picked
-        else:
-            try:
-                return row.take(picked)
-            except Exception as error:
-                row.error = error
-        log.error("a row of the batch failed; it ends alone", exc_info=row.error)
-        return FinishReason.ERROR
-
-    def _forward(self, ids: torch.Tensor, counts: list[int], first: int) -> torch.Tensor:
-        """One forward over the rows from ``first`` on, ``counts[b]`` tokens of ``ids[b]``."""
-        device = self.model.device
-        positions, masks = self._kv.plan(counts, first)
-        out = self._text(
-            input_ids=ids.to(device),
-            attention_mask=masks,
-            position_ids=positions,
-            cache=self._kv,
-            use_cache=True,
-        )
-        self._kv.advance()
-        hidden: torch.Tensor = out.last_hidden_state
-        return hidden
-
-    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self._lm_head(hidden)
-        if self._softcap is not None:
-            logits = torch.tanh(logits / self._softcap) * self._softcap
-        return logits.float()
-
     def _retire(self, row: BatchRow, reason: FinishReason) -> None:
         """End ``row`` (decoding or prefilling), keeping its KV state unless it failed, and free
-        its row of the buffers."""
-        decoding = row in self._decoding
-        b = (
-            self._decoding.index(row)
-            if decoding
-            else len(self._decoding) + self._prefilling.index(row)
-        )
+        its slot."""
+        slot = self.scheduler.slot_of(row)
         try:
-            state = None if reason is FinishReason.ERROR else self._kv.save(b)
-            row.finish(reason, state, self.kv, row.error)
+            state = None if reason is FinishReason.ERROR else self.runner.save(slot)
+            self.output.finish(row, reason, state, row.error)
         except Exception as error:
             log.exception("ending a row failed; it ends alone")
-            row.finish(FinishReason.ERROR, None, self.kv, error)  # its done, unless already sent
+            self.output.finish(row, FinishReason.ERROR, None, error)  # its done, unless sent
         finally:
-            if decoding:
-                self._drop_decoding(b)
-            else:
-                self._drop_prefilling(b - len(self._decoding))
-
-    def _drop_decoding(self, b: int) -> None:
-        """Free decoding row ``b``: the last decoding row moves into it, and the last prefilling
-        row into the place that leaves, so both runs of rows stay contiguous."""
-        kv, rows = self._kv, self._decoding
-        last = len(rows) - 1
-        if b != last:
-            kv.transfer(kv, last, b)
-        rows[b] = rows[last]
-        rows.pop()
-        if self._prefilling:
-            kv.transfer(kv, kv.count - 1, last)
-            self._prefilling.insert(0, self._prefilling.pop())
-        kv.remove(kv.count - 1)
-
-    def _drop_prefilling(self, j: int) -> None:
-        """Free prefilling row ``j``: ``SlotKV.remove`` moves the last row (the last prefilling
-        one) into it; the list does the same."""
-        self._kv.remove(len(self._decoding) + j)
-        rows = self._prefilling
-        rows[j] = rows[-1]
-        rows.pop()
-
-    def _fail_all(self, error: BaseException) -> None:
-        for row in [*self._decoding, *self._prefilling]:
-            try:
-                row.finish(FinishReason.ERROR, None, self.kv, error)
-            except Exception:
-                log.exception("ending a failed row")
-        self._decoding.clear()
-        self._prefilling.clear()
-        self._kv.clear()
-
-
-def _turned(loop: asyncio.AbstractEventLoop, turns: int, timeout_s: float) -> bool:
-    """Whether ``loop`` ran ``turns`` iterations within ``timeout_s`` (from another thread):
-    each iteration polls its sockets, so a frame it had read moves on towards the engine."""
-    done = threading.Event()
-
-    def turn(left: int) -> None:
-        if left > 0:
-            loop.call_soon(turn, left - 1)
-        else:
-            done.set()
-
-    try:
-        loop.call_soon_threadsafe(turn, turns - 1)
-    except RuntimeError:  # closed
-        return False
-    return done.wait(timeout_s)
+            self.scheduler.retire(row)

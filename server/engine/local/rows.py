@@ -1,8 +1,9 @@
 """``BatchRow``: one generation's state while it takes part in the batched engine's passes.
 
-A row streams its tokens through its own ``TokenStreamer`` (stop strings, UTF-8-safe text) and
-``LoopBridge``, picks tokens with its own ``RowSampler``, and on finishing hands its KV state to
-the ``KVStore`` before its ``Finished`` (so the session's next prompt finds it).
+A row is where its three handlers meet: the scheduler moves it through its ``RowState`` and
+counts the prompt it has fed, the model runner picks its tokens with its own ``RowSampler`` and
+keeps its KV state in a slot, and the output processor streams what it picks through its own
+``TokenStreamer`` (stop strings, UTF-8-safe text) and ``LoopBridge``.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from wschat.protocol import FinishReason
 
-from ..base import Finished, Generation, GenerationRequest, LoopBridge
-from .kvstore import CachedPrefix, KVStore
+from ..base import Generation, GenerationRequest, LoopBridge
+from .kvstore import CachedPrefix
 from .sampling import RowSampler
+from .scheduler import RowState
 from .slotkv import KVState
 from .streamer import TokenStreamer
 
@@ -27,11 +28,12 @@ class BatchRow:
     streamer: TokenStreamer
     sampler: RowSampler
     prefix: CachedPrefix | None
-    max_new_tokens: int
+    max_new_tokens: int  # its budget (``stopping.token_budget``)
     end_ids: frozenset[int]
     fed: int = 0  # prompt tokens whose KV state the row holds
     next_token: int = 0  # the last token picked: the input of the next decode pass
-    finished: bool = field(default=False, init=False)
+    state: RowState = field(default=RowState.WAITING, init=False)  # the scheduler's
+    finished: bool = field(default=False, init=False)  # its terminal item is delivered
     error: BaseException | None = field(default=None, init=False)  # why it ends, if it failed
 
     def __post_init__(self) -> None:
@@ -53,34 +55,3 @@ class BatchRow:
     @property
     def prefix_state(self) -> KVState | None:
         return self.prefix.cache if self.prefix else None
-
-    def take(self, token: int) -> FinishReason | None:
-        """Stream a picked token; the reason the row ends with it, if it does."""
-        self.next_token = token
-        self.sampler.observe(token)
-        self.streamer.put(torch.tensor([token]))
-        if token in self.end_ids or self.streamer.stop_string_hit:
-            return FinishReason.STOP
-        if len(self.streamer.generated) >= self.max_new_tokens:
-            return FinishReason.LENGTH
-        return None
-
-    def finish(
-        self,
-        reason: FinishReason,
-        state: KVState | None,
-        store: KVStore,
-        error: BaseException | None = None,
-    ) -> None:
-        """Deliver the terminal item (once), keeping ``state`` for the session's next turn."""
-        if self.finished:
-            return
-        self.finished = True
-        try:
-            self.streamer.end()
-            key = self.request.session_key
-            if key and state is not None and state.length and reason is not FinishReason.ERROR:
-                ids = [*self.request.prompt_ids, *self.streamer.generated][: state.length]
-                store.put(key, CachedPrefix(state, ids, state.nbytes))
-        finally:
-            self.bridge.put(Finished(reason, tuple(self.streamer.generated), error))

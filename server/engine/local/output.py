@@ -1,0 +1,83 @@
+"""``OutputProcessor``: a batch row's picked tokens to its client.
+
+Each pick goes through the row's ``TokenStreamer`` (detokenized pieces, stop strings) to its
+``LoopBridge``; the pick that ends the row says why (``stopping.finish_reason``), and the row's
+end delivers its one ``Finished`` after leaving its KV state in the ``KVStore`` (so the
+session's next prompt finds it). A failure of the row's own work (its pick, its text, its
+finish) ends that row alone with an error: its batch mates never see it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from wschat.protocol import FinishReason
+
+from ..base import Finished
+from ..stopping import finish_reason
+from .kvstore import CachedPrefix, KVStore
+from .rows import BatchRow
+from .slotkv import KVState
+
+log = logging.getLogger("wschat.engine.batched")
+
+
+class OutputProcessor:
+    def __init__(self, store: KVStore) -> None:
+        self.store = store
+
+    def take(self, row: BatchRow, picked: int | Exception) -> FinishReason | None:
+        """Stream the row's pick; the reason it ends now, if it does."""
+        if row.cancelled:  # cancel flags are read before a token is streamed
+            return FinishReason.CANCELLED
+        if isinstance(picked, Exception):
+            row.error = picked
+        else:
+            try:
+                return self.stream(row, picked)
+            except Exception as error:
+                row.error = error
+        log.error("a row of the batch failed; it ends alone", exc_info=row.error)
+        return FinishReason.ERROR
+
+    def stream(self, row: BatchRow, token: int) -> FinishReason | None:
+        """Stream a picked token; the reason the row ends with it, if it does."""
+        row.next_token = token
+        row.sampler.observe(token)
+        row.streamer.put(torch.tensor([token]))
+        return finish_reason(
+            cancelled=False,
+            stopped=token in row.end_ids or row.streamer.stop_string_hit,
+            produced=len(row.streamer.generated),
+            budget=row.max_new_tokens,
+        )
+
+    def finish(
+        self,
+        row: BatchRow,
+        reason: FinishReason,
+        state: KVState | None,
+        error: BaseException | None = None,
+    ) -> None:
+        """Deliver the row's terminal item (once), keeping ``state`` for its session's next
+        turn."""
+        if row.finished:
+            return
+        row.finished = True
+        try:
+            row.streamer.end()
+            key = row.request.session_key
+            if key and state is not None and state.length and reason is not FinishReason.ERROR:
+                ids = [*row.request.prompt_ids, *row.streamer.generated][: state.length]
+                self.store.put(key, CachedPrefix(state, ids, state.nbytes))
+        finally:
+            row.bridge.put(Finished(reason, tuple(row.streamer.generated), error))
+
+    def fail(self, rows: list[BatchRow], error: BaseException) -> None:
+        """End every row of a failed pass with ``error``."""
+        for row in rows:
+            try:
+                self.finish(row, FinishReason.ERROR, None, error)
+            except Exception:
+                log.exception("ending a failed row")

@@ -1,0 +1,111 @@
+"""``ModelRunner``: the batched engine's torch side, its forward passes and their tokens.
+
+It owns the text decoder, the LM head and the one ``SlotKV`` every row of the batch lives in:
+it runs a prefill chunk or a decode step over a contiguous run of rows (each row at its own
+position), turns the last hidden states into float32 logits (Gemma's final soft-capping
+included) and picks each row's token with its own sampler (``sampling.pick_tokens``). It moves
+KV rows only when the scheduler says so (``scheduler.SlotRows``), and takes a ``generate``
+path's transformers ``Cache`` over as a ``KVState`` when its row is admitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import Cache
+
+from .kvstore import CachedPrefix
+from .loader import LoadedModel
+from .rows import BatchRow
+from .sampling import pick_tokens
+from .slotkv import KVState, LayerLayout, SlotKV
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, width: int) -> None:
+        self.model = loaded.model
+        inner = self.model.model
+        self._text = getattr(inner, "language_model", inner)  # the decoder stack, text only
+        self.lm_head = self.model.lm_head
+        text_config = getattr(self.model.config, "text_config", self.model.config)
+        self._softcap = getattr(text_config, "final_logit_softcapping", None)
+        self._pad_id = int(loaded.tokenizer.pad_token_id or 0)
+        self.layout = LayerLayout.of(text_config, loaded.dtype, self.model.device)
+        # One set of buffers: the decoding rows first, then the prefilling ones, so a row whose
+        # prompt is done starts decoding where it is (no copy of its cache) and the rows of a
+        # width need one row of KV buffers each (worker thread only, like the scheduler's slots)
+        self.kv = SlotKV(self.layout, width)
+
+    # -- the slots, as the scheduler moves them (``SlotRows``) ---------------------------
+
+    def add(self, row: BatchRow) -> None:
+        self.adopt(row)
+        self.kv.add(row.prefix_state)  # the last row: the prefilling ones come last
+
+    def move(self, src: int, dst: int) -> None:
+        self.kv.transfer(self.kv, src, dst)
+
+    def swap(self, a: int, b: int) -> None:
+        self.kv.swap(a, b)
+
+    def remove(self, slot: int) -> None:
+        self.kv.remove(slot)
+
+    def clear(self) -> None:
+        self.kv.clear()
+
+    def save(self, slot: int) -> KVState:
+        return self.kv.save(slot)
+
+    def adopt(self, row: BatchRow) -> None:
+        """A ``generate`` path's cache the row starts from, in the batch's form."""
+        if row.prefix is not None and isinstance(row.prefix.cache, Cache):
+            state = KVState.of_cache(row.prefix.cache, self.layout)
+            row.prefix = CachedPrefix(state, row.prefix.ids, state.nbytes)
+
+    # -- passes ----------------------------------------------------------------------------
+
+    def prefill(self, rows: Sequence[BatchRow], counts: list[int], first: int) -> torch.Tensor:
+        """Feed ``counts[j]`` more prompt tokens of ``rows[j]`` (slots from ``first`` on) in one
+        forward; its hidden states."""
+        ids = torch.full((len(rows), max(counts)), self._pad_id, dtype=torch.long)
+        for b, (row, n) in enumerate(zip(rows, counts, strict=True)):
+            ids[b, :n] = torch.tensor(row.prompt_ids[row.fed : row.fed + n])
+        return self.forward(ids, counts, first)
+
+    def pick_after_prefill(
+        self, hidden: torch.Tensor, rows: Sequence[BatchRow], done: list[int], counts: list[int]
+    ) -> list[int | Exception]:
+        """The first token of each row ``rows[j]`` for ``j`` in ``done`` (whose prompt is
+        done), from the hidden state of its last prompt token."""
+        last = torch.tensor([counts[j] - 1 for j in done])
+        logits = self.logits(hidden[torch.tensor(done), last])
+        return pick_tokens([rows[j].sampler for j in done], logits)
+
+    def decode(self, rows: Sequence[BatchRow]) -> list[int | Exception]:
+        """One decode step of the decoding rows (slots from 0 on): each row's next token."""
+        ids = torch.tensor([[row.next_token] for row in rows], dtype=torch.long)
+        hidden = self.forward(ids, [1] * len(rows), first=0)
+        return pick_tokens([row.sampler for row in rows], self.logits(hidden[:, -1]))
+
+    def forward(self, ids: torch.Tensor, counts: list[int], first: int) -> torch.Tensor:
+        """One forward over the rows from ``first`` on, ``counts[b]`` tokens of ``ids[b]``."""
+        device = self.model.device
+        positions, masks = self.kv.plan(counts, first)
+        out = self._text(
+            input_ids=ids.to(device),
+            attention_mask=masks,
+            position_ids=positions,
+            cache=self.kv,
+            use_cache=True,
+        )
+        self.kv.advance()
+        hidden: torch.Tensor = out.last_hidden_state
+        return hidden
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.lm_head(hidden)
+        if self._softcap is not None:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits.float()
