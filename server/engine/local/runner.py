@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 from transformers import Cache
 
+from . import attention
 from .kvstore import CachedPrefix
 from .loader import LoadedModel
 from .rows import BatchRow
@@ -35,7 +36,11 @@ class ModelRunner:
         # One set of buffers: the decoding rows first, then the prefilling ones, so a row whose
         # prompt is done starts decoding where it is (no copy of its cache) and the rows of a
         # width need one row of KV buffers each (worker thread only, like the scheduler's slots)
-        self.kv = SlotKV(self.layout, width)
+        # Forwards attend without masks where a kernel for ragged rows is there (attention.py);
+        # generate's forwards keep the attention function the model was loaded with
+        attention.install(text_config)
+        kernel = attention.choose_kernel(self.model.device, loaded.dtype)
+        self.kv = SlotKV(self.layout, width, kernel=kernel)
 
     # -- the slots, as the scheduler moves them (``SlotRows``) ---------------------------
 
@@ -99,6 +104,7 @@ class ModelRunner:
             position_ids=positions,
             cache=self.kv,
             use_cache=True,
+            **self.kv.attention_kwargs(),
         )
         self.kv.advance()
         hidden: torch.Tensor = out.last_hidden_state

@@ -8,9 +8,10 @@ buffers while the others keep still. Full-attention layers keep every position o
 columns ``0..length-1``; sliding-window layers keep a ring of ``window`` columns where position
 ``p`` lives in column ``p % window`` (the columns are the same for every row, so a row's ring
 can be saved and loaded as is). The model reads the cache through ``update`` exactly as it reads
-a transformers ``Cache``; the masks that tell each row which columns are its own come from
-``plan`` and are passed to the model ready-made (4-D boolean, True = attend), so no padding
-mask is inferred.
+a transformers ``Cache``. Which columns are each row's own, ``plan`` says in one of two forms,
+by the forward's attention kernel (``attention.kernel_for``): 4-D boolean masks (True = attend)
+passed to the model ready-made, so no padding mask is inferred, or, mask-free, each row's
+lengths in a ``SlotBatch`` that the forward passes to our attention function (``attention.py``).
 
 Keys and values cross a row's boundary only as a ``KVState`` (``save``/``load``/``transfer``):
 the form a session's cache takes between turns in the ``KVStore``.
@@ -23,10 +24,9 @@ from typing import Any
 
 import torch
 
+from . import attention
+from .attention import FULL, MASKS, SLIDING, Keys, SlotBatch, offsets
 from .kvstore import held_bytes
-
-FULL = "full_attention"
-SLIDING = "sliding_attention"
 
 
 @dataclass(slots=True)
@@ -111,8 +111,12 @@ class _Plan:
 
 
 class SlotKV:
-    def __init__(self, layout: LayerLayout, rows: int, capacity: int = 256) -> None:
+    def __init__(
+        self, layout: LayerLayout, rows: int, capacity: int = 256, kernel: str = MASKS
+    ) -> None:
         self.layout = layout
+        self.kernel = kernel  # attention.choose_kernel's: how the forwards attend
+        self.batch: SlotBatch | None = None  # the planned forward's rows, when mask-free
         self.rows = rows
         self.capacity = capacity
         self.count = 0
@@ -218,11 +222,12 @@ class SlotKV:
 
     def plan(
         self, tokens: list[int], first: int = 0
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
         """Set up a forward of ``tokens[b]`` new tokens for row ``first + b`` (occupied rows
         outside ``[first, first + len(tokens))`` keep still).
 
-        Returns the position ids ``[rows, width]`` and the attention masks by layer type.
+        Returns the position ids ``[rows, width]`` and the attention masks by layer type (None
+        for a mask-free forward: then ``batch`` holds the rows' lengths).
         """
         rows, width = len(tokens), max(tokens)
         if first < 0 or first + rows > self.count:
@@ -237,13 +242,64 @@ class SlotKV:
         held = max(lengths) + (1 if width == 1 else 0)
         ring_len = min(self.layout.window, held)
         self._plan = _Plan(first, rows, width, list(tokens), starts, full_len, ring_len)
+        kernel = attention.kernel_for(self.kernel, rows, width)
+        self.batch = None
+        if kernel != MASKS:
+            self.batch = self._batch(kernel, lengths, list(tokens))
+            positions = starts[:, None] + torch.arange(width, device=device)[None, :]
+            return positions, {FULL: None, SLIDING: None}
         steps = torch.arange(width, device=device)
         positions = starts[:, None] + steps[None, :]  # [rows, width]
         columns = torch.arange(full_len, device=device)
         # Padded queries (t >= real) see their row's real tokens too: never an empty softmax.
         full_mask = columns[None, None, :] <= positions[:, :, None]
-        masks = {FULL: full_mask[:, None], SLIDING: self._sliding_mask(positions, tokens)[:, None]}
+        masks: dict[str, torch.Tensor | None] = {
+            FULL: full_mask[:, None],
+            SLIDING: self._sliding_mask(positions, tokens)[:, None],
+        }
         return positions, masks
+
+    def attention_kwargs(self) -> dict[str, SlotBatch]:
+        """What the planned forward passes to the model besides its inputs: the rows'
+        lengths when it runs mask-free (``slots=``, read by ``attention.slot_attention``)."""
+        return {} if self.batch is None else {"slots": self.batch}
+
+    def _batch(self, kernel: str, lengths: list[int], tokens: list[int]) -> SlotBatch:
+        """The rows' lengths as the kernels read them, in the columns ``update`` returns."""
+        device, window = self.layout.device, self.layout.window
+        if max(tokens) == 1:  # the new token is in its column before attention reads
+            seen = {FULL: [n + 1 for n in lengths], SLIDING: [min(n + 1, window) for n in lengths]}
+            seqlens = {
+                kind: torch.tensor(counts, dtype=torch.int32, device=device)
+                for kind, counts in seen.items()
+            }
+            return SlotBatch(kernel, window, seen, seqlens)
+        assert self._plan is not None
+        ring_len = self._plan.ring_len
+        q_rows: list[int] = []
+        q_cols: list[int] = []
+        full: list[list[int]] = []
+        ring: list[list[int]] = []
+        for b, (start, n) in enumerate(zip(lengths, tokens, strict=True)):
+            q_rows += [b] * n
+            q_cols += range(n)
+            full.append(list(range(start + n)))
+            # the ring unrolled in position order (what it holds of the last window), then
+            # the new tokens, which update puts after the ring's columns
+            held = min(start, window)
+            ring.append([p % window for p in range(start - held, start)])
+            ring[-1] += range(ring_len, ring_len + n)
+        return SlotBatch(
+            kernel,
+            window,
+            {},
+            {},
+            torch.tensor(q_rows, device=device),
+            torch.tensor(q_cols, device=device),
+            offsets(tokens, device),
+            max(tokens),
+            {FULL: _keys(full, device), SLIDING: _keys(ring, device)},
+        )
 
     def _sliding_mask(self, positions: torch.Tensor, tokens: list[int]) -> torch.Tensor:
         assert self._plan is not None
@@ -275,6 +331,7 @@ class SlotKV:
         for b, n in enumerate(self._plan.real):
             self.lengths[first + b] += n
         self._plan = None
+        self.batch = None
 
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, **kwargs: Any
@@ -326,3 +383,16 @@ class SlotKV:
             bk[row, :, cols] = key[b, :, skip:n]
             bv[row, :, cols] = value[b, :, skip:n]
         return keys, values
+
+
+def _keys(columns: list[list[int]], device: torch.device) -> Keys:
+    """Each row's key columns, in order, packed as varlen kernels read them."""
+    rows = [b for b, cols in enumerate(columns) for _ in cols]
+    flat = [c for cols in columns for c in cols]
+    counts = [len(cols) for cols in columns]
+    return Keys(
+        torch.tensor(rows, dtype=torch.long, device=device),
+        torch.tensor(flat, dtype=torch.long, device=device),
+        offsets(counts, device),
+        max(counts),
+    )
