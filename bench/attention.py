@@ -15,6 +15,8 @@ import time
 from typing import Any
 
 import torch
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from wschat.server.engine.local import attention
 from wschat.server.engine.local.slotkv import LayerLayout, SlotKV
 
@@ -64,11 +66,12 @@ def main() -> None:
     inner = model.model
     text = getattr(inner, "language_model", inner)
     config = text.config
-    original = config._attn_implementation
+    implementation = config._attn_implementation
+    original = ALL_ATTENTION_FUNCTIONS[implementation]
     attention.install(config)
-    ours = config._attn_implementation
+    ours = ALL_ATTENTION_FUNCTIONS[implementation]
     layout = LayerLayout.of(config, loaded.dtype, model.device)
-    print(f"device {model.device}, dtype {loaded.dtype}, attention {original}")
+    print(f"device {model.device}, dtype {loaded.dtype}, attention {implementation}")
 
     kernels = {"before": attention.MASKS, "masks": attention.MASKS, "rows": attention.ROWS}
     times: dict[tuple[str, str], list[float]] = {}
@@ -83,7 +86,8 @@ def main() -> None:
             # each round starts with another kernel: none always runs on a machine just warmed
             for name in names[round_ % 3 :] + names[: round_ % 3]:
                 kernel = kernels[name]
-                config._attn_implementation = original if name == "before" else ours
+                used = original if name == "before" else ours
+                AttentionInterface.register(implementation, used)
                 for rows in args.widths:
                     kv = caches[(name, rows)]
                     saved = list(kv.lengths)
@@ -102,7 +106,7 @@ def main() -> None:
                 times.setdefault((name, f"prefill {PREFILL_TOKENS}"), []).append(
                     time.perf_counter() - start
                 )
-        config._attn_implementation = ours
+        AttentionInterface.register(implementation, ours)
     cases = [f"decode x{rows}" for rows in args.widths] + [f"prefill {PREFILL_TOKENS}"]
     print(f"{'ms (median)':<14}" + "".join(f"{name:>10}" for name in kernels))
     for case in cases:

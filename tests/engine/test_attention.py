@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from wschat.server.engine.base import GenerationRequest
 from wschat.server.engine.local import attention
 from wschat.server.engine.local.batched import BatchedEngine
@@ -105,6 +106,20 @@ def test_the_kernel_is_flash_attn_then_torch_varlen_on_cuda_in_half_precision(
     assert attention.choose_kernel(cuda, torch.float16) == attention.TORCH_VARLEN
     monkeypatch.setattr(attention, "_torch_varlen", lambda: None)  # a torch before 2.12
     assert attention.choose_kernel(cuda, torch.float16) == attention.MASKS
+
+
+def test_installing_keeps_the_models_attention_name_and_stands_in_front_of_it_once(
+    tiny_text_loaded: LoadedModel,
+) -> None:
+    # transformers keys on the name: the masks generate builds, which flash-attn it imports
+    config = tiny_text_loaded.model.config.get_text_config()
+    name = config._attn_implementation
+    attention.install(config)
+    attention.install(config)
+    assert config._attn_implementation == name == "sdpa"
+    ours = ALL_ATTENTION_FUNCTIONS[name]
+    assert isinstance(ours, attention._StandIn)
+    assert ours.fallback is sdpa_attention_forward
 
 
 def test_the_cpu_decodes_one_row_without_a_mask_and_wider_batches_with_masks() -> None:

@@ -2,9 +2,9 @@
 
 A forward of the batched engine hands its ``SlotBatch`` (built by ``SlotKV.plan``) to the model
 in the forward's kwargs (``slots=``); transformers passes it down to the attention function of
-every layer, which is ours (``install`` registers it through ``AttentionInterface`` and names it
-on the text config). Without a ``SlotBatch`` (``generate``'s forwards) it is the function the
-model was loaded with, and the masks are built as that one builds them.
+every layer, which is ours (``install`` registers it through ``AttentionInterface`` in place of
+the model's own). Without a ``SlotBatch`` (``generate``'s forwards) it calls the function the
+model was loaded with.
 
 The kernels, by what is there:
 
@@ -23,7 +23,6 @@ unrolled in position order, then the new tokens, with a window of ``window - 1``
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,6 @@ from typing import Any
 import torch
 from torch.nn import functional
 from transformers import AttentionInterface
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.gemma3.modeling_gemma3 import eager_attention_forward
 
@@ -43,8 +41,6 @@ TORCH_VARLEN = "torch_varlen"
 SDPA = "sdpa"  # the CPU's: ROWS for a one-row decode step, MASKS for the rest (kernel_for)
 ROWS = "rows"
 MASKS = "masks"
-
-NAME = "wschat_slots"  # the registered name is NAME + "_" + the implementation it stands in for
 
 
 def choose_kernel(device: torch.device, dtype: torch.dtype) -> str:
@@ -121,19 +117,38 @@ class SlotBatch:
 
 
 def install(text_config: Any) -> None:
-    """Make our attention function the one the text layers call, standing in for the one the
-    model was loaded with (which still serves every forward without a ``SlotBatch``)."""
-    current = str(text_config._attn_implementation or "sdpa")
-    if current.startswith(NAME):
-        return
-    name = f"{NAME}_{current}"
-    if name not in ALL_ATTENTION_FUNCTIONS:
-        fallback = ALL_ATTENTION_FUNCTIONS.get_interface(current, eager_attention_forward)
-        AttentionInterface.register(name, functools.partial(slot_attention, fallback=fallback))
-        mask = ALL_MASK_ATTENTION_FUNCTIONS.get(current)
-        if mask is not None:  # else transformers builds no mask for it, as for `current`
-            AttentionMaskInterface.register(name, mask)
-    text_config._attn_implementation = name
+    """Register our attention function under the name of the one the text layers were loaded
+    with (``sdpa``, ``flash_attention_2``, ...), standing in for it: forwards without a
+    ``SlotBatch`` (``generate``'s, the vision tower's) reach that one unchanged. The name stays,
+    so what transformers keys on it (the masks ``generate`` builds, which flash-attn it imports,
+    continuous batching's checks) is as before.
+    """
+    name = text_config._attn_implementation
+    if name is None:
+        raise ValueError("the model names no attention implementation")
+    current = ALL_ATTENTION_FUNCTIONS.get_interface(name, eager_attention_forward)
+    if not isinstance(current, _StandIn):
+        AttentionInterface.register(name, _StandIn(current))
+
+
+class _StandIn:
+    """Our attention function in front of the model's own (``fallback``)."""
+
+    def __init__(self, fallback: Callable[..., tuple[torch.Tensor, Any]]) -> None:
+        self.fallback = fallback
+
+    def __call__(
+        self,
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, Any]:
+        return slot_attention(
+            module, query, key, value, attention_mask, fallback=self.fallback, **kwargs
+        )
 
 
 def slot_attention(
