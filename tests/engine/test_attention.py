@@ -136,12 +136,32 @@ def test_the_cpu_decodes_one_row_without_a_mask_and_wider_batches_with_masks() -
     assert masks[FULL] is not None and kv.attention_kwargs() == {}
 
 
-async def test_batched_greedy_replies_equal_generate_with_flash_attn_behind_the_engine(
-    calls: fake.Calls, tiny_text_loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("kernel", [attention.FLASH_ATTN, attention.TORCH_VARLEN])
+async def test_batched_greedy_replies_equal_generate_with_each_cuda_kernel_behind_the_engine(
+    calls: fake.Calls,
+    tiny_text_loaded: LoadedModel,
+    monkeypatch: pytest.MonkeyPatch,
+    kernel: str,
 ) -> None:
-    monkeypatch.setattr(attention, "choose_kernel", lambda *_: attention.FLASH_ATTN)
-    batched = BatchedEngine(tiny_text_loaded, width=WIDTH, prefill_tokens=32)
-    single = HFEngine(tiny_text_loaded)
+    monkeypatch.setattr(attention, "choose_kernel", lambda *_: kernel)
+    steps = await replies_equal_generate(tiny_text_loaded, calls)
+    layers = len(tiny_text_loaded.model.config.get_text_config().layer_types)
+    if kernel == attention.FLASH_ATTN:  # kvcache every decode step, varlen every prefill
+        assert len(calls.kvcache) == layers * steps.decode_steps
+        assert len(calls.varlen) == layers * steps.prefill_forwards
+        widest = max(len(call["cache_seqlens"]) for call in calls.kvcache)
+    else:  # torch's varlen for both
+        assert not calls.kvcache
+        assert len(calls.varlen) == layers * (steps.decode_steps + steps.prefill_forwards)
+        widest = max(len(call["cu_seqlens_q"]) - 1 for call in calls.varlen)
+    assert widest > 1  # rows of different lengths attended together
+
+
+async def replies_equal_generate(loaded: LoadedModel, calls: fake.Calls) -> BatchedEngine:
+    """Eight prompts at once in the batched engine reply as ``generate`` does alone; the
+    engine, for its counts of forwards."""
+    batched = BatchedEngine(loaded, width=WIDTH, prefill_tokens=32)
+    single = HFEngine(loaded)
     try:
         asks = prompts(batched, WIDTH)
         expected = [await alone(single, ids, greedy(24)) for ids in asks]
@@ -152,9 +172,4 @@ async def test_batched_greedy_replies_equal_generate_with_flash_attn_behind_the_
     finally:
         await batched.aclose()
         await single.aclose()
-    layers = len(tiny_text_loaded.model.config.get_text_config().layer_types)
-    assert calls.varlen and calls.kvcache
-    assert len(calls.kvcache) == layers * batched.decode_steps  # every decode step, every layer
-    assert len(calls.varlen) == layers * batched.prefill_forwards
-    widest = max(len(call["cache_seqlens"]) for call in calls.kvcache)
-    assert widest > 1  # rows of different lengths decoded together
+    return batched

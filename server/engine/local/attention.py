@@ -102,18 +102,16 @@ class SlotBatch:
 
     kernel: str
     window: int
+    decode: bool  # one token a row, already in its column (else a prefill: width > 1)
     seen: dict[str, list[int]]  # keys per row and layer kind a decode step reads
     seqlens: dict[str, torch.Tensor]  # the same, int32 [rows]
-    # a prefill (width > 1): where the real queries are, and the keys each reads
+    # the packed form (a prefill, or a decode step for torch's varlen): where the real queries
+    # are, and the keys each reads; made once a forward, read by every layer
     query_rows: torch.Tensor | None = None  # long [total_q]
     query_cols: torch.Tensor | None = None  # long [total_q]
     cu_q: torch.Tensor | None = None  # int32 [rows + 1]
     longest_q: int = 0
     keys: dict[str, Keys] | None = None
-
-    @property
-    def decode(self) -> bool:
-        return self.keys is None
 
 
 def install(text_config: Any) -> None:
@@ -222,24 +220,18 @@ def _decode(
             causal=True,
         )
         return out
-    if slots.kernel == TORCH_VARLEN:
-        rows = query.shape[0]
-        seen = slots.seen[kind]
-        row_ids = torch.repeat_interleave(
-            torch.arange(rows, device=key.device), slots.seqlens[kind].long()
-        )
-        cols = torch.cat([torch.arange(n, device=key.device) for n in seen])
-        cu_k = _offsets(slots.seqlens[kind])
-        cu_q = torch.arange(rows + 1, dtype=torch.int32, device=query.device)
+    if slots.kernel == TORCH_VARLEN:  # gathers each row's keys: varlen takes them packed
+        assert slots.keys is not None and slots.cu_q is not None
+        keys = slots.keys[kind]
         packed = _varlen(
             slots.kernel,
             query.transpose(1, 2)[:, 0],
-            key.transpose(1, 2)[row_ids, cols],
-            value.transpose(1, 2)[row_ids, cols],
-            cu_q,
-            cu_k,
+            key.transpose(1, 2)[keys.rows, keys.cols],
+            value.transpose(1, 2)[keys.rows, keys.cols],
+            slots.cu_q,
+            keys.cu,
             1,
-            max(seen),
+            keys.longest,
             scaling,
             window=0,
         )

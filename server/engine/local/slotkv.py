@@ -273,7 +273,22 @@ class SlotKV:
                 kind: torch.tensor(counts, dtype=torch.int32, device=device)
                 for kind, counts in seen.items()
             }
-            return SlotBatch(kernel, window, seen, seqlens)
+            if kernel != attention.TORCH_VARLEN:
+                return SlotBatch(kernel, window, True, seen, seqlens)
+            rows = len(lengths)
+            return SlotBatch(
+                kernel,
+                window,
+                True,
+                seen,
+                seqlens,
+                cu_q=offsets([1] * rows, device),
+                longest_q=1,
+                keys={
+                    kind: _keys([list(range(n)) for n in counts], device)
+                    for kind, counts in seen.items()
+                },
+            )
         assert self._plan is not None
         ring_len = self._plan.ring_len
         q_rows: list[int] = []
@@ -292,6 +307,7 @@ class SlotKV:
         return SlotBatch(
             kernel,
             window,
+            False,
             {},
             {},
             torch.tensor(q_rows, device=device),
