@@ -149,6 +149,10 @@ def make(calls: Calls) -> types.ModuleType:
 def torch_varlen(calls: Calls) -> Any:
     """A stand-in for ``torch.nn.attention.varlen.varlen_attn`` (CUDA only in torch)."""
     fake = make(calls)
+    try:
+        from torch.nn.attention.varlen import varlen_attn as real
+    except ImportError:
+        real = None
 
     def varlen_attn(
         query: torch.Tensor,
@@ -164,6 +168,12 @@ def torch_varlen(calls: Calls) -> Any:
         enable_gqa: bool = False,
     ) -> torch.Tensor:
         assert enable_gqa or query.shape[1] == key.shape[1]
+        if real is not None:  # the real one's own checks, on meta copies (it runs on CUDA only)
+            meta = [t.to("meta") for t in (query, key, value, cu_seq_q, cu_seq_k)]
+            shape = real(
+                *meta, max_q, max_k, scale=scale, window_size=window_size, enable_gqa=enable_gqa
+            ).shape
+            assert shape == query.shape, (shape, query.shape)
         out: torch.Tensor = fake.flash_attn_varlen_func(  # type: ignore[attr-defined]
             query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
             softmax_scale=scale, causal=True, window_size=window_size,
