@@ -10,7 +10,8 @@ The kernels, by what is there:
 
 - ``flash_attn``: flash-attn's ``flash_attn_with_kvcache`` for a decode step, straight over the
   slot buffers (per-row ``cache_seqlens``, GQA), and ``flash_attn_varlen_func`` for a prefill;
-- ``torch_varlen``: PyTorch's ``varlen_attn`` (CUDA only) with the same packed form;
+- ``torch_varlen``: PyTorch's ``varlen_attn`` (CUDA only) in the packed form for both, each
+  layer's keys gathered into a packed copy (it reads no strided per-row cache);
 - ``rows``: one SDPA call per row over its own columns, no mask;
 - ``masks``: SDPA with the boolean masks ``SlotKV`` builds (the model's own attention function).
 
@@ -47,8 +48,8 @@ def choose_kernel(device: torch.device, dtype: torch.dtype) -> str:
     """The kernel a forward over ``device`` uses (``kernel_for`` may keep masks for a forward).
 
     On CUDA in fp16 or bf16 (all that flash kernels take): flash-attn when importable, else
-    PyTorch's varlen kernel where this torch has it with per-row key counts (2.12 on), else the
-    masks. Elsewhere SDPA (see kernel_for).
+    PyTorch's varlen kernel where this torch has it with a window and GQA, else the masks.
+    Elsewhere SDPA (see kernel_for).
     """
     if device.type != "cuda":
         return SDPA
@@ -65,8 +66,9 @@ def kernel_for(kernel: str, rows: int, width: int) -> str:
     """The kernel of one forward of ``rows`` rows of ``width`` tokens each.
 
     ``sdpa`` (the CPU) takes the one-row decode step mask-free (``rows``): SDPA over the row's
-    own columns is faster there than with a mask, while at 8 rows or more, and for a prefill,
-    one masked call beats a call per row (``python -m bench.attention`` measures both).
+    own columns took 0.95-0.97x the masked step's time there, while from 4 rows on (1.01-1.05x
+    at 4 to 32) one masked call beats a call per row; a prefill keeps its masks too, having no
+    mask-free form without a varlen kernel (``python -m bench.attention`` measures them).
     """
     if kernel != SDPA:
         return kernel
@@ -80,14 +82,14 @@ def _torch_varlen() -> Callable[..., Any] | None:
         return None
     import inspect
 
-    if "seqused_k" not in inspect.signature(varlen_attn).parameters:
+    if not {"window_size", "enable_gqa"} <= set(inspect.signature(varlen_attn).parameters):
         return None
     return varlen_attn
 
 
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """Where each row's keys are in what a layer's ``SlotKV.update`` returns, for a prefill:
+    """Where each row's keys are in what a layer's ``SlotKV.update`` returns, packed:
     ``(rows[i], cols[i])`` is packed key ``i``; row ``b``'s keys are ``cu[b]:cu[b + 1]``."""
 
     rows: torch.Tensor  # long [total_k]
