@@ -236,6 +236,7 @@ def figures(streams: list[Any], tokens: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    from wschat.server.engine.local.attention import choose_kernel
     from wschat.server.engine.local.hf import HFEngine
 
     from .ceiling import static_batch
@@ -263,6 +264,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "device": _device_name(args.device),
             "dtype": str(loaded.dtype).removeprefix("torch."),
             "attention": loaded.model.config._attn_implementation,
+            # the kernel the batched engine's forwards take (engine/local/attention.py)
+            "batched_attention": choose_kernel(loaded.model.device, loaded.dtype),
             "tokens": args.tokens,
             "weight_bytes": weight_bytes(loaded.model),
         }
@@ -323,7 +326,8 @@ def table(result: dict[str, Any]) -> str:
     bound = result["weight_bound_tps"]
     lines = [
         f"{result['model']} on {result['device']}, {result['dtype']}, attention "
-        f"{result['attention']}, {result['tokens']} new tokens per stream",
+        f"{result['attention']} (batched engine: {result.get('batched_attention', '?')}), "
+        f"{result['tokens']} new tokens per stream",
         f"weights {result['weight_bytes'] / 1e9:.1f} GB; copy bandwidth "
         f"{result['copy_bandwidth_bytes_s'] / 1e9:.0f} GB/s; weight-bandwidth bound "
         f"{bound:.1f} tokens/s per stream",

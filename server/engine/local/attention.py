@@ -65,10 +65,10 @@ def choose_kernel(device: torch.device, dtype: torch.dtype) -> str:
 def kernel_for(kernel: str, rows: int, width: int) -> str:
     """The kernel of one forward of ``rows`` rows of ``width`` tokens each.
 
-    ``sdpa`` (the CPU) takes the one-row decode step mask-free (``rows``): SDPA over the row's
-    own columns took 0.95-0.97x the masked step's time there, while from 4 rows on (1.01-1.05x
-    at 4 to 32) one masked call beats a call per row; a prefill keeps its masks too, having no
-    mask-free form without a varlen kernel (``python -m bench.attention`` measures them).
+    ``sdpa`` (the CPU) takes the one-row decode step mask-free (``rows``): one SDPA call over
+    the row's own columns beats the masked call there, while for wider steps one masked call
+    beats a call per row; a prefill keeps its masks too, having no mask-free form without a
+    varlen kernel (``python -m bench.attention`` measures them).
     """
     if kernel != SDPA:
         return kernel
