@@ -15,6 +15,7 @@ from .codec import (
 )
 from .constants import (
     BEARER_PREFIX,
+    CHAT_PATH,
     MODEL_LOADING_REASON,
     SESSION_HEADER,
     SESSION_PARAM,
@@ -73,6 +74,7 @@ from .params import GenerationParams, parse_params
 __all__ = [
     "ABSENT",
     "BEARER_PREFIX",
+    "CHAT_PATH",
     "DEFAULT_LIMITS",
     "MODEL_LOADING_REASON",
     "SERVER_FRAME_LIMITS",

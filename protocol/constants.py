@@ -9,6 +9,8 @@ from __future__ import annotations
 from enum import IntEnum, StrEnum
 
 VERSION = 1
+# PROTOCOL.md "Transport": the one WebSocket path of a chat; a handshake on any other is a 404
+CHAT_PATH = "/v1/chat"
 SUBPROTOCOL = "wschat.v1"
 BEARER_PREFIX = "bearer."
 # PROTOCOL.md "Close codes": the one close reason with a meaning. A 1013 with exactly this reason

@@ -5,7 +5,8 @@ once and ``/readyz`` turns 200 when the engine is ready (503 ``draining`` again 
 began); a chat connection before then is accepted and closed with 1013 and the reason
 ``MODEL_LOADING_REASON`` (a client may wait), as is one over the connection caps (with another
 reason). A load that fails turns ``/healthz`` 503 and closes chats with 1011, and ``serve`` exits
-1. Tokens and Origin are checked before anything else (``access``).
+1. Tokens and Origin are checked before anything else (``access``). A WebSocket handshake on
+any other path is answered HTTP 404 with ``NO_CHAT_HERE``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
-from wschat.protocol import SESSION_HEADER
+from wschat.protocol import CHAT_PATH, SESSION_HEADER
 
 from ..engine import Engine
 from ..sessions.connection import Connection
@@ -39,6 +40,7 @@ log = logging.getLogger("wschat.app")
 
 EngineFactory = Callable[[], Engine]
 LOAD_FAILED = "the model failed to load"
+NO_CHAT_HERE = f"no chat endpoint at this path; the chat endpoint is {CHAT_PATH}\n"
 
 
 async def healthz(request: Request) -> Response:
@@ -107,6 +109,16 @@ async def _serve_session(
     return session.held
 
 
+async def no_chat_here(websocket: WebSocket) -> None:
+    """A handshake on a path no WebSocket route serves: HTTP 404 naming the chat endpoint. Left
+    to Starlette it is a close before accept, which uvicorn answers 403, and that reads as a
+    refused token or Origin."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(PlainTextResponse(NO_CHAT_HERE, status_code=404))
+    else:
+        await websocket.close()
+
+
 def _token_index(value: str | None) -> int | None:
     """``?last=``: a token index (PROTOCOL.md section 10); anything else counts as absent."""
     if value is None or not (value.isascii() and value.isdigit()) or len(value) > 12:
@@ -139,8 +151,9 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
         routes=[
             Route("/healthz", healthz),
             Route("/readyz", readyz),
-            WebSocketRoute("/v1/chat", chat),
+            WebSocketRoute(CHAT_PATH, chat),
             *web_routes(hub, stats_feed),
+            WebSocketRoute("/{path:path}", no_chat_here),  # last: what no other route serves
         ],
         lifespan=lifespan,
     )

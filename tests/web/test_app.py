@@ -1,6 +1,7 @@
 """The chat route's handshake (web/app.py) against a real uvicorn: the ``wschat-session`` header
 names the session the connection got, so a load balancer can learn a new session's routing key,
-and ``?session=`` routes but never decides which session a connection gets."""
+and ``?session=`` routes but never decides which session a connection gets. A WebSocket handshake
+on any other path is answered HTTP 404 naming the chat endpoint."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
+import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import InvalidStatus
 from wschat.protocol import SESSION_HEADER
 
 from tests.fakes.scripted import ScriptedEngine
-from tests.support import TIMEOUT, RawPeer, running_server
+from tests.support import TIMEOUT, RawPeer, http_base, running_server
+
+NO_CHAT_HERE = b"no chat endpoint at this path; the chat endpoint is /v1/chat\n"
 
 
 @contextlib.asynccontextmanager
@@ -58,3 +64,27 @@ async def test_a_session_param_without_a_valid_token_gets_a_new_session() -> Non
         for query in (f"session={first['session']}", f"session={first['session']}&resume=nope"):
             async with opened(f"{url}?{query}") as (ws, ready):
                 assert ready["session"] == header(ws) != first["session"]
+
+
+@pytest.mark.parametrize("path", ["/chat", "/", "/v1/chat/", "/v1/stats/x"])
+async def test_a_websocket_handshake_on_an_unknown_path_gets_404_naming_the_chat_endpoint(
+    path: str,
+) -> None:
+    async with running_server(ScriptedEngine()) as url:
+        with pytest.raises(InvalidStatus) as refused:
+            async with asyncio.timeout(TIMEOUT):
+                await websockets.connect(url.removesuffix("/v1/chat") + path)
+        async with opened(url) as (_, ready):  # the chat endpoint itself still serves
+            assert ready["type"] == "ready"
+    response = refused.value.response
+    assert (response.status_code, response.body) == (404, NO_CHAT_HERE)
+    assert response.headers["Content-Type"].startswith("text/plain")
+
+
+async def test_a_plain_http_request_on_an_unknown_path_is_still_the_usual_404() -> None:
+    async with (
+        running_server(ScriptedEngine()) as url,
+        httpx.AsyncClient(timeout=TIMEOUT) as http,
+    ):
+        response = await http.get(http_base(url) + "/chat")
+    assert (response.status_code, response.text) == (404, "Not Found")
