@@ -1,7 +1,7 @@
 """The ``wschat`` command: ``wschat chat`` (interactive) and ``wschat ask "question"``.
 
 Both take ``--url`` (``wschat chat URL``, the older spelling, still works) and wait for a server
-whose model is still loading, for up to ``--wait`` seconds.
+still starting (not listening yet, or its model loading), for up to ``--wait`` seconds.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from .status import (
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/chat"
 # A first start converts the embedded model: about a minute on 2 idle cores, 290 s and 393 s
-# measured on 2 busy ones. Only a loading server is waited for (a failed load closes 1011), so a
-# long bound costs nothing when something is wrong.
+# measured on 2 busy ones. Only a server starting is waited for (a failed load closes 1011, a
+# wrong path is a 404), and the waiting line names the URL, so a wrong port shows at once.
 DEFAULT_WAIT_S = 600.0
 
 
@@ -89,7 +89,7 @@ async def ask(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = 
             timeout=args.timeout,
             reply_timeout=args.timeout,
             load_wait=args.wait,
-            on_loading=waiting_notice(args.wait, err),
+            on_waiting=waiting_notice(args.wait, err),
         ) as chat:
             if args.system is not None:
                 await chat.configure(system=args.system)
@@ -146,7 +146,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         type=seconds,
         default=_env("WAIT", f"{DEFAULT_WAIT_S:g}"),
         metavar="SECONDS",
-        help="while the server's model is still loading, keep trying for this long "
+        help="while the server starts (not listening yet, or its model loading), keep trying "
+        "for this long "
         f"(env WSCHAT_WAIT, default {DEFAULT_WAIT_S:g}; 0: do not wait)",
     )
     parser.add_argument(

@@ -15,7 +15,10 @@
     ├── ConnectionClosedError        the WebSocket closed (close code and reason)
     │   └── ReplyLostError           it dropped, the session resumed, but not this reply
     └── ConnectError                 the connection could not be opened (refused, HTTP 401/403...)
-        └── ModelLoadingError        closed 1013 because the server's model is still loading
+        ├── NoChatEndpointError      HTTP 404: the URL's path is not the chat endpoint
+        └── NotServingYetError       the server is starting: worth waiting for (``load_wait``)
+            ├── NotListeningError    nothing listens yet, or the handshake was dropped
+            └── ModelLoadingError    closed 1013 because the server's model is still loading
 
 Waits that run out raise the built-in ``TimeoutError`` (an opening that runs out of time
 raises ``ConnectError``).
@@ -175,7 +178,22 @@ class ConnectError(ClientError):
         self.close_reason = close_reason
 
 
-class ModelLoadingError(ConnectError):
+class NoChatEndpointError(ConnectError):
+    """HTTP 404: the server answers at this address, but the URL's path is not its chat
+    endpoint (``CHAT_PATH``); the message names it."""
+
+
+class NotServingYetError(ConnectError):
+    """The server is not serving chats yet, as while it starts: worth waiting for, unlike a
+    refusal or a full server; ``connect``'s ``load_wait`` does the waiting."""
+
+
+class NotListeningError(NotServingYetError):
+    """Nothing accepts connections at the URL yet: the connection was refused, or dropped
+    before the handshake's answer, or a proxy in front answered 502, 503 or 504 (its server is
+    not up)."""
+
+
+class ModelLoadingError(NotServingYetError):
     """The server closed with 1013 and ``MODEL_LOADING_REASON``: it is up but still loading its
-    model (PROTOCOL.md "Close codes"). Worth waiting for, unlike a full server; ``connect``'s
-    ``load_wait`` does the waiting."""
+    model (PROTOCOL.md "Close codes")."""

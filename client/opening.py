@@ -1,9 +1,11 @@
 """Opening a session: the handshake, credentials, and the ``ready`` frame that must come first.
 
 Every way an opening can fail becomes ``ConnectError`` (PROTOCOL.md "Authentication": a missing
-or wrong token is HTTP 401, a refused origin 403; "Close codes": 1013 while the server is full).
-A server that is up but still loading its model closes with 1013 and ``MODEL_LOADING_REASON``:
-that is ``ModelLoadingError``, and ``connect(load_wait=...)`` keeps trying until the model is in.
+or wrong token is HTTP 401, a refused origin 403; "Transport": a path that is not the chat
+endpoint 404, ``NoChatEndpointError``; "Close codes": 1013 while the server is full). A server
+still starting is ``NotServingYetError``: nothing listening yet (``NotListeningError``), or up
+but still loading its model (a close 1013 with ``MODEL_LOADING_REASON``: ``ModelLoadingError``);
+``connect(load_wait=...)`` keeps trying until it serves.
 
 A connection that drops (it ends without a close frame from the server: a lost network, a reset)
 is opened again to resume its session, the reply in flight included (PROTOCOL.md section 10):
@@ -13,7 +15,9 @@ is opened again to resume its session, the reply in flight included (PROTOCOL.md
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import re
 from collections.abc import Callable, Generator, Iterator, Mapping
 from types import TracebackType
 from typing import Any
@@ -21,10 +25,17 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidMessage,
+    InvalidStatus,
+    InvalidURI,
+)
 from websockets.typing import Subprotocol
 from wschat.protocol import (
     BEARER_PREFIX,
+    CHAT_PATH,
     MODEL_LOADING_REASON,
     SESSION_PARAM,
     SUBPROTOCOL,
@@ -37,7 +48,13 @@ from wschat.protocol import (
 )
 
 from .api import DEFAULT_TIMEOUT, Chat
-from .errors import ConnectError, ModelLoadingError
+from .errors import (
+    ConnectError,
+    ModelLoadingError,
+    NoChatEndpointError,
+    NotListeningError,
+    NotServingYetError,
+)
 
 log = logging.getLogger("wschat.client")
 
@@ -46,8 +63,16 @@ DEFAULT_MAX_SIZE = 16 * 1024 * 1024
 # how long a dropped connection is tried again: the server's default --resume-grace-s, within
 # which the reply in flight goes on
 DEFAULT_RESUME_WITHIN = 15.0
-# HTTP statuses that no later try changes: credentials or origin refused
-_FINAL_STATUSES = frozenset({401, 403})
+# HTTP statuses that no later try changes: credentials or origin refused, no such endpoint
+_FINAL_STATUSES = frozenset({401, 403, 404})
+# a proxy in front of a server that is not up yet: waited for like the server itself
+_PROXY_NOT_UP = frozenset({502, 503, 504})
+# what a server that is not listening yet, or is still starting to, does to a connection
+_NOT_UP_ERRNOS = {
+    errno.ECONNREFUSED: "nothing is listening there",
+    errno.ECONNRESET: "the server reset the connection during the handshake",
+    errno.ECONNABORTED: "the connection was aborted during the handshake",
+}
 
 
 def session_url(
@@ -90,23 +115,53 @@ async def open_connection(
     try:
         ws = await ws_connect(session_url(url, resume, session, last), **kwargs)
     except InvalidStatus as e:
-        status = e.response.status_code
-        raise ConnectError(
-            f"the server refused the connection: HTTP {status}", status=status
-        ) from e
+        raise _refused(url, e.response.status_code) from e
     except InvalidURI as e:
         raise ConnectError(f"not a WebSocket URL: {url!r}") from e
+    except InvalidMessage as e:
+        if isinstance(e.__cause__, EOFError | ConnectionError):
+            message = "the server closed the connection during the handshake"
+            raise NotListeningError(f"cannot connect to {url}: {message}") from e
+        raise ConnectError(f"the WebSocket handshake failed: {e}") from e
     except InvalidHandshake as e:
         raise ConnectError(f"the WebSocket handshake failed: {e}") from e
     except TimeoutError as e:
         raise ConnectError(f"timed out connecting to {url}") from e
     except OSError as e:
-        raise ConnectError(f"cannot connect to {url}: {e.strerror or e}") from e
+        raise _not_connected(url, e) from e
     try:
         return ws, await _first_frame(ws, url, timeout)
     except BaseException:
         await ws.close()
         raise
+
+
+def _refused(url: str, status: int) -> ConnectError:
+    if status == 404:
+        return NoChatEndpointError(no_chat_endpoint(url), status=status)
+    error = NotListeningError if status in _PROXY_NOT_UP else ConnectError
+    return error(f"the server refused the connection: HTTP {status}", status=status)
+
+
+def no_chat_endpoint(url: str) -> str:
+    """What a 404 to the handshake means; with the URL to use when ``url`` has no path."""
+    message = f"no chat endpoint at {url}; the chat endpoint is {CHAT_PATH}"
+    parts = urlsplit(url)
+    if parts.path in ("", "/"):
+        message += f" (try {urlunsplit(parts._replace(path=CHAT_PATH))})"
+    return message
+
+
+def _not_connected(url: str, error: OSError) -> ConnectError:
+    """``NotListeningError`` for a refused or reset connection, else ``ConnectError`` (an
+    unknown host name, a TLS failure: waiting changes nothing)."""
+    # asyncio joins the failures of a name's several addresses (::1 and 127.0.0.1) into one
+    # OSError without an errno: each one's is in its text
+    found = [error.errno] if error.errno else re.findall(r"\[Errno (\d+)\]", str(error))
+    why = next((_NOT_UP_ERRNOS[int(n)] for n in found if int(n) in _NOT_UP_ERRNOS), None)
+    if why is not None:
+        return NotListeningError(f"cannot connect to {url}: {why}")
+    return ConnectError(f"cannot connect to {url}: {error.strerror or error}")
 
 
 async def _first_frame(ws: ClientConnection, url: str, timeout: float | None) -> Ready:
@@ -137,18 +192,20 @@ def _closed_before_ready(code: int | None, reason: str) -> ConnectError:
     return error(message, close_code=code, close_reason=reason)
 
 
-def _waited_out(last: ModelLoadingError, seconds: float) -> ModelLoadingError:
-    return ModelLoadingError(
-        f"the model was still loading after waiting {seconds:g} s",
-        close_code=last.close_code,
-        close_reason=last.close_reason,
+def _waited_out(last: NotServingYetError, seconds: float) -> NotServingYetError:
+    if isinstance(last, ModelLoadingError):
+        message = f"the model was still loading after waiting {seconds:g} s"
+    else:
+        message = f"{last.message}, still after waiting {seconds:g} s"
+    return type(last)(
+        message, status=last.status, close_code=last.close_code, close_reason=last.close_reason
     )
 
 
 def retry_delays(first_s: float = 0.25, max_s: float = 2.0) -> Iterator[float]:
-    """Pauses between tries while the model loads: 0.25 s, 0.5 s, 1 s, then every 2 s, so a
-    session opens within about 2 s of the model being in, for the price of a handshake. A
-    dropped connection's tries start from 0.1 s."""
+    """Pauses between tries while the server starts: 0.25 s, 0.5 s, 1 s, then every 2 s, so a
+    session opens within about 2 s of the server serving, for the price of a handshake (or a
+    refused connection). A dropped connection's tries start from 0.1 s."""
     delay = first_s
     while True:
         yield delay
@@ -164,10 +221,13 @@ class connect:  # used like a function, as websockets' own ``connect``
     each try at opening and each request; ``reply_timeout`` each wait for a reply's next piece.
     A refused or failed opening raises ``ConnectError`` (``status`` holds the HTTP status).
 
-    While the server's model loads, ``connect`` tries again (``retry_delays``) for up to
-    ``load_wait`` seconds, calling ``on_loading()`` once when it starts waiting; past that, or at
-    once with the default ``load_wait=0``, it raises ``ModelLoadingError``. A full server is not
-    waited for: it raises ``ConnectError`` at once.
+    While the server starts (nothing listening yet, or its model loading: ``NotServingYetError``)
+    ``connect`` tries again (``retry_delays``) for up to ``load_wait`` seconds, calling
+    ``on_waiting(error)`` as it starts waiting and again whenever what it waits for changes
+    (``NotListeningError``, then ``ModelLoadingError``), and ``on_loading()`` once when it starts
+    waiting for the model; past that, or at once with the default ``load_wait=0``, it raises
+    that error. A full server, a refusal (HTTP 401, 403, 404), an unknown host name or a TLS
+    failure is not waited for: it raises ``ConnectError`` at once.
 
     A connection that drops is resumed: tried again at once, then after 0.1 s, 0.2 s, 0.4 s...
     (at most 2 s apart) for ``resume_within`` seconds (0: never), naming the session, its resume
@@ -187,6 +247,7 @@ class connect:  # used like a function, as websockets' own ``connect``
         on_goaway: Callable[[GoAway], None] | None = None,
         load_wait: float = 0.0,
         on_loading: Callable[[], None] | None = None,
+        on_waiting: Callable[[NotServingYetError], None] | None = None,
         resume_within: float = DEFAULT_RESUME_WITHIN,
         **websocket_options: Any,
     ) -> None:
@@ -199,15 +260,17 @@ class connect:  # used like a function, as websockets' own ``connect``
         self.on_goaway = on_goaway
         self.load_wait = load_wait
         self.on_loading = on_loading
+        self.on_waiting = on_waiting
         self.resume_within = resume_within
         self.websocket_options = websocket_options
         self._chat: Chat | None = None
 
-    async def _open_once_loaded(self) -> tuple[ClientConnection, Ready]:
+    async def _open_once_serving(self) -> tuple[ClientConnection, Ready]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.load_wait
         delays = retry_delays()
-        waited = False
+        waiting_for: type[NotServingYetError] | None = None
+        loading_told = False
         while True:
             try:
                 return await open_connection(
@@ -218,19 +281,23 @@ class connect:  # used like a function, as websockets' own ``connect``
                     self.websocket_options,
                     self.session,
                 )
-            except ModelLoadingError as loading:
+            except NotServingYetError as starting:
                 left = deadline - loop.time()
-                if left <= 0 and not waited:
+                if left <= 0 and waiting_for is None:
                     raise
                 if left <= 0:
-                    raise _waited_out(loading, self.load_wait) from loading
-                if not waited and self.on_loading is not None:
+                    raise _waited_out(starting, self.load_wait) from starting
+                if type(starting) is not waiting_for and self.on_waiting is not None:
+                    self.on_waiting(starting)
+                waiting_for = type(starting)
+                loading = isinstance(starting, ModelLoadingError)
+                if loading and not loading_told and self.on_loading is not None:
                     self.on_loading()
-                waited = True
+                loading_told |= loading
                 await asyncio.sleep(min(next(delays), left))
 
     async def _open(self) -> Chat:
-        ws, ready = await self._open_once_loaded()
+        ws, ready = await self._open_once_serving()
         return Chat(
             ws,
             ready,

@@ -241,7 +241,7 @@ async def chat_session(
         timeout=timeout,
         on_goaway=on_goaway,
         load_wait=load_wait,
-        on_loading=waiting_notice(load_wait, err),
+        on_waiting=waiting_notice(load_wait, err),
     )
     try:
         async with opening as chat:

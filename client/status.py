@@ -9,7 +9,13 @@ from typing import TextIO
 
 from wschat.protocol import Done, FinishReason, Limits
 
-from .errors import ChatError, ConnectError, ConnectionClosedError, ModelLoadingError
+from .errors import (
+    ChatError,
+    ConnectError,
+    ConnectionClosedError,
+    ModelLoadingError,
+    NotServingYetError,
+)
 
 
 class ExitStatus(IntEnum):
@@ -31,7 +37,8 @@ EXIT_STATUS_HELP = "\n".join(
         (ExitStatus.USAGE, "usage error (bad arguments, unreadable image)"),
         (
             ExitStatus.CONNECTION,
-            "connection failed, refused, lost or timed out; or the model loading past --wait",
+            "connection failed, refused, lost or timed out; or the server still starting "
+            "past --wait",
         ),
         (ExitStatus.REFUSED, "the server refused the request (an error frame: busy, ...)"),
         (ExitStatus.GENERATION_FAILED, "the reply ended with reason error"),
@@ -45,7 +52,7 @@ def error_line(error: BaseException) -> str:
     """``error: <code>: <message>``, the one format every failure is reported in."""
     if isinstance(error, ChatError):
         return f"error: {error.code.value}: {error.message}"
-    if isinstance(error, ModelLoadingError):
+    if isinstance(error, NotServingYetError):
         return f"error: connect: {error.message} (wait for it with --wait SECONDS)"
     if isinstance(error, ConnectError):
         return f"error: connect: {error.message}"
@@ -67,11 +74,19 @@ def exit_status(error: BaseException, done: Done | None = None) -> ExitStatus:
 
 STOPPING_NOTICE = "[stopping: Ctrl-C again to leave without waiting]"
 WAITING_NOTICE = "waiting for the model to load (up to {seconds:g} s)..."
+NOT_LISTENING_NOTICE = "{error}; waiting for the server (up to {seconds:g} s)..."
 
 
-def waiting_notice(seconds: float, err: TextIO) -> Callable[[], None]:
-    """``connect``'s ``on_loading``: one line on stderr as the wait for a loading model begins."""
-    return lambda: print(WAITING_NOTICE.format(seconds=seconds), file=err, flush=True)
+def waiting_notice(seconds: float, err: TextIO) -> Callable[[NotServingYetError], None]:
+    """``connect``'s ``on_waiting``: one line on stderr as a wait begins, and as what it waits
+    for changes (nothing listening yet, then the model loading)."""
+
+    def notice(error: NotServingYetError) -> None:
+        loading = isinstance(error, ModelLoadingError)
+        line = WAITING_NOTICE if loading else NOT_LISTENING_NOTICE
+        print(line.format(error=error.message, seconds=seconds), file=err, flush=True)
+
+    return notice
 
 
 def length_notice(done: Done, limits: Limits) -> str:

@@ -21,12 +21,15 @@ from wschat.server.engine import GenerationRequest
 from tests.client.engines import WAIT, failing_engine, is_sublist, slow_engine
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.proxy import cuttable_proxy
-from tests.support import loading_server, running_server, wait_until
+from tests.support import free_port, loading_server, running_server, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = Script([" hi", " there"])
 W8 = "".join(f" w{i}" for i in range(8))  # the default scripted reply, ended on its own
 WAITING = "waiting for the model to load (up to {} s)...\n"
+NOT_LISTENING = (
+    "cannot connect to {}: nothing is listening there; waiting for the server (up to {} s)...\n"
+)
 STILL_LOADING = "the server closed the connection (code 1013): the model is still loading"
 WAIT_HINT = " (wait for it with --wait SECONDS)"
 
@@ -178,10 +181,40 @@ async def test_ask_with_bad_params_exits_4_before_connecting() -> None:
     assert (status, out, err) == (4, "", "error: invalid_params: temperature must be in [0, 2]\n")
 
 
-async def test_ask_with_nothing_listening_exits_3() -> None:
-    status, out, err = await run_cli("ask", "--url", "ws://127.0.0.1:1/v1/chat", "hello")
+async def test_ask_told_not_to_wait_with_nothing_listening_exits_3_at_once() -> None:
+    url = f"ws://127.0.0.1:{free_port()}/v1/chat"
+    status, out, err = await run_cli("ask", "--url", url, "--wait", "0", "hello")
+    refused = f"cannot connect to {url}: nothing is listening there"
+    assert (status, out, err) == (3, "", f"error: connect: {refused}{WAIT_HINT}\n")
+
+
+async def test_ask_waits_for_a_server_not_listening_yet_then_prints_the_reply() -> None:
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}/v1/chat"
+    async with cli("ask", "--url", url, "--wait", "30", "hello") as ask:
+        assert await ask.stderr_line() == NOT_LISTENING.format(url, 30)
+        async with running_server(ScriptedEngine(), port=port):  # starts while it waits
+            assert await ask.read_until("\n") == W8 + "\n"
+            assert await ask.exit_status() == 0
+        assert await ask.stderr() == ""  # the waiting line came once
+
+
+async def test_ask_gives_up_on_a_server_not_listening_after_wait_and_exits_3() -> None:
+    url = f"ws://127.0.0.1:{free_port()}/v1/chat"
+    status, out, err = await run_cli("ask", "--url", url, "--wait", "1", "hello")
+    gave_up = f"cannot connect to {url}: nothing is listening there, still after waiting 1 s"
     assert (status, out) == (3, "")
-    assert err.startswith("error: connect: cannot connect to ws://127.0.0.1:1/v1/chat")
+    assert err == NOT_LISTENING.format(url, 1) + f"error: connect: {gave_up}{WAIT_HINT}\n"
+
+
+@pytest.mark.parametrize("path", ["", "/chat"])
+async def test_ask_at_a_url_without_the_chat_path_says_where_the_endpoint_is(path: str) -> None:
+    async with running_server(ScriptedEngine()) as url:
+        base = url.removesuffix("/v1/chat")
+        status, out, err = await run_cli("ask", "--url", base + path, "hello")
+    hint = f" (try {url})" if not path else ""
+    no_chat = f"no chat endpoint at {base + path}; the chat endpoint is /v1/chat{hint}"
+    assert (status, out, err) == (3, "", f"error: connect: {no_chat}\n")
 
 
 async def test_ask_with_an_unreadable_image_or_bad_arguments_exits_2(tmp_path: Path) -> None:
@@ -415,6 +448,20 @@ async def test_chat_image_command_on_a_text_only_model_reports_unsupported(tmp_p
     assert "error: unsupported: the model 'scripted' does not read images" in err
 
 
-async def test_chat_with_nothing_listening_exits_3() -> None:
-    status, _, err = await run_cli("chat", "--url", "ws://127.0.0.1:1/v1/chat")
+async def test_chat_told_not_to_wait_with_nothing_listening_exits_3() -> None:
+    status, _, err = await run_cli("chat", "--url", "ws://127.0.0.1:1/v1/chat", "--wait", "0")
     assert status == 3 and err.startswith("error: connect: cannot connect")
+
+
+async def test_chat_waits_for_a_server_not_listening_yet_then_chats() -> None:
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}/v1/chat"
+    async with cli("chat", "--url", url, "--wait", "30") as chat:
+        assert await chat.stderr_line() == NOT_LISTENING.format(url, 30)
+        async with running_server(ScriptedEngine(), port=port):
+            assert (
+                await chat.stderr_line()
+                == f"connected to scripted at {url}; /help lists the commands\n"
+            )
+            await chat.send("/quit")
+            assert await chat.exit_status() == 0
