@@ -28,27 +28,68 @@ from pathlib import Path
 from .tokenizer import EMBEDDED, default_cache_dir, gguf_path
 
 API_KEY_VARIABLE = "WSCHAT_LLAMACPP_API_KEY"
+CACHE_DIR_VARIABLE = (
+    "WSCHAT_CACHE_DIR"  # wschat-server's --cache-dir, as Dockerfile.gateway sets it
+)
+
+
+EMBEDDED_ALIAS = "gemma-3-270m (embedded, GGUF Q4_K_M)"
+DESCRIPTION = (
+    "llama.cpp's server (the xllamacpp wheel, no torch) on the embedded Gemma 3 270M GGUF or "
+    "another GGUF, serving the OpenAI API that `wschat-server --engine openai --engine-url "
+    "http://HOST:PORT/v1` speaks to. Prints `listening on URL` once it accepts requests; runs "
+    f"until SIGTERM or SIGINT. {API_KEY_VARIABLE}, where set, is the key every request but "
+    "/health must carry."
+)
+
+
+def model_alias(model: str) -> str:
+    """The name /v1/models gives (and wschat's greeting shows): a GGUF file's stem, not its
+    path, which would name the machine's directories to every client."""
+    return EMBEDDED_ALIAS if model == EMBEDDED else Path(model).stem
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m wschat.server.engine.openai.llamacpp")
+    parser = argparse.ArgumentParser(
+        prog="python -m wschat.server.engine.openai.llamacpp",
+        description=DESCRIPTION,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--model", default=EMBEDDED, help="'embedded' or a .gguf file")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    parser.add_argument("--host", default="127.0.0.1", help="listening address")
+    parser.add_argument(
+        "--port", type=int, default=8080, help="listening port (0 picks a free one)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="CPU threads that decode")
     parser.add_argument("--parallel", type=int, default=4, help="slots: requests at once")
     parser.add_argument(
         "--ctx", type=int, default=8192, help="KV tokens in all; each slot gets ctx / parallel"
     )
-    parser.add_argument("--swa-full", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--swa-full",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep Gemma's whole sliding-window KV, so a next turn reuses the earlier ones",
+    )
     parser.add_argument(
         "--cache-ram-mib",
         type=int,
-        default=None,
+        default=argparse.SUPPRESS,
         help="MiB of RAM for the KV of prompts no slot holds any more (default: llama.cpp's)",
     )
-    parser.add_argument("--alias", default=None, help="the model name /v1/models gives")
-    parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument(
+        "--alias",
+        default=argparse.SUPPRESS,
+        help=f"the model name /v1/models gives (default: {EMBEDDED_ALIAS} for the embedded "
+        "model, a GGUF file's name without .gguf)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=argparse.SUPPRESS,
+        help=f"where the embedded GGUF is unpacked (default: ${CACHE_DIR_VARIABLE} as for "
+        "wschat-server, else $XDG_CACHE_HOME/wschat or ~/.cache/wschat)",
+    )
     parser.add_argument(
         "--verbosity", type=int, default=3, help="llama.cpp's log levels kept: 2 warnings, 3 info"
     )
@@ -64,9 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     import xllamacpp
 
     args = build_parser().parse_args(argv)
-    model = (
-        gguf_path(args.cache_dir or default_cache_dir()) if args.model == EMBEDDED else args.model
+    cache_dir = (
+        getattr(args, "cache_dir", None)
+        or os.environ.get(CACHE_DIR_VARIABLE)
+        or default_cache_dir()
     )
+    model = gguf_path(Path(cache_dir)) if args.model == EMBEDDED else args.model
     params = xllamacpp.CommonParams()
     params.model.path = str(model)
     params.hostnames = [args.host]
@@ -76,13 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     params.n_parallel = args.parallel
     params.n_ctx = args.ctx
     params.swa_full = args.swa_full
-    if args.cache_ram_mib is not None:
+    if hasattr(args, "cache_ram_mib"):
         params.cache_ram_mib = args.cache_ram_mib
     params.verbosity = args.verbosity
     params.endpoint_slots = True
     params.endpoint_metrics = True
-    if args.alias:
-        params.model_alias = {args.alias}
+    params.model_alias = {getattr(args, "alias", None) or model_alias(args.model)}
     if os.environ.get(API_KEY_VARIABLE):
         params.api_keys = [os.environ[API_KEY_VARIABLE]]
     stop = threading.Event()

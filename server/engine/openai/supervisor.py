@@ -42,13 +42,12 @@ import httpx
 
 from .client import EngineHttp
 from .engine import OpenAIEngine, OpenAIEngineConfig, connect
-from .llamacpp import API_KEY_VARIABLE
+from .llamacpp import API_KEY_VARIABLE, model_alias
 from .tokenizer import EMBEDDED, gguf_path
 
 log = logging.getLogger("wschat.engine.llamacpp")
 
 NAME = "llamacpp"
-EMBEDDED_ALIAS = "gemma-3-270m (embedded, GGUF Q4_K_M)"
 START_TIMEOUT_S = 300.0  # loading a large GGUF from a slow disk
 STOP_GRACE_S = 5.0
 FIRST_RETRY_S = 0.5
@@ -243,7 +242,6 @@ class LlamaCppServer:
 
     def _command(self) -> list[str]:
         config = self.config
-        alias = EMBEDDED_ALIAS if config.model == EMBEDDED else self.model.name
         return [
             sys.executable, "-m", "wschat.server.engine.openai.llamacpp",
             "--model", str(self.model),
@@ -254,7 +252,7 @@ class LlamaCppServer:
             "--ctx", str(config.slots * config.slot_context),
             "--swa-full",
             "--cache-ram-mib", str(config.idle_kv_mib),
-            "--alias", alias,
+            "--alias", model_alias(config.model),
             "--cache-dir", str(config.cache_dir),
             "--until-stdin-closes",
             "--verbosity", "3" if log.isEnabledFor(logging.DEBUG) else "2",
