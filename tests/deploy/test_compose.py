@@ -1,5 +1,8 @@
-"""docker-compose.yml's profile ``replicas``: HAProxy on deploy/haproxy.cfg in front of scaled
-gateway replicas that keep their sessions in Redis with AOF on, and an engine for them.
+"""docker-compose.yml: every ``docker compose`` command that README.md, docs/deploy.md and the
+file's own comments give starts services that exist, with their dependencies enabled, and no
+two of them publish one host port; each engine has a healthcheck that its gateway waits on. Its
+profile ``replicas``: HAProxy on deploy/haproxy.cfg in front of scaled gateway replicas that
+keep their sessions in Redis with AOF on, and an engine for them.
 Parsed, not run: these tests need no Docker daemon (tests/deploy/test_haproxy.py runs the same
 HAProxy config with real processes)."""
 
@@ -7,9 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
+from collections import Counter
+from dataclasses import dataclass
 from ipaddress import ip_address, ip_network
+from pathlib import Path
 from typing import Any
 
+import pytest
 from wschat.server.runtime.shutdown import CLOSE_S
 from wschat.server.settings import Settings
 
@@ -31,6 +39,118 @@ def compose_default(value: str) -> str:
     """``${NAME:-default}`` as compose reads it where NAME is not set."""
     match = re.fullmatch(r"\$\{\w+:-(.*)\}", value)
     return match.group(1) if match else value
+
+
+# where the commands a user runs are written
+DOCUMENTS = [ROOT / "README.md", ROOT / "docs" / "deploy.md", ROOT / "docker-compose.yml"]
+
+
+def documented_commands(path: Path) -> list[str]:
+    """Every ``docker compose`` command in ``path``'s code spans (a span may wrap over lines;
+    in the compose file, over its comment lines)."""
+    text = path.read_text()
+    if path.suffix == ".yml":
+        text = "\n".join(line.split("#", 1)[1] for line in text.splitlines() if "#" in line)
+    spans = (" ".join(span.split()) for span in re.findall(r"`([^`]+)`", text))
+    return [span for span in spans if re.match(r"(\w+=\S+ )*docker compose ", span)]
+
+
+COMMANDS = sorted({c for path in DOCUMENTS for c in documented_commands(path)})
+
+
+@dataclass
+class Up:
+    """What ``docker compose [--profile P]... up [--scale S=N]... [SERVICE]...`` starts."""
+
+    profiles: set[str]
+    named: list[str]
+    scale: dict[str, int]
+
+    @classmethod
+    def parse(cls, command: str) -> Up:
+        words = shlex.split(command)
+        while "=" in words[0]:  # VARIABLE=value before the command
+            words.pop(0)
+        assert words[:2] == ["docker", "compose"], command
+        profiles, at = set(), 2
+        while words[at] == "--profile":
+            profiles.add(words[at + 1])
+            at += 2
+        assert words[at] == "up", command
+        named, scale = [], {}
+        rest = iter(words[at + 1 :])
+        for word in rest:
+            if word == "--scale":
+                service, count = next(rest).split("=")
+                scale[service] = int(count)
+            elif word.startswith("--scale="):
+                service, count = word.removeprefix("--scale=").split("=")
+                scale[service] = int(count)
+            elif word in ("-d", "--detach", "--build"):
+                continue
+            else:
+                assert not word.startswith("-"), (word, command)
+                named.append(word)
+        return cls(profiles, named, scale)
+
+    def enabled(self, name: str) -> bool:
+        """Compose runs a service with no profile, or one of an active profile; naming a service
+        activates its profiles, but not those of what it depends on."""
+        service_profiles = set(SERVICES[name].get("profiles", []))
+        return not service_profiles or bool(service_profiles & self.profiles) or name in self.named
+
+    def active(self) -> set[str]:
+        """The profiles the command runs: those it names, and those of the services it names."""
+        return self.profiles.union(*(SERVICES[n].get("profiles", []) for n in self.named))
+
+    def services(self) -> set[str]:
+        if not self.named:
+            return {name for name in SERVICES if self.enabled(name)}
+        started, waiting = set(), list(self.named)
+        while waiting:
+            name = waiting.pop()
+            assert name in SERVICES, name
+            if name not in started:
+                started.add(name)
+                waiting += list(SERVICES[name].get("depends_on", []))
+        return started
+
+    def instances(self, name: str) -> int:
+        return self.scale.get(name, SERVICES[name].get("deploy", {}).get("replicas", 1))
+
+
+def host_ports(service: dict[str, Any]) -> list[str]:
+    """The host side of each published port (``[IP:]HOST:CONTAINER``)."""
+    return [str(port).rsplit(":", 1)[0] for port in service.get("ports", [])]
+
+
+def test_the_documents_give_a_command_for_every_profile() -> None:
+    named = {p for c in COMMANDS for p in Up.parse(c).active()}
+    profiles = {p for s in SERVICES.values() for p in s.get("profiles", [])}
+    assert profiles <= named, profiles - named
+    assert all(s.get("profiles") for s in SERVICES.values())  # a bare `up` starts nothing extra
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_documented_command_starts_services_that_share_no_host_port(command: str) -> None:
+    up = Up.parse(command)
+    started = up.services()
+    assert started, command
+    for name in started:  # a dependency in a profile left off: compose refuses the command
+        assert up.enabled(name), (name, command)
+    published = Counter(
+        port for name in started for port in host_ports(SERVICES[name]) * up.instances(name)
+    )
+    assert [port for port, count in published.items() if count > 1] == [], (command, started)
+
+
+@pytest.mark.parametrize("gateway", ["wschat-llamacpp", "wschat-vllm"])
+def test_a_gateway_is_built_and_waits_for_its_engine_to_be_healthy(gateway: str) -> None:
+    service = SERVICES[gateway]
+    assert service["build"] == {"context": ".", "dockerfile": "Dockerfile.gateway"}
+    (engine,) = service["depends_on"]
+    assert service["depends_on"][engine] == {"condition": "service_healthy"}
+    assert "healthcheck" in SERVICES[engine]
 
 
 def test_the_replicas_profile_has_haproxy_gateways_redis_and_an_engine() -> None:

@@ -1,6 +1,7 @@
-"""The Docker files: a CPU image with the pinned CPU torch by default, a GPU variant behind the
-``gpu`` profile, batching on in both, and a healthcheck that asks ``/readyz``. (Parsed, not built:
-these tests need no Docker daemon.)"""
+"""The Docker files: a CPU image with the pinned CPU torch by default (profile ``cpu``), a GPU
+variant behind the ``gpu`` profile, batching on in both, a healthcheck that asks ``/readyz``, and
+one on each engine's ``/health``. (Parsed, not built: these tests need no Docker daemon; the
+healthchecks' commands run here against real servers.)"""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from wschat.server.runtime.cli import TORCH_CPU_INDEX, TORCH_PIN
 
 from tests.fakes.scripted import ScriptedEngine
+from tests.openai.llama import LlamaServer
 from tests.support import free_port, running_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,17 +37,17 @@ def dockerfile_args() -> dict[str, str]:
 
 
 async def run_healthcheck(service: dict[str, Any], port: int) -> int:
-    """The service's healthcheck command, run here against ``port`` instead of 8000."""
+    """The service's healthcheck command, run here against ``port`` instead of its own."""
     kind, program, *args = service["healthcheck"]["test"]
-    assert (kind, program) == ("CMD", "python")
-    args = [arg.replace("127.0.0.1:8000", f"127.0.0.1:{port}") for arg in args]
+    assert kind == "CMD" and program in ("python", "python3")  # what every image has
+    args = [re.sub(r"127\.0\.0\.1:\d+", f"127.0.0.1:{port}", arg) for arg in args]
     done = await asyncio.to_thread(
         subprocess.run, [sys.executable, *args], capture_output=True, timeout=HEALTHCHECK_TIMEOUT
     )
     return done.returncode
 
 
-def test_compose_up_runs_the_cpu_service_and_the_gpu_one_needs_its_profile() -> None:
+def test_the_cpu_and_gpu_services_each_have_their_profile() -> None:
     assert set(SERVICES) == {
         "wschat",
         "wschat-gpu",
@@ -52,7 +55,7 @@ def test_compose_up_runs_the_cpu_service_and_the_gpu_one_needs_its_profile() -> 
         *("llamacpp", "wschat-llamacpp"),
         *("redis", "wschat-replica", "haproxy"),  # tests/deploy/test_compose.py
     }
-    assert "profiles" not in SERVICES["wschat"]
+    assert SERVICES["wschat"]["profiles"] == ["cpu"]
     assert SERVICES["wschat-gpu"]["profiles"] == ["gpu"]
     for engine in ("vllm", "llamacpp"):  # an engine and wschat in front of it, together
         assert SERVICES[f"wschat-{engine}"]["profiles"] == [engine]
@@ -98,3 +101,14 @@ async def test_the_healthcheck_passes_on_a_ready_server_and_fails_without_one() 
             port = int(url.split(":")[2].split("/")[0])
             assert await run_healthcheck(service, port) == 0, name
         assert await run_healthcheck(service, free_port()) != 0, name
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "vllm"])
+def test_an_engines_healthcheck_passes_on_a_live_health_endpoint_and_fails_without_one(
+    engine: str, live_llama: LlamaServer
+) -> None:
+    # llama.cpp's server stands in for vLLM: both answer GET /health 200 once loaded
+    service = SERVICES[engine]
+    assert "/health'" in service["healthcheck"]["test"][-1]
+    assert asyncio.run(run_healthcheck(service, live_llama.port)) == 0
+    assert asyncio.run(run_healthcheck(service, free_port())) != 0
