@@ -94,4 +94,10 @@ def length_notice(done: Done, limits: Limits) -> str:
     usage, context = done.usage, limits.context_tokens
     if usage.prompt_tokens + usage.completion_tokens >= context:
         return f"[reply cut: the conversation filled the model's {context}-token context]"
-    return f"[reply cut at the {usage.completion_tokens}-token limit: raise --max-new-tokens]"
+    cut, cap = usage.completion_tokens, limits.max_new_tokens
+    if cut >= cap:  # the server's cap: no prompt may ask for more
+        return (
+            f"[reply cut at the server's {cap}-token cap: wschat-server --max-new-tokens sets it]"
+        )
+    # the length the prompt asked for, or the server's default for one that names none
+    return f"[reply cut at the {cut}-token limit: ask for up to {cap} with --max-new-tokens]"

@@ -262,7 +262,7 @@ async def test_second_ctrl_c_leaves_when_the_reply_does_not_stop(command: str, s
 async def test_ask_cut_at_the_token_limit_prints_the_reply_then_a_notice_and_exits_6() -> None:
     async with running_server(ScriptedEngine()) as url:
         status, out, err = await run_cli("ask", "--url", url, "--max-new-tokens", "3", "hi")
-    notice = "[reply cut at the 3-token limit: raise --max-new-tokens]\n"
+    notice = "[reply cut at the 3-token limit: ask for up to 1024 with --max-new-tokens]\n"
     assert (status, out, err) == (6, " w0 w1 w2\n", notice)
 
 
@@ -380,7 +380,7 @@ async def test_chat_given_the_url_twice_is_a_usage_error() -> None:
 
 
 async def test_chat_notes_a_reply_cut_at_the_limit_and_goes_on() -> None:
-    notice = "[reply cut at the 2-token limit: raise --max-new-tokens]\n"
+    notice = "[reply cut at the 2-token limit: ask for up to 1024 with --max-new-tokens]\n"
     async with (
         running_server(ScriptedEngine()) as url,
         cli("chat", "--url", url, "--max-new-tokens", "2") as chat,

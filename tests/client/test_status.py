@@ -18,7 +18,13 @@ def cut(prompt_tokens: int, completion_tokens: int) -> Done:
 
 def test_length_notice_names_the_token_limit_and_the_option_that_raises_it() -> None:
     assert length_notice(cut(10, 32), LIMITS) == (
-        "[reply cut at the 32-token limit: raise --max-new-tokens]"
+        "[reply cut at the 32-token limit: ask for up to 50 with --max-new-tokens]"
+    )
+
+
+def test_length_notice_at_the_servers_cap_names_the_servers_option() -> None:
+    assert length_notice(cut(10, 50), LIMITS) == (
+        "[reply cut at the server's 50-token cap: wschat-server --max-new-tokens sets it]"
     )
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.real_model
 
 START_TIMEOUT = 600.0  # the first start converts the GGUF (about a minute on 2 cores)
 ASK_TIMEOUT = 120.0
-CUT_NOTICE = "[reply cut at the 3-token limit: raise --max-new-tokens]\n"
+CUT_NOTICE = "[reply cut at the 3-token limit: ask for up to 1024 with --max-new-tokens]\n"
 
 
 async def ask(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
