@@ -6,18 +6,19 @@ import argparse
 import importlib.util
 import logging
 import os
+import re
 import sys
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..engine.formats import FORMATS
 from ..settings import DTYPES, ENGINES, STORE_SCHEMES, UNBATCHED_CONCURRENT, Settings
 from .batch_width import PREFERRED
 
 _DEFAULTS = Settings()
-# Options whose value must be one of a few: refused when the arguments are read, not at load.
 
 # The pinned CPU build the README, tests/run and the Dockerfile install (a test keeps them in step).
 TORCH_PIN = "torch==2.13.0"
@@ -101,6 +102,30 @@ def session_store(value: str) -> str:
     )
 
 
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")
+
+
+def device(value: str) -> str:
+    """``--device``: refused when the arguments are read (a bad name used to fail after the
+    model had loaded); whether this machine has the device is checked before loading."""
+    if value in DEVICES[:3] or re.fullmatch(r"cuda:\d+", value):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"invalid choice: {value!r} (choose from {', '.join(DEVICES)})"
+    )
+
+
+def port(value: str) -> int:
+    """``--port``: 0 (a free one) to 65535."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535; got {value!r}")
+    return number
+
+
 def _env_list(name: str) -> list[str]:
     raw = os.environ.get(f"WSCHAT_{name.upper()}", "")
     return [item.strip() for item in raw.split(",") if item.strip()]
@@ -108,7 +133,7 @@ def _env_list(name: str) -> list[str]:
 
 _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ("host", str, "address to listen on"),
-    ("port", int, "port to listen on (0 picks a free one)"),
+    ("port", port, "port to listen on (0 picks a free one)"),
     (
         "model",
         str,
@@ -122,7 +147,7 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "where the embedded model is converted and cached "
         "(default: $XDG_CACHE_HOME/wschat or ~/.cache/wschat)",
     ),
-    ("device", str, "'auto' (cuda when available, else cpu), 'cpu', 'cuda', 'cuda:1', ..."),
+    ("device", device, "'auto' (cuda when available, else cpu), 'cpu', 'cuda' or 'cuda:N'"),
     (
         "dtype",
         str,
@@ -192,8 +217,19 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
         "(--engine llamacpp: llama.cpp's threads, auto: every usable core)",
     ),
     ("max_queue", int, "prompts waiting for a slot before new ones get 'overloaded'"),
-    ("max_new_tokens", int, "the most tokens one reply may ask for"),
-    ("default_max_new_tokens", int, "reply length when a prompt does not say"),
+    (
+        "max_new_tokens",
+        int,
+        "the cap: the most tokens a prompt may ask for as its reply length (wschat ask "
+        "--max-new-tokens N); more is refused. A prompt that asks for none gets "
+        "--default-max-new-tokens",
+    ),
+    (
+        "default_max_new_tokens",
+        int,
+        "the reply length when a prompt names none (wschat ask without --max-new-tokens): what "
+        "cuts most replies; at most --max-new-tokens",
+    ),
     ("context_tokens", int, "context window used (capped by the model's own)"),
     (
         "kv_budget_mib",
@@ -252,6 +288,62 @@ _OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
     ),
     ("log_level", str.lower, "how much the server logs"),
 ]
+# --help's sections, in order; each option in one (a test checks)
+_GROUPS: dict[str, tuple[str, ...]] = {
+    "model and engine": (
+        "model",
+        "cache_dir",
+        "device",
+        "dtype",
+        "engine",
+        "engine_url",
+        "engine_model",
+        "engine_api_key",
+        "engine_images",
+        "tokenizer",
+        "prompt_format",
+        "threads",
+    ),
+    "replies": (
+        "max_concurrent",
+        "max_queue",
+        "max_new_tokens",
+        "default_max_new_tokens",
+        "context_tokens",
+        "prefill_chunk_tokens",
+        "kv_budget_mib",
+        "stall_timeout_s",
+    ),
+    "sessions and limits": (
+        "max_frame_bytes",
+        "max_image_bytes",
+        "max_image_pixels",
+        "max_images",
+        "max_session_image_bytes",
+        "max_prompt_bytes",
+        "max_prompt_tokens",
+        "frames_per_second",
+        "max_connections",
+        "max_connections_per_client",
+        "idle_timeout_s",
+        "send_timeout_s",
+        "resume_window_s",
+        "resume_grace_s",
+    ),
+    "network and security": (
+        "host",
+        "port",
+        "token",
+        "allowed_origin",
+        "allowed_host",
+        "forwarded_allow_ips",
+        "ping_interval_s",
+        "handshake_timeout_s",
+        "max_pending_handshakes",
+    ),
+    "replicas and shutdown": ("session_store", "session_lease_s", "shutdown_grace_s"),
+    "logging": ("log_level",),
+}
 # read from the environment after parsing, so --help never shows them (a URL may hold a password)
 _SECRET_OPTIONS = frozenset({"engine_api_key", "session_store"})
 _CHOICES: dict[str, Sequence[str]] = {
@@ -271,16 +363,33 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
             return action.help
         return super()._get_help_string(action)
 
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        # argparse's own wrap, but an option named in a help text is never split at a hyphen
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
+HELP_HINT = "Run 'wschat-server --help' for the options."
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is its one line and a pointer to --help: the full usage is 40 options."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n{HELP_HINT}\n")
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="wschat-server",
+        usage="%(prog)s [options]",  # argparse's own lists every option: 40 lines
         description="Serve a Gemma 3 model over one WebSocket (/v1/chat, msgpack frames).",
         epilog=EPILOG,
         formatter_class=_HelpFormatter,
     )
+    groups = {title: parser.add_argument_group(title) for title in _GROUPS}
+    group = {name: groups[title] for title, names in _GROUPS.items() for name in names}
     for name, kind, help_text in _OPTIONS:
-        parser.add_argument(
+        group[name].add_argument(
             f"--{name.replace('_', '-')}",
             type=kind,
             choices=_CHOICES.get(name),
@@ -288,21 +397,21 @@ def build_parser() -> argparse.ArgumentParser:
             # a secret is read from the environment after parsing, so --help never shows it
             default=None if name in _SECRET_OPTIONS else _env(name, getattr(_DEFAULTS, name)),
         )
-    parser.add_argument(
+    group["token"].add_argument(
         "--token",
         action="append",
         default=_env_list("tokens"),
         help="accept this bearer token (repeatable; env WSCHAT_TOKENS, "
         "comma-separated); without any, no auth is required",
     )
-    parser.add_argument(
+    group["allowed_origin"].add_argument(
         "--allowed-origin",
         action="append",
         default=_env_list("allowed_origins"),
         help="allow browser connections from this Origin (repeatable); without "
         "any, only same-host origins and non-browser clients",
     )
-    parser.add_argument(
+    group["allowed_host"].add_argument(
         "--allowed-host",
         action="append",
         default=_env_list("allowed_hosts"),
@@ -310,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
         "localhost names, 127.0.0.1, [::1], --host and the address a connection reached "
         "are always allowed, so a DNS-rebinding page cannot reach the server",
     )
-    parser.add_argument(
+    group["forwarded_allow_ips"].add_argument(
         "--forwarded-allow-ips",
         action="append",
         default=_env_list("forwarded_allow_ips"),
@@ -350,7 +459,35 @@ def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
     values["forwarded_allow_ips"] = tuple(
         ip.strip() for item in args.forwarded_allow_ips for ip in item.split(",") if ip.strip()
     )
-    return Settings(**values)
+    settings = Settings(**values)
+    if (problem := _settings_problem(settings)) is not None:
+        parser.error(problem)
+    return settings
+
+
+LOCAL_ENGINES = ("batched", "generate")
+
+
+def _settings_problem(settings: Settings) -> str | None:
+    """What can be refused before anything loads: values that contradict each other, and a path
+    where nothing is."""
+    if settings.default_max_new_tokens > settings.max_new_tokens:
+        return (
+            f"--default-max-new-tokens {settings.default_max_new_tokens} is more than "
+            f"--max-new-tokens {settings.max_new_tokens}, the most a prompt may ask for"
+        )
+    model = settings.model
+    if settings.engine in LOCAL_ENGINES and model != "embedded":
+        path = Path(model).expanduser()
+        # the loader's rule (engine/local/loader.py resolve_model): a spec that is absolute or
+        # starts '.' or '~' names a folder, never a hub name
+        if (path.is_absolute() or model.startswith((".", "~"))) and not path.is_dir():
+            return f"--model {model}: no model folder at {path}"
+    tokenizer = settings.tokenizer
+    gateway = settings.engine not in LOCAL_ENGINES and tokenizer != "embedded"
+    if gateway and not Path(tokenizer).expanduser().exists():
+        return f"--tokenizer {tokenizer}: no such file or folder"
+    return None
 
 
 def missing_server_modules(engine: str = "batched") -> list[str]:
@@ -401,15 +538,36 @@ def llamacpp_model_problem(settings: Settings) -> str | None:
     return None
 
 
+def device_problem(settings: Settings) -> str | None:
+    """Why the local engines cannot run on ``--device`` and ``--dtype`` here, said before the
+    model loads (it used to fail after it); None when they can."""
+    if settings.engine not in LOCAL_ENGINES:
+        return None
+    from ..engine.local.loader import unusable_device
+
+    return unusable_device(settings.device, settings.dtype)
+
+
+def quiet_progress_bars() -> None:
+    """No progress bars from transformers, the hub or tqdm: their carriage-return lines ran into
+    the log lines while the first start converts the GGUF (the loader logs its own progress).
+    transformers' GGUF reader calls tqdm itself, past its own switch, and tqdm reads
+    TQDM_DISABLE once, as it is imported: so this runs before anything imports it."""
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_progress_bars()
     settings = settings_from_args(argv)
     missing = missing_server_modules(settings.engine)
     if missing:  # a client-only install: one line that says what to install, no traceback
         print(missing_extra_message(missing, settings.engine), file=sys.stderr)
         return 2
-    if (problem := llamacpp_model_problem(settings)) is not None:
-        print(f"wschat-server: {problem}", file=sys.stderr)
-        return 2
+    for check in (llamacpp_model_problem, device_problem):
+        if (problem := check(settings)) is not None:
+            print(f"wschat-server: {problem}", file=sys.stderr)
+            return 2
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -62,13 +63,49 @@ class ChatServer(GracefulServer):
             log.info(NOT_READY)
 
 
+class CannotListen(Exception):
+    """The address cannot be listened on (in use, not this machine's, not allowed)."""
+
+
+def listen(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Sockets listening on every address ``host`` names, as uvicorn's own would be. Bound before
+    the model loads, so that a port in use is said at once rather than after the load, and no
+    other process can take the port meanwhile."""
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    sockets: list[socket.socket] = []
+    try:
+        found = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # "::" and "0.0.0.0" are two sockets, as in asyncio
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(backlog)
+    except OSError as error:
+        for sock in sockets:
+            sock.close()
+        reason = error.strerror or str(error)
+        raise CannotListen(f"cannot listen on {shown}: {reason[:1].lower()}{reason[1:]}") from None
+    return sockets
+
+
 def serve(settings: Settings, engine: Engine | EngineFactory | None = None) -> int:
-    """Serve until SIGTERM/SIGINT, drain (``shutdown.drain``): exit status 0. When the model
-    fails to load, stop at once: exit status 1, the reason in the log."""
+    """Serve until SIGTERM/SIGINT, drain (``shutdown.drain``): exit status 0. When the address
+    cannot be listened on, one line on stderr and exit status 1 before the model loads; when the
+    model fails to load, stop at once: exit status 1, the reason in the log."""
     install_log_filters(settings_secrets(settings))
     app = build_app(settings, engine or (lambda: make_engine(settings)))
     config = uvicorn_config(settings, app)
+    try:  # the model loads once uvicorn starts (the app's lifespan)
+        sockets = listen(settings.host, settings.port, config.backlog)
+    except CannotListen as error:
+        print(f"wschat-server: {error}", file=sys.stderr)
+        return 1
     server = ChatServer(config, app.state.hub, app.state.stats_feed, settings.shutdown_grace_s)
     raise_descriptor_limit(settings)
-    server.run()
+    server.run(sockets=sockets)
     return 0 if app.state.hub.load_error is None else 1

@@ -47,10 +47,12 @@ async def exit_status(proc: asyncio.subprocess.Process, log: Path) -> int:
         ) from None
 
 
-async def test_a_model_path_that_does_not_exist_exits_non_zero_with_the_reason(
+async def test_a_model_folder_without_a_model_exits_non_zero_with_the_reason(
     tmp_path: Path,
 ) -> None:
-    missing = tmp_path / "no-such-model"
+    # a folder that does not exist is refused before the start (tests/runtime/test_cli.py)
+    missing = tmp_path / "empty-model"
+    missing.mkdir()
     log = tmp_path / "server.log"
     args = ["wschat.server", "--model", str(missing), "--port", str(free_port())]
     async with server_process(args, log) as proc:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from wschat.server.runtime.batch_width import PREFERRED, KVShape, default_width
-from wschat.server.runtime.cli import settings_from_args
+from wschat.server.runtime.cli import HELP_HINT, settings_from_args
 from wschat.server.runtime.engines import make_engine
 from wschat.server.settings import Settings
 
@@ -80,10 +80,11 @@ def test_a_bad_max_concurrent_is_refused_with_a_clear_message(
     with pytest.raises(SystemExit) as exited:
         settings_from_args(["--max-concurrent", value])
     assert exited.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
+    assert capsys.readouterr().err.splitlines() == [
         "wschat-server: error: argument --max-concurrent: expected 'auto' or a whole number of "
-        f"generations, 1 or more (from the flag or WSCHAT_MAX_CONCURRENT); got '{value}'"
-    )
+        f"generations, 1 or more (from the flag or WSCHAT_MAX_CONCURRENT); got '{value}'",
+        HELP_HINT,
+    ]
 
 
 @pytest.mark.parametrize(("asked", "width"), [(None, PREFERRED["cpu"]), (3, 3)])

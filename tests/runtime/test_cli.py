@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.abc
+import os
 import re
+import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from wschat.server.runtime.cli import build_parser, main, settings_from_args
+from wschat.server.runtime.cli import HELP_HINT, build_parser, main, settings_from_args
 from wschat.server.runtime.serve import uvicorn_config
 from wschat.server.settings import Settings
 
@@ -35,6 +37,8 @@ VALID_SAMPLES = {
     "max_concurrent": "4",
     "session_store": "redis://127.0.0.1:6379/0",
     "engine_images": "2",
+    "device": "cpu",
+    "port": "9000",
 }
 
 
@@ -104,7 +108,11 @@ def test_log_level_ignores_case() -> None:
     [
         (["--log-level", "loud"], {}, "argument --log-level: invalid choice: 'loud'"),
         ([], {"WSCHAT_LOG_LEVEL": "loud"}, "WSCHAT_LOG_LEVEL: invalid choice 'loud'"),
-        ([], {"WSCHAT_PORT": "eighty"}, "argument --port: invalid int value: 'eighty'"),
+        (
+            [],
+            {"WSCHAT_PORT": "eighty"},
+            "argument --port: expected a port from 0 to 65535; got 'eighty'",
+        ),
     ],
 )
 def test_a_bad_value_is_a_usage_error(
@@ -120,7 +128,8 @@ def test_a_bad_value_is_a_usage_error(
         settings_from_args(argv)
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage: wschat-server") and f"wschat-server: error: {message}" in err
+    first, *rest = err.splitlines()
+    assert first.startswith(f"wschat-server: error: {message}") and rest == [HELP_HINT]
 
 
 def test_proxies_and_host_names_come_from_repeated_or_comma_separated_options() -> None:
@@ -194,3 +203,158 @@ def test_engine_llamacpp_without_xllamacpp_says_what_to_install_and_exits_2(
         "wschat-server --engine llamacpp needs the gateway and llamacpp extras (missing: "
         'xllamacpp): pip install -e ".[gateway,llamacpp]" in the wschat checkout'
     ]
+
+
+def usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """The lines ``wschat-server ARGV`` prints on stderr as it exits 2 on a usage error."""
+    with pytest.raises(SystemExit) as exited:
+        settings_from_args(argv)
+    assert exited.value.code == 2
+    return capsys.readouterr().err.splitlines()
+
+
+def test_a_usage_error_is_one_line_and_a_pointer_to_help(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert usage_error(["--max-concurrent", "lots"], capsys) == [
+        "wschat-server: error: argument --max-concurrent: expected 'auto' or a whole number of "
+        "generations, 1 or more (from the flag or WSCHAT_MAX_CONCURRENT); got 'lots'",
+        HELP_HINT,
+    ]
+    assert HELP_HINT == "Run 'wschat-server --help' for the options."
+
+
+@pytest.mark.parametrize("source", ["flag", "env"])
+def test_an_unknown_device_is_refused_with_the_choices_when_the_arguments_are_read(
+    source: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--device", "gpu"] if source == "flag" else []
+    if source == "env":
+        monkeypatch.setenv("WSCHAT_DEVICE", "gpu")
+    assert usage_error(argv, capsys)[0] == (
+        "wschat-server: error: argument --device: invalid choice: 'gpu' "
+        "(choose from auto, cpu, cuda, cuda:N)"
+    )
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu", "cuda", "cuda:0", "cuda:12"])
+def test_the_devices_torch_names_are_accepted(device: str) -> None:
+    assert settings_from_args(["--device", device]).device == device
+
+
+def test_a_device_this_machine_lacks_is_refused_before_the_model_loads(
+    tiny_text_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU, or none at all
+    assert main(["--device", missing, "--model", str(tiny_text_dir), "--port", "0"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"wschat-server: --device {missing}: "), line
+    assert "use --device cpu or auto" in line
+
+
+@pytest.mark.parametrize("folder", ["/no/such/model", "./no-such-model", "~/no-such-model"])
+def test_a_model_folder_that_does_not_exist_is_refused_when_the_arguments_are_read(
+    folder: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert usage_error(["--model", folder], capsys)[0] == (
+        f"wschat-server: error: --model {folder}: no model folder at {Path(folder).expanduser()}"
+    )
+
+
+def test_a_tokenizer_file_that_does_not_exist_is_refused_when_the_arguments_are_read(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--engine", "openai", "--tokenizer", "/no/such/tokenizer.json"]
+    assert usage_error(argv, capsys)[0] == (
+        "wschat-server: error: --tokenizer /no/such/tokenizer.json: no such file or folder"
+    )
+
+
+def test_a_default_reply_length_above_the_cap_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--max-new-tokens", "512", "--default-max-new-tokens", "1000"]
+    assert usage_error(argv, capsys)[0] == (
+        "wschat-server: error: --default-max-new-tokens 1000 is more than --max-new-tokens 512, "
+        "the most a prompt may ask for"
+    )
+
+
+@pytest.mark.parametrize("port", ["-1", "65536"])
+def test_a_port_out_of_range_is_refused(port: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert usage_error(["--port", port], capsys)[0] == (
+        f"wschat-server: error: argument --port: expected a port from 0 to 65535; got '{port}'"
+    )
+
+
+HELP_GROUPS = (
+    "model and engine",
+    "replies",
+    "sessions and limits",
+    "network and security",
+    "replicas and shutdown",
+    "logging",
+)
+
+
+def test_help_groups_every_option_under_a_heading() -> None:
+    parser = build_parser()
+    groups = {g.title: g for g in parser._action_groups}
+    assert set(HELP_GROUPS) <= set(groups)
+    grouped = [a.dest for title in HELP_GROUPS for a in groups[title]._group_actions]
+    every = [a.dest for a in parser._actions if a.dest != "help"]
+    assert sorted(grouped) == sorted(every)  # each option in one group, none left out
+    text = parser.format_help()
+    headings = [text.index(f"\n{title}:\n") for title in HELP_GROUPS]
+    assert headings == sorted(headings)
+
+
+def test_help_says_which_reply_length_is_the_cap_and_which_is_used() -> None:
+    cap, used = option_help("--max-new-tokens"), option_help("--default-max-new-tokens")
+    assert "the cap" in cap and "--default-max-new-tokens" in cap
+    assert "when a prompt names none" in used and "(default: 256)" in used
+
+
+def readme_options() -> dict[str, str]:
+    """The README's configuration table: each option it names and its default column."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("\n## Configuration\n", 1)[1].split("\n\n**", 1)[0]
+    rows: dict[str, str] = {}
+    for line in section.splitlines():
+        if line.startswith("| `--"):
+            names, default = line.split(" | ")[:2]
+            for name in re.findall(r"`(--[a-z-]+)`", names):
+                rows[name] = default.strip("`")
+    return rows
+
+
+def test_the_readme_table_names_real_options_with_their_defaults() -> None:
+    rows = readme_options()
+    assert {"--max-new-tokens", "--default-max-new-tokens"} <= set(rows)
+    actions = {a.option_strings[0]: a for a in build_parser()._actions if a.option_strings}
+    for name, default in rows.items():
+        assert name in actions, f"the README names {name}, which wschat-server lacks"
+        real = getattr(Settings(), actions[name].dest)
+        if isinstance(real, int | float) and not isinstance(real, bool):
+            assert default.replace(",", "") == f"{real:g}", name
+
+
+def test_the_progress_bars_of_transformers_and_its_gguf_reader_are_off() -> None:
+    """Their carriage-return lines ran into the log lines of the first start's conversion."""
+    code = (
+        "from wschat.server.runtime.cli import quiet_progress_bars\n"
+        "quiet_progress_bars()\n"
+        "from transformers.modeling_gguf_pytorch_utils import tqdm\n"
+        "from transformers.utils.logging import tqdm as hf_tqdm\n"
+        "list(tqdm(range(3), desc='gguf')); list(hf_tqdm(range(3), desc='weights'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in PROGRESS_VARIABLES}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+PROGRESS_VARIABLES = ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
+import sys
+from pathlib import Path
 
 import pytest
 from wschat.server.runtime.serve import NOT_READY, ChatServer, uvicorn_config
@@ -13,7 +16,10 @@ from wschat.server.settings import Settings
 from wschat.server.web.app import build_app
 
 from tests.fakes.scripted import ScriptedEngine
-from tests.support import TIMEOUT, HeldLoad, wait_until
+from tests.support import TIMEOUT, HeldLoad, command_until_ready, free_port, wait_until
+
+# a process of its own imports torch and transformers, and loads the tiny model
+START_TIMEOUT = 120.0
 
 
 async def test_listening_before_the_model_is_loaded_logs_not_ready_then_ready(
@@ -47,3 +53,52 @@ async def test_listening_before_the_model_is_loaded_logs_not_ready_then_ready(
         sock.close()
     ready = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready:")]
     assert len(ready) == 1 and ready[0].startswith("ready: accepting chats (the model took ")
+
+
+async def run_server(*args: str, timeout: float) -> tuple[int, str]:
+    """``wschat-server ARGS`` as a process of its own, to its exit: its status and stderr."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "wschat.server", *args, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with asyncio.timeout(timeout):
+            _, err = await process.communicate()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode is not None
+    return process.returncode, err.decode()
+
+
+async def test_a_port_in_use_is_said_in_one_line_and_the_model_is_never_loaded(
+    tiny_text_dir: Path,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status, err = await run_server(
+            "--model", str(tiny_text_dir), "--port", str(port), timeout=START_TIMEOUT
+        )
+    # the one line is all: no loading began, so nothing else was logged
+    assert (status, err.splitlines()) == (
+        1,
+        [f"wschat-server: cannot listen on 127.0.0.1:{port}: address already in use"],
+    )
+
+
+async def test_loading_the_model_draws_no_progress_bar_into_the_log(
+    tiny_text_dir: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "server.log"
+    command = [sys.executable, "-m", "wschat.server", "--model", str(tiny_text_dir)]
+    command += ["--port", str(port), "--ping-interval-s", "0"]
+    async with command_until_ready(command, port, log, dict(os.environ), START_TIMEOUT) as server:
+        server.terminate()
+        async with asyncio.timeout(TIMEOUT):
+            await asyncio.to_thread(server.wait)
+    text = log.read_text()
+    assert "loaded " in text  # the loader's own line
+    assert "\r" not in text and "Loading weights" not in text, text

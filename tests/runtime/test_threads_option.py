@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from wschat.server.runtime.cli import settings_from_args
+from wschat.server.runtime.cli import HELP_HINT, settings_from_args
 
 from tests.prometheus import samples
 from tests.support import TIMEOUT, free_port, raw_peer, wait_ready
@@ -49,10 +49,11 @@ def test_a_bad_thread_count_is_refused_with_a_clear_message(
     with pytest.raises(SystemExit) as exited:
         settings_from_args(argv)
     assert exited.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
+    assert capsys.readouterr().err.splitlines() == [
         "wschat-server: error: argument --threads: expected 'auto' or a whole number of "
-        f"threads, 1 or more (from the flag or WSCHAT_THREADS); got '{value}'"
-    )
+        f"threads, 1 or more (from the flag or WSCHAT_THREADS); got '{value}'",
+        HELP_HINT,
+    ]
 
 
 @pytest.mark.parametrize(

@@ -63,6 +63,21 @@ def pick_device(requested: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def unusable_device(device: str, dtype: str) -> str | None:
+    """Why the model cannot be loaded on ``device`` in ``dtype`` here (a GPU this machine lacks, a
+    precision its CPU cannot run), found before loading; None when it can."""
+    if device.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(device.partition(":")[2] or 0) >= count:
+            here = f"{count} CUDA device{'s' if count != 1 else ''}" if count else "no CUDA device"
+            return f"--device {device}: this machine has {here}; use --device cpu or auto"
+    try:
+        pick_precision(dtype, pick_device(device))
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def attention_implementation(device: str) -> str:
     """flash_attention_2 when flash-attn is importable on CUDA, else PyTorch's sdpa."""
     if device.startswith("cuda"):
