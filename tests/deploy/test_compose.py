@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.version import Version
 from wschat.server.runtime.shutdown import CLOSE_S
 from wschat.server.settings import Settings
 
@@ -205,3 +206,14 @@ def test_the_replicas_trust_the_client_address_from_haproxy_alone() -> None:
     assert ip_address(trusted) in ip_network(pool["subnet"])
     # never handed out to another container of the project
     assert ip_address(trusted) not in ip_network(pool["ip_range"])
+
+
+def test_vllm_is_pinned_to_a_release_that_attends_gemma_3s_images_both_ways() -> None:
+    # before 0.13.0, vLLM attends Gemma 3's image tokens causally (its is_mm_prefix_lm came in
+    # 0.13.0), and the profile serves images (--limit-mm-per-prompt)
+    image, tag = SERVICES["vllm"]["image"].split(":")
+    assert image == "vllm/vllm-openai" and re.fullmatch(r"v\d+\.\d+\.\d+", tag)
+    assert Version(tag.removeprefix("v")) >= Version("0.13.0")
+    assert any(flag.startswith("--limit-mm-per-prompt=") for flag in SERVICES["vllm"]["command"])
+    # docs/deploy.md says which release its fields were checked against
+    assert f"vLLM {tag.removeprefix('v')}" in (ROOT / "docs" / "deploy.md").read_text()
