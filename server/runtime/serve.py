@@ -59,6 +59,10 @@ class ChatServer(GracefulServer):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self.started and sockets is not None:
+            # uvicorn says where it listens only on the sockets it opened itself, and ``serve``
+            # opens them
+            self._log_started_message(sockets)
         if self.started and self.hub.engine is None:
             log.info(NOT_READY)
 

@@ -100,5 +100,6 @@ async def test_loading_the_model_draws_no_progress_bar_into_the_log(
         async with asyncio.timeout(TIMEOUT):
             await asyncio.to_thread(server.wait)
     text = log.read_text()
+    assert f"Uvicorn running on http://127.0.0.1:{port}" in text  # where, though bound by serve
     assert "loaded " in text  # the loader's own line
     assert "\r" not in text and "Loading weights" not in text, text
