@@ -21,7 +21,7 @@ WATCH_GROWTH = """() => {
   new MutationObserver(() => {
     const reply = document.querySelector(".msg.assistant .text");
     if (reply) window.lengths.push(reply.textContent.length);
-  }).observe(document.getElementById("transcript"), { subtree: true, characterData: true });
+  }).observe(document.getElementById("transcript"), { subtree: true, childList: true, characterData: true });
 }"""
 
 
@@ -51,4 +51,4 @@ async def test_embedded_gemma_streams_a_reply_into_the_page(
         second = await chat.send("What do bees make?")  # a follow-up in the same conversation
         await expect(second).to_have_attribute("data-reason", "stop", timeout=120_000)
         await expect(chat.text(second)).to_have_text(re.compile(r"\w+"))
-        await chat.page.screenshot(path=screenshots / "chat-gemma.png")
+        await chat.page.screenshot(path=screenshots / "chat.png")

@@ -1,6 +1,9 @@
-// The conversation as the reader sees it. Reply text grows by appending to one text node per
-// reply, flushed once per animation frame: nothing already shown is re-rendered, so a streamed
-// reply never flickers. The view follows new text only while the reader is at the bottom.
+// The conversation as the reader sees it. A reply is markdown (markdown.js), rendered again
+// once per animation frame while it streams; only its blocks that changed are replaced, so a
+// streamed reply never flickers. A user's message is plain text. The view follows new text
+// only while the reader is at the bottom.
+
+import { MarkdownView } from "./markdown.js";
 
 const STICK_PX = 48;
 
@@ -41,9 +44,9 @@ export class Reply {
     this.li = el("li", "msg assistant streaming");
     this.li.dataset.id = id;
     this.li.append(el("div", "who", "Model"));
-    this.body = el("div", "text");
-    this.textNode = document.createTextNode("");
-    this.body.append(this.textNode);
+    this.body = el("div", "text md");
+    this.view = new MarkdownView(this.body);
+    this.source = ""; // the reply's text so far
     this.status = el("div", "meta", "Sending…");
     this.li.append(this.body, this.status);
     this.pending = "";
@@ -66,8 +69,9 @@ export class Reply {
     if (this.frame) cancelAnimationFrame(this.frame);
     this.frame = 0;
     if (!this.pending) return;
-    this.textNode.appendData(this.pending);
+    this.source += this.pending;
     this.pending = "";
+    this.view.render(this.source);
     this.transcript.follow();
   }
 
