@@ -16,7 +16,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 from wschat.server.engine import GenerationRequest
 
 from tests.fakes.scripted import Script
@@ -88,6 +88,19 @@ def http_base(ws_url: str) -> str:
 def anonymous_id(session_key: str) -> str:
     """How the dashboard names a session (server/web/stats_feed.py)."""
     return hashlib.sha256(session_key.encode()).hexdigest()[:10]
+
+
+async def lines(locator: Locator) -> int:
+    """How many lines an element's text takes: its content's height over its line height."""
+    return int(
+        await locator.evaluate(
+            """(e) => {
+              const s = getComputedStyle(e);
+              const padding = parseFloat(s.paddingTop) + parseFloat(s.paddingBottom);
+              return Math.round((e.clientHeight - padding) / parseFloat(s.lineHeight));
+            }"""
+        )
+    )
 
 
 def words(n: int, delay_s: float = 0.0, stem: str = "w") -> Script:

@@ -13,7 +13,7 @@ const ui = {
   composer: $("composer"), tokenForm: $("token-form"), token: $("token"),
   tokenMessage: $("token-message"), systemForm: $("system-form"), system: $("system"),
   temperature: $("temperature"), topP: $("top-p"), maxNew: $("max-new-tokens"),
-  maxNewLimit: $("max-new-tokens-limit"),
+  maxNewLimit: $("max-new-tokens-limit"), settingsPanel: $("settings-panel"),
 };
 
 // PROTOCOL.md section 10: a reply whose connection dropped goes on at the server for its grace
@@ -233,6 +233,7 @@ const handlers = {
     state.resumeUntil = 0;
     document.body.dataset.session = f.session;
     ui.model.textContent = f.model;
+    ui.model.title = f.model; // the header may cut it short
     ui.tokenForm.hidden = true;
     setConnection(ui.conn, "connected", "Connected");
     applyLimits(f);
@@ -332,6 +333,7 @@ function sendPrompt() {
   if (state.reply || ui.send.disabled) return;
   const invalid = [ui.temperature, ui.topP, ui.maxNew].find((i) => !i.checkValidity());
   if (invalid) {
+    ui.settingsPanel.open = true;
     notice(`${invalid.labels[0].firstChild.textContent.trim()}: ${invalid.validationMessage}`, "error");
     return;
   }
@@ -414,6 +416,13 @@ ui.composer.addEventListener("drop", (e) => {
   if (!files.length) return;
   e.preventDefault();
   for (const f of files) attachments.add(f);
+});
+
+// The settings stay folded away on a narrow screen (style.css's breakpoint) until opened.
+const narrow = matchMedia("(max-width: 760px)");
+ui.settingsPanel.open = !narrow.matches;
+narrow.addEventListener("change", () => {
+  ui.settingsPanel.open = !narrow.matches;
 });
 
 connect();
