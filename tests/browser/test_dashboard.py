@@ -8,13 +8,14 @@ from pathlib import Path
 import httpx
 import pytest
 from playwright.async_api import expect
+from wschat.server.engine.base import KVUsage
 
 from tests.fakes.scripted import ScriptedEngine
 from tests.prometheus import samples
 from tests.support import TIMEOUT, running_server
 
 from .chat import ChatPage
-from .conftest import NewPage, anonymous_id, http_base, in_turn, words
+from .conftest import NewPage, anonymous_id, http_base, in_turn, lines, words
 
 pytestmark = pytest.mark.browser
 
@@ -47,6 +48,29 @@ async def test_dashboard_shows_tokens_per_second_and_the_session_after_a_generat
         await expect(dashboard.locator("#t-p50")).to_have_text(re.compile(r"^\d+ ms$"))
         await expect(dashboard.locator("#model")).to_have_text("scripted")
         await dashboard.screenshot(path=screenshots / "dashboard.png", full_page=True)
+
+
+class KeepingEngine(ScriptedEngine):
+    """Reports KV state held for idle sessions, as the batched engine does."""
+
+    def kv_usage(self) -> KVUsage:  # type: ignore[override]
+        return KVUsage(tokens=1_234_567, bytes=3_758_096_384, budget_bytes=8_589_934_592)
+
+
+async def test_dashboard_says_its_token_counts_are_per_session_and_the_kv_tile_is_one_line(
+    new_page: NewPage,
+) -> None:
+    async with running_server(KeepingEngine(in_turn(words(5)))) as url:
+        dashboard = await new_page()  # the usual desktop width
+        await dashboard.goto(http_base(url) + "/dashboard")
+        await expect(dashboard.locator("#conn")).to_have_attribute("data-state", "connected")
+        header = dashboard.get_by_role("columnheader", name="Session tokens")
+        await expect(header).to_be_visible()
+        kv = dashboard.locator("#t-kv")
+        await expect(kv).to_contain_text("1,234,567 tokens")
+        await expect(kv).to_contain_text("3.5 of 8.0 GiB")
+        for element in (header, kv, dashboard.get_by_text("KV cache (idle sessions)")):
+            assert await lines(element) == 1, await element.text_content()
 
 
 async def test_metrics_counters_move_after_a_generation(new_page: NewPage) -> None:

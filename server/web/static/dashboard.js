@@ -24,18 +24,23 @@ function formatDuration(s) {
 }
 
 const ms = (v) => (v === null || v === undefined ? "–" : `${Math.round(v)} ms`);
-const mib = (bytes) => `${(bytes / 1048576).toFixed(1)} MiB`;
+// Bytes held of the budget, both in the budget's unit: "3.5 of 8.0 GiB".
+function ofBudget(bytes, budget) {
+  const unit = budget >= 2 ** 30 ? ["GiB", 2 ** 30] : ["MiB", 2 ** 20];
+  return `${(bytes / unit[1]).toFixed(1)} of ${(budget / unit[1]).toFixed(1)} ${unit[0]}`;
+}
 
 // Tokens and bytes held, of the budget; servers before kv_bytes send only the tokens.
 function kvText(stats) {
   if (stats.kv_tokens === null) return "n/a";
   const tokens = `${stats.kv_tokens.toLocaleString()} tokens`;
   if (stats.kv_bytes === undefined || stats.kv_bytes === null) return tokens;
-  return `${tokens}, ${mib(stats.kv_bytes)} of ${mib(stats.kv_budget_bytes)}`;
+  return `${tokens} · ${ofBudget(stats.kv_bytes, stats.kv_budget_bytes)}`;
 }
 
 function show(stats) {
   $("model").textContent = stats.model;
+  $("model").title = stats.device ? `${stats.model} on ${stats.device}` : stats.model;
   $("t-sessions").textContent = stats.sessions;
   $("t-running").textContent = stats.running;
   $("t-queued").textContent = stats.queued;
