@@ -21,7 +21,8 @@ WATCH_GROWTH = """() => {
   new MutationObserver(() => {
     const reply = document.querySelector(".msg.assistant .text");
     if (reply) window.lengths.push(reply.textContent.length);
-  }).observe(document.getElementById("transcript"), { subtree: true, childList: true, characterData: true });
+  }).observe(document.getElementById("transcript"),
+    { subtree: true, childList: true, characterData: true });
 }"""
 
 
