@@ -3,6 +3,8 @@ stopped by its pid: ``redis-server``, two gateway replicas (the real ``serve`` o
 engine, tests/hardening/scripted_server.py) sharing their sessions in it, and HAProxy running
 deploy/haproxy.cfg as it is. The replicas listen on 127.0.0.2 and 127.0.0.3 on one port, and
 HAProxy finds them by DNS (dns.py), as it finds a scaled compose service through Docker's DNS.
+With ``local=True``: deploy/haproxy-local.cfg, the replicas on 127.0.0.1 at two ports it names,
+as docs/deploy.md runs them on one machine without Docker.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tests.support import ROOT, TIMEOUT, free_port, next_stats, server_process, 
 
 HAPROXY = "/usr/sbin/haproxy"
 CONFIG = ROOT / "deploy" / "haproxy.cfg"
+LOCAL_CONFIG = ROOT / "deploy" / "haproxy-local.cfg"
 REPLICA_NAME = "wschat-replica"
 HOSTS = ("127.0.0.2", "127.0.0.3")
 LEASE_S = 3.0
@@ -115,24 +118,32 @@ def shared_port(hosts: Sequence[str]) -> int:
             continue
 
 
+def dns_settings(dns_port: int, replica_port: int) -> dict[str, str]:
+    """deploy/haproxy.cfg's variables for replicas that ``dns_port`` lists, on one port."""
+    return {
+        "WSCHAT_REPLICAS": f"{REPLICA_NAME}:{replica_port}",
+        "WSCHAT_REPLICA_SLOTS": "1-4",
+        "WSCHAT_DNS": f"127.0.0.1:{dns_port}",
+    }
+
+
 @contextlib.asynccontextmanager
 async def haproxy(
-    dns_port: int, replica_port: int, log: Path, settings: Mapping[str, str] | None = None
+    config: Path, servers: Mapping[str, str], log: Path, settings: Mapping[str, str] | None = None
 ) -> AsyncIterator[HAProxy]:
-    """HAProxy on deploy/haproxy.cfg; ``settings``: more of its ``WSCHAT_*`` variables."""
+    """HAProxy on ``config``; ``servers``: the variables that name the replicas, ``settings``:
+    more of its ``WSCHAT_*`` variables."""
     port, stats_port = free_port(), free_port()
     env = {
         **os.environ,
         **(settings or {}),
+        **servers,
         "WSCHAT_LISTEN": f"127.0.0.1:{port}",
-        "WSCHAT_REPLICAS": f"{REPLICA_NAME}:{replica_port}",
-        "WSCHAT_REPLICA_SLOTS": "1-4",
-        "WSCHAT_DNS": f"127.0.0.1:{dns_port}",
         "WSCHAT_HAPROXY_STATS": f"127.0.0.1:{stats_port}",
     }
     with log.open("wb") as sink:
         process = subprocess.Popen(
-            [HAPROXY, "-db", "-f", str(CONFIG)], stdout=sink, stderr=sink, env=env
+            [HAPROXY, "-db", "-f", str(config)], stdout=sink, stderr=sink, env=env
         )
     try:
         yield HAProxy(process, port, stats_port, log)
@@ -148,23 +159,28 @@ async def haproxy(
 
 @contextlib.asynccontextmanager
 async def cluster(
-    tmp_path: Path, *options: str, proxy: Mapping[str, str] | None = None
+    tmp_path: Path, *options: str, proxy: Mapping[str, str] | None = None, local: bool = False
 ) -> AsyncIterator[Cluster]:
     """Redis, two replicas and HAProxy, once HAProxy has both replicas up; ``options``: more
-    ``wschat-server`` options for the replicas, ``proxy``: HAProxy's ``WSCHAT_*`` variables."""
-    port = shared_port(HOSTS)
-    async with (
-        redis_server(tmp_path) as store,
-        replica_dns(REPLICA_NAME, list(HOSTS)) as (_, dns_port),
-        contextlib.AsyncExitStack() as stack,
-    ):
+    ``wschat-server`` options for the replicas, ``proxy``: HAProxy's ``WSCHAT_*`` variables;
+    ``local``: deploy/haproxy-local.cfg, the replicas at two ports of 127.0.0.1."""
+    async with redis_server(tmp_path) as store, contextlib.AsyncExitStack() as stack:
+        if local:
+            places = [("127.0.0.1", free_port()) for _ in HOSTS]
+            config = LOCAL_CONFIG
+            servers = {f"WSCHAT_REPLICA_{n}": f"{h}:{p}" for n, (h, p) in enumerate(places, 1)}
+        else:
+            port = shared_port(HOSTS)
+            places = [(host, port) for host in HOSTS]
+            _, dns_port = await stack.enter_async_context(replica_dns(REPLICA_NAME, list(HOSTS)))
+            config, servers = CONFIG, dns_settings(dns_port, port)
         replicas = []
-        for host in HOSTS:
-            log = tmp_path / f"replica-{host}.log"
+        for host, port in places:
+            log = tmp_path / f"replica-{host}-{port}.log"
             every = ("--session-store", store.url, *REPLICA_OPTIONS, *options)
             started = server_process(log, *every, host=host, port=port)
             replicas.append(Replica(*await stack.enter_async_context(started)))
-        started_proxy = haproxy(dns_port, port, tmp_path / "haproxy.log", proxy)
+        started_proxy = haproxy(config, servers, tmp_path / "haproxy.log", proxy)
         balancer = await stack.enter_async_context(started_proxy)
         await balancer.wait_servers(status_is("UP", *replicas))
         yield Cluster(store, replicas, balancer)

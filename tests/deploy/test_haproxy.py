@@ -66,10 +66,12 @@ def other(replicas: list[Replica], one: Replica) -> Replica:
     return found
 
 
+# local: deploy/haproxy-local.cfg, the two replicas at fixed ports of 127.0.0.1 (docs/deploy.md)
+@pytest.mark.parametrize("local", [False, True], ids=["dns", "local"])
 async def test_a_resume_with_the_same_routing_key_lands_on_the_same_replica(
-    tmp_path: Path,
+    tmp_path: Path, local: bool
 ) -> None:
-    async with cluster(tmp_path) as deployed:
+    async with cluster(tmp_path, local=local) as deployed:
         readies, first = await one_session_each(deployed, deployed.url)
         assert set(first.values()) == set(deployed.replicas)  # new sessions: by address
         sessions = [ready["session"] for ready in readies]
