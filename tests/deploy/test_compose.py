@@ -105,9 +105,9 @@ class Up:
         return self.profiles.union(*(SERVICES[n].get("profiles", []) for n in self.named))
 
     def services(self) -> set[str]:
-        if not self.named:
-            return {name for name in SERVICES if self.enabled(name)}
-        started, waiting = set(), list(self.named)
+        """The services named (or, when none is, every enabled one) and what they depend on."""
+        started: set[str] = set()
+        waiting = list(self.named or (name for name in SERVICES if self.enabled(name)))
         while waiting:
             name = waiting.pop()
             assert name in SERVICES, name
