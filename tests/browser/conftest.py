@@ -90,6 +90,28 @@ def anonymous_id(session_key: str) -> str:
     return hashlib.sha256(session_key.encode()).hexdigest()[:10]
 
 
+PHONE = {"width": 390, "height": 844}
+
+
+async def page_width(page: Page) -> int:
+    """The page's width, scrolled sideways included (a mobile viewport widens to fit what
+    overflows it, so innerWidth would follow the page)."""
+    return int(await page.evaluate("() => document.documentElement.scrollWidth"))
+
+
+async def shown_whole(locator: Locator, width: int = PHONE["width"]) -> bool:
+    """Whether the element lies within ``width`` from the left and its text is not cut short."""
+    return bool(
+        await locator.evaluate(
+            """(e, width) => {
+              const box = e.getBoundingClientRect();
+              return box.left >= 0 && box.right <= width && e.scrollWidth <= e.clientWidth;
+            }""",
+            width,
+        )
+    )
+
+
 async def lines(locator: Locator) -> int:
     """How many lines an element's text takes: its content's height over its line height."""
     return int(

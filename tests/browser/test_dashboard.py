@@ -15,7 +15,17 @@ from tests.prometheus import samples
 from tests.support import TIMEOUT, running_server
 
 from .chat import ChatPage
-from .conftest import NewPage, anonymous_id, http_base, in_turn, lines, words
+from .conftest import (
+    PHONE,
+    NewPage,
+    anonymous_id,
+    http_base,
+    in_turn,
+    lines,
+    page_width,
+    shown_whole,
+    words,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -71,6 +81,15 @@ async def test_dashboard_says_its_token_counts_are_per_session_and_the_kv_tile_i
         await expect(kv).to_contain_text("3.5 of 8.0 GiB")
         for element in (header, kv, dashboard.get_by_text("KV cache (idle sessions)")):
             assert await lines(element) == 1, await element.text_content()
+
+
+async def test_dashboard_fits_a_phone_screen(new_page: NewPage) -> None:
+    async with running_server(KeepingEngine(in_turn(words(5)))) as url:
+        dashboard = await new_page(viewport=PHONE, is_mobile=True)
+        await dashboard.goto(http_base(url) + "/dashboard")
+        await expect(dashboard.locator("#t-kv")).to_contain_text("1,234,567 tokens")
+        assert await page_width(dashboard) <= PHONE["width"]
+        assert await shown_whole(dashboard.get_by_role("link", name="Metrics"))
 
 
 async def test_metrics_counters_move_after_a_generation(new_page: NewPage) -> None:

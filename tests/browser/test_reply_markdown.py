@@ -29,6 +29,10 @@ REPLY = f"""Here is **bold** text.
 <img src=x onerror="window.injected = 1"> and <script>window.injected = 2</script>
 
 ![remote](https://example.com/pixel.png) [a trap](javascript:window.injected=3) and [safe](https://example.com/)
+<JAVASCRIPT:window.injected=4> [data](data:text/html,hi) [here](/dashboard) [ref][r]
+mail a@b.example
+
+[r]: javascript:window.injected=5
 """
 # what the page may have made of the model's HTML, links and images
 INJECTED = "img, script, iframe, a[href^='javascript'], [onerror]"
@@ -58,6 +62,12 @@ async def test_a_replys_markdown_is_rendered_and_its_html_is_shown_as_text(
         safe = text.get_by_role("link", name="safe")
         await expect(safe).to_have_attribute("href", "https://example.com/")
         await expect(safe).to_have_attribute("rel", "noopener noreferrer nofollow")
+        hrefs = await text.locator("a").evaluate_all("(links) => links.map((a) => a.href)")
+        assert hrefs == [
+            "https://example.com/pixel.png",  # an image is a link, never loaded
+            "https://example.com/",
+            "mailto:a@b.example",
+        ]
         assert await page.evaluate("() => window.injected") is None
 
         copy = text.get_by_role("button", name="Copy code")
@@ -81,9 +91,11 @@ async def test_markdown_renders_while_the_reply_streams(new_page: NewPage) -> No
         await expect(text.locator("pre code")).to_have_text("let x = 1;")
         await expect(text.locator("strong")).to_have_text("bold")
         await expect(reply).to_have_class("msg assistant streaming")
+        await expect(reply).to_have_attribute("aria-busy", "true")  # read once it is whole
         assert await reply.get_attribute("data-reason") is None
         engine.unstall()
         assert await chat.finished(reply) == "stop"
         await expect(text.locator("pre code")).to_have_text("let x = 1;")
         await expect(text.locator("p").last).to_have_text("The end.")
         await expect(text.locator("pre")).to_have_count(1)
+        await expect(reply).not_to_have_attribute("aria-busy", "true")

@@ -43,6 +43,8 @@ export class Reply {
     this.finished = false;
     this.li = el("li", "msg assistant streaming");
     this.li.dataset.id = id;
+    // its blocks are replaced as it streams: a screen reader reads the reply once it is whole
+    this.li.setAttribute("aria-busy", "true");
     this.li.append(el("div", "who", "Model"));
     this.body = el("div", "text md");
     this.view = new MarkdownView(this.body);
@@ -75,6 +77,11 @@ export class Reply {
     this.transcript.follow();
   }
 
+  ended() {
+    this.li.classList.remove("streaming");
+    this.li.removeAttribute("aria-busy");
+  }
+
   setStatus(text) {
     this.status.textContent = text;
     this.transcript.follow();
@@ -88,7 +95,7 @@ export class Reply {
   finish(done) {
     this.flush();
     this.finished = true;
-    this.li.classList.remove("streaming");
+    this.ended();
     this.li.dataset.reason = done.reason;
     const label = REASON_LABELS[done.reason];
     if (label) this.addBadge(label, done.reason);
@@ -104,7 +111,7 @@ export class Reply {
     this.li.insertBefore(note, this.status);
     if (!this.started && !this.queued) {
       this.finished = true;
-      this.li.classList.remove("streaming");
+      this.ended();
       this.li.dataset.reason = "refused";
       this.addBadge("Refused", "error");
       this.setStatus("");
@@ -116,7 +123,7 @@ export class Reply {
     this.flush();
     if (this.finished) return;
     this.finished = true;
-    this.li.classList.remove("streaming");
+    this.ended();
     this.li.dataset.reason = "interrupted";
     this.addBadge("Interrupted", "cancelled");
     this.setStatus(text);
