@@ -108,6 +108,8 @@ async def test_metrics_of_two_apps_in_one_process_stay_apart() -> None:
         ("/static/app.js", "text/javascript"),
         ("/static/dashboard.js", "text/javascript"),
         ("/static/msgpack.mjs", "text/javascript"),
+        ("/static/markdown.js", "text/javascript"),
+        ("/static/vendor/markdown-it.min.js", "text/javascript"),
         ("/static/style.css", "text/css"),
     ],
 )
