@@ -32,17 +32,17 @@ def anonymous_id(session_key: str) -> str:
 
 
 def session_row(session: Session) -> dict[str, Any]:
-    """One row of the dashboard's table: tokens generated in the conversation so far."""
+    """One row of the dashboard's table: tokens generated in the conversation so far, and of
+    them the reply in flight's (nil when none is)."""
     chat = session.chat
-    generated = chat.generated_tokens
     run = session.run
-    if run is not None:
-        generated += run.completion_tokens
+    reply = run.completion_tokens if run is not None else None
     return {
         "id": anonymous_id(session.key),
         "state": session.state.value,
-        "tokens": generated,
+        "tokens": chat.generated_tokens + (reply or 0),
         "turns": chat.turns,
+        "reply": reply,
     }
 
 

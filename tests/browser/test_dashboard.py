@@ -48,11 +48,15 @@ async def test_dashboard_shows_tokens_per_second_and_the_session_after_a_generat
         await expect(row).to_contain_text("idle")
         first = await chat.send("first")
         await expect(row.locator("td").nth(1)).to_have_text("running")
+        # the reply in flight is counted on its own, and within the session's count
+        await expect(row.locator("td").nth(3)).to_have_text(re.compile(r"^[1-9]\d*$"))
+        reply = int(await row.locator("td").nth(3).inner_text())
+        assert reply <= int(await row.locator("td").nth(2).inner_text())
         assert await chat.finished(first) == "stop"
         assert await chat.finished(await chat.send("second")) == "stop"
         await expect(dashboard.locator("#t-tokens")).to_have_text(NONZERO)
         await expect(row.locator("td")).to_have_text(
-            [anonymous_id(await chat.session()), "idle", "56", "2"]
+            [anonymous_id(await chat.session()), "idle", "56", "\u2013", "2"]
         )
         await expect(dashboard.locator("#t-sessions")).to_have_text("1")
         await expect(dashboard.locator("#t-p50")).to_have_text(re.compile(r"^\d+ ms$"))

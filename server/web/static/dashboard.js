@@ -66,20 +66,25 @@ function cell(text, className) {
   return td;
 }
 
+// The reply in flight's tokens; servers before the reply field send none.
+function replyTokens(row) {
+  return row.reply === undefined || row.reply === null ? "–" : row.reply;
+}
+
 function showSessions(rows) {
   const body = $("sessions").tBodies[0];
   body.replaceChildren(
     ...rows.map((r) => {
       const tr = document.createElement("tr");
       tr.dataset.id = r.id;
-      tr.append(cell(r.id, "id"), cell(r.state, `state-${r.state}`), cell(r.tokens, "num"), cell(r.turns ?? "", "num"));
+      tr.append(cell(r.id, "id"), cell(r.state, `state-${r.state}`), cell(r.tokens, "num"), cell(replyTokens(r), "num"), cell(r.turns ?? "", "num"));
       return tr;
     }),
   );
   if (!rows.length) {
     const tr = document.createElement("tr");
     const td = cell("No sessions open.");
-    td.colSpan = 4;
+    td.colSpan = 5;
     tr.append(td);
     body.append(tr);
   }
