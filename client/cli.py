@@ -33,9 +33,9 @@ from .status import (
 )
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/chat"
-# A first start converts the embedded model: about a minute on 2 idle cores, 290 s and 393 s
-# measured on 2 busy ones. Only a server starting is waited for (a failed load closes 1011, a
-# wrong path is a 404), and the waiting line names the URL, so a wrong port shows at once.
+# Long enough for a first start, which converts the embedded model (minutes on a busy 2-core
+# machine). Only a server starting is waited for (a failed load closes 1011, a wrong path is a
+# 404), and the waiting line names the URL, so a wrong port shows at once.
 DEFAULT_WAIT_S = 600.0
 
 

@@ -14,14 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# The width measured best where memory is no limit. CPU: on 2 cores (shared, 24 tokens a
-# stream, 2 rounds of bench/widths.py) 32 sessions got 35.8 tokens/s in all at width 32, 24.8 at
-# 16 and 16.1 at 8, with TTFT p95 4.0, 16.9 and 41 s: the rows past the width wait for whole
-# replies, and a step over 32 rows costs far less than four over 8; each stream then decodes at
-# 0.6x of its rate at width 8. GPU: a decode step reads every weight once whatever the rows, so it
-# costs about the same for 8 rows as for 64: Gemma 3 12B's shape in bf16 on an H200 took 13.9 s
-# for 8 sessions of 64 tokens and under 15.9 s for 64 (about 37 and over 258 tokens/s; read
-# off the log's timestamps of a `python -m bench.gpu` run its time limit cut before its table).
+# The width where memory is no limit (`python -m bench --only widths` measures the CPU's,
+# bench/gpu.py the GPU's). Wider is better while a step over more rows costs far less than
+# several narrower steps: rows past the width wait for whole replies. On a GPU a decode step
+# reads every weight once whatever the rows, so memory sets the width long before speed does.
 PREFERRED = {"cpu": 32, "cuda": 64}
 # Of the memory free once the model is loaded, the share the batch's KV buffers may take: a GPU
 # is the engine's alone (the rest: activations, the allocator's slack); RAM is shared with the

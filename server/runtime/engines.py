@@ -19,9 +19,7 @@ def make_engine(settings: Settings) -> Engine:
 
     Loading runs in a thread of its own that exits once it is done. OpenMP keeps a pool of
     workers per live thread that has run a parallel region, and while two such threads live
-    each one's parallel regions run far slower (on 2 cores, a bf16 decode step took 1.6x as
-    long in the engine's worker as in the thread that loaded the model); so no thread but the
-    engine's may keep a pool.
+    each one's parallel regions run far slower; so no thread but the engine's may keep a pool.
     """
     if settings.engine not in ENGINES:
         raise ValueError(f"unknown engine {settings.engine!r}: choose one of {ENGINES}")

@@ -38,10 +38,9 @@ joins, so the text-only tail is prefilled by the text decoder alone. Where that 
 (evicted), the turn goes to ``generate`` again, which re-encodes the conversation's images.
 
 Why not transformers' continuous batching manager (``model.init_continuous_batching()``), which
-also streams, cancels and batches per request: ``python -m bench`` measures it in process in the
-same runs, and on the 2-core CPU it reached 0.63-0.75x of the static-batch ceiling at 8 streams
-and 0.65-0.70x at one stream (on CPU its paged cache runs through an sdpa fallback, and it logs
-that it wants flash attention), where this engine reaches about 0.9-1.0x at both. Its prefix
+also streams, cancels and batches per request: ``python -m bench`` measures both against the
+static-batch ceiling in the same runs, and on a CPU its paged cache runs through an sdpa
+fallback that keeps it well below this engine at one stream and at eight. Its prefix
 blocks are shared only while they stay in its cache, with no per-session budget, where each
 session's KV state is kept here under ``kv_budget_bytes`` and evicted idle-first.
 """

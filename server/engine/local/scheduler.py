@@ -34,14 +34,12 @@ import time
 from collections import deque
 from typing import Generic, Protocol, TypeVar
 
-# A burst of prompts is admitted once none came for GATHER_S (prompts sent together reach the
-# engine 0.5-1 ms apart on 2 CPU cores) and the event loop then turned SETTLE_TURNS times without
-# one. A frame takes a few turns from its socket to the engine, and when a batch ends the loop
-# hands its freed slots to queued sessions over 10-25 ms, up to 10 ms apart: 4 turns let 3 of 14
-# such bursts split at width 8, 16 none of 11, and 16 turns of an idle loop cost a lone prompt
-# about 0.05 ms. At most GATHER_CAP_S after the first arrived while other rows decode,
-# IDLE_GATHER_CAP_S while none does (a burst split in two costs its second half a whole prefill
-# and decode step, far more than the wait).
+# A burst of prompts is admitted once none came for GATHER_S and the event loop then turned
+# SETTLE_TURNS times without one: a frame takes a few turns from its socket to the engine, and
+# when a batch ends the loop hands its freed slots to queued sessions a few at a time. At most
+# GATHER_CAP_S after the first arrived while other rows decode, IDLE_GATHER_CAP_S while none does:
+# a burst split in two costs its second half a whole prefill and decode step, far more than the
+# wait. (bench/arrivals.py measures bursts and staggered arrivals.)
 GATHER_S = 0.002
 SETTLE_TURNS = 16
 GATHER_CAP_S = 0.010

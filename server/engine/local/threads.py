@@ -3,12 +3,12 @@
 Why ``auto`` follows the other processes: torch splits each operation evenly over its OpenMP
 threads and waits for the slowest, and a decode step is some hundreds of such operations. While
 another process keeps one of the cores busy, the thread that shares that core runs a fraction of
-the time and every operation waits for it: on 2 cores with one core kept busy, one stream ran at
-about a tenth of one thread's speed with two (issue 10: 1.1 against 9.2-9.6 tokens/s). With the
-cores free, two threads beat one. So ``auto`` uses every usable core while the cores are free and
-leaves out one for each core that other processes keep busy, re-read from ``/proc/stat`` every
-half second while the engine works (``python -m bench --only threads`` measures it against fixed
-counts). Where ``/proc/stat`` cannot be read it keeps every usable core.
+the time and every operation waits for it, so one stream can fall to a small fraction of one
+thread's speed. With the cores free, two threads beat one. So ``auto`` uses every usable core
+while the cores are free and leaves out one for each core that other processes keep busy,
+re-read from ``/proc/stat`` every half second while the engine works (``python -m bench --only
+threads`` measures it against fixed counts). Where ``/proc/stat`` cannot be read it keeps every
+usable core.
 
 torch's thread count is per thread (OpenMP's setting is), so each worker applies it itself with
 ``ThreadPolicy.apply``: the batched engine's worker before each pass, a ``generate`` thread when
