@@ -8,8 +8,7 @@ import threading
 import time
 from types import TracebackType
 
-# Below the promised 10 s: on a busy machine a tick came up to 2 s late (11.7 s between two ticks
-# with a 10 s interval, 10.0 s with 8 s on a fixed schedule).
+# Well below the promised 10 s between lines: on a busy machine a tick can come seconds late.
 TICK_INTERVAL_S = 6.0
 
 
