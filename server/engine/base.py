@@ -30,28 +30,14 @@ from wschat.protocol import FinishReason, Usage
 
 
 class CancelFlag:
-    """Set by cancel, reset, disconnect and shutdown. A worker thread reads it once per decode
-    step (``is_set``, e.g. in a ``StoppingCriteria``); an engine that streams on the event loop
-    is woken by ``on_set`` (its callbacks run where ``set`` is called: on the loop)."""
+    """Set by cancel, reset, disconnect and shutdown; a worker thread reads it once per decode
+    step (``is_set``, e.g. in a ``StoppingCriteria``)."""
 
     def __init__(self) -> None:
         self._event = threading.Event()
-        self._callbacks: list[Callable[[], None]] = []
-
-    def on_set(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the flag is set (at once if it already is)."""
-        if self._event.is_set():
-            callback()
-        else:
-            self._callbacks.append(callback)
 
     def set(self) -> None:
-        if self._event.is_set():
-            return
         self._event.set()
-        callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
 
     def is_set(self) -> bool:
         return self._event.is_set()

@@ -12,14 +12,12 @@ import contextlib
 import logging
 import time
 from array import array
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from wschat.protocol import (
     Done,
     FinishReason,
-    Frame,
     Internal,
     Queued,
     Start,
@@ -37,13 +35,11 @@ from ..engine import (
     TextPieces,
     TokenPiece,
 )
-from .error_boundary import error_frame
+from .error_boundary import Send, error_frame
 from .events import RunDone, RunEvent, RunListener, RunStarted, TokensSent
 from .slots import GenerationSlots, Ticket
 
 log = logging.getLogger("wschat.run")
-
-Send = Callable[[Frame], Awaitable[None]]
 
 
 @dataclass(eq=False)

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wschat.protocol import Done, Error, Frame, Queued, Start, Token
 
 from ..engine import TextPieces
-
-Send = Callable[[Frame], Awaitable[None]]
+from .error_boundary import Send
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,7 +41,6 @@ from wschat.protocol import (
     ClientFrame,
     Configure,
     Configured,
-    Frame,
     GenerationParams,
     Image,
     ImageOk,
@@ -63,7 +62,7 @@ from wschat.protocol.frames import CLIENT_FRAMES
 
 from ..engine import Engine, Refusal, SamplingParams, Turn
 from ..settings import Settings
-from .error_boundary import wire_error
+from .error_boundary import Send, wire_error
 from .events import RunEvent, RunListener, RunStarted, TokensSent
 from .generation import GenerationRun
 from .relay import CatchUp, Relay
@@ -74,7 +73,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wschat.session")
 
-Send = Callable[[Frame], Awaitable[None]]
 Handler = Callable[["Session", Any], Awaitable[None]]
 
 # PROTOCOL.md "configure": the context a system prompt must leave for the user's text and reply

@@ -4,7 +4,6 @@ what it refuses it raises as an engine exception, never a wire error."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -24,7 +23,7 @@ from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
 
 from tests.fakes.scripted import ScriptedEngine
-from tests.support import TIMEOUT, collect
+from tests.support import collect
 
 
 @pytest.fixture(params=["generate", "batched"])
@@ -95,16 +94,9 @@ async def test_refusals_are_engine_exceptions_that_change_nothing() -> None:
         assert not issubclass(refusal, ProtocolError)
 
 
-async def test_one_cancel_hook_stops_a_worker_thread_and_wakes_an_async_stream() -> None:
+def test_one_cancel_hook_sets_the_flag_a_worker_thread_reads() -> None:
     generation = Generation()
-    woken = asyncio.Event()
-    generation.cancel_flag.on_set(woken.set)  # what an engine streaming on the loop awaits
     assert not generation.cancel_flag.is_set()
     generation.cancel()
-    generation.cancel()  # a second cancel (reset after cancel) calls nothing twice
-    async with asyncio.timeout(TIMEOUT):
-        await woken.wait()
+    generation.cancel()  # a second cancel (reset after cancel) changes nothing
     assert generation.cancel_flag.is_set()  # what a worker thread reads each step
-    late = asyncio.Event()
-    generation.cancel_flag.on_set(late.set)  # registered after the cancel: called at once
-    assert late.is_set()

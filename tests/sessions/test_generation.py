@@ -26,7 +26,8 @@ from wschat.server.engine import (
     SamplingParams,
     Turn,
 )
-from wschat.server.sessions.generation import GenerationRun, Send
+from wschat.server.sessions.error_boundary import Send
+from wschat.server.sessions.generation import GenerationRun
 from wschat.server.sessions.slots import GenerationSlots
 
 from tests.fakes.scripted import Script, ScriptedEngine

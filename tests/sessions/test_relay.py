@@ -125,3 +125,10 @@ async def test_a_new_prompt_forgets_the_last_reply() -> None:
     relay.detach(mid_reply=True)
     catch_up = relay.catch_up(0)
     assert (catch_up.reply, catch_up.frames) == ("s", [])
+
+
+def test_every_sender_in_the_sessions_layer_takes_the_one_send_type() -> None:
+    from wschat.server.sessions import error_boundary, generation, relay, session
+
+    for module in (generation, relay, session):
+        assert module.Send is error_boundary.Send, module.__name__
