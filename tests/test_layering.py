@@ -11,6 +11,20 @@ statement counts, at module level or inside a function, so a lazy import cannot 
 - torch and transformers are imported only in ``wschat.server.engine.local``: the engine
   interface and the conversation as token ids serve engines without them;
 - ``wschat.client`` imports nothing from ``wschat.server``.
+
+Interfaces, not only layers:
+
+- outside ``engine/`` and ``runtime/`` (which builds the engines), the engine is imported only as
+  ``wschat.server.engine``, the package's ``__init__``: sessions and web see the ``Engine``
+  interface and the engine's errors, never a module that implements them;
+- ``engine.local`` (torch in this process) and ``engine.openai`` (a server over HTTP) never
+  import each other: each is an engine of its own over the interface;
+- the engine imports no wire errors. A wire error is whatever names a wire error code: the
+  module ``wschat.protocol.errors`` (imported itself or any name from it, e.g. ``TooLarge``,
+  ``ProtocolError``, ``SessionMisuse``), every name it defines however it is imported (``from
+  wschat.protocol import Overloaded``, ``protocol.Overloaded`` on an imported protocol module),
+  ``ErrorCode`` and the ``Error`` frame. An engine's failure is a class of
+  ``engine/errors.py``; ``sessions/error_boundary.py`` gives it its code.
 """
 
 from __future__ import annotations
@@ -18,20 +32,24 @@ from __future__ import annotations
 import ast
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTOCOL = "wschat.protocol"
 SERVER = "wschat.server"
 ENGINE = "wschat.server.engine"
 LOCAL_ENGINES = "wschat.server.engine.local"
+OPENAI_ENGINE = "wschat.server.engine.openai"
 HEAVY = ("torch", "transformers")
 CLIENT = "wschat.client"
 # bottom to top: a layer may import its own modules and those of the layers before it
 LAYERS = tuple(f"{SERVER}.{name}" for name in ("engine", "sessions", "web", "runtime"))
 SETTINGS = f"{SERVER}.settings"
 RUNTIME = f"{SERVER}.runtime"
+PROTOCOL_ERRORS = f"{PROTOCOL}.errors"
 # the package itself and ``python -m wschat.server``, which starts the top layer
 OUTSIDE_LAYERS = frozenset({SERVER, f"{SERVER}.__main__", SETTINGS})
 PROTOCOL_MAY_IMPORT = frozenset(sys.stdlib_module_names) | {"msgpack"}
@@ -58,6 +76,15 @@ def our_modules() -> dict[str, Path]:
     return modules
 
 
+def imported_from(package: str, node: ast.ImportFrom) -> str:
+    """The absolute name of the module ``from ... import`` reads, from within ``package``."""
+    base = node.module or ""
+    if not node.level:
+        return base
+    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join([*anchor, base] if base else anchor)
+
+
 def imports_of(module: str, path: Path, known: set[str]) -> Iterator[str]:
     """The absolute name of each module that ``module`` (the file ``path``) imports."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
@@ -65,10 +92,7 @@ def imports_of(module: str, path: Path, known: set[str]) -> Iterator[str]:
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = imported_from(package, node)
             for alias in node.names:
                 # ``from . import loader`` imports the submodule, not the package
                 submodule = f"{base}.{alias.name}"
@@ -215,3 +239,166 @@ def test_the_layering_check_refuses_an_upward_import(tmp_path: Path) -> None:
 def test_no_package_module_imports_the_tests() -> None:
     bad = sorted((m, target) for m, target in import_graph() if within(target, "tests"))
     assert bad == []
+
+
+# -- interfaces ---------------------------------------------------------------------------
+
+
+def reaches_into_the_engine(module: str, target: str) -> bool:
+    """Whether ``module`` imports a module of the engine other than its package: allowed only
+    inside the engine and in the runtime (which builds the engines)."""
+    return (
+        within(target, ENGINE)
+        and target != ENGINE
+        and not within(module, ENGINE)
+        and not within(module, RUNTIME)
+    )
+
+
+def crosses_engines(module: str, target: str) -> bool:
+    """Whether one of ``engine.local`` and ``engine.openai`` imports the other."""
+    pair = (LOCAL_ENGINES, OPENAI_ENGINE)
+    return any(within(module, a) and within(target, b) for a, b in (pair, pair[::-1]))
+
+
+def wire_error_names() -> frozenset[str]:
+    """Every name ``protocol/errors.py`` defines at its top level, with ``ErrorCode`` and the
+    ``Error`` frame: what names a wire error code."""
+    tree = ast.parse(package_dirs()[PROTOCOL].joinpath("errors.py").read_text())
+    defined = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+    }
+    defined |= {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    return frozenset(defined | {"ErrorCode", "Error"})
+
+
+def is_wire_error(name: str, wire_names: frozenset[str]) -> bool:
+    """Whether the dotted ``name`` (a module, or a module's attribute) is a wire error."""
+    module, _, attribute = name.rpartition(".")
+    return within(name, PROTOCOL_ERRORS) or (within(module, PROTOCOL) and attribute in wire_names)
+
+
+def dotted(node: ast.expr) -> str | None:
+    """``a.b.c`` for an attribute chain on a name, else None."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
+
+
+def wire_errors_in(
+    module: str, path: Path, known: set[str], wire_names: frozenset[str]
+) -> Iterator[str]:
+    """The wire errors ``module`` imports, by name (``from wschat.protocol import TooLarge``)
+    or as an attribute of a protocol module it imported (``protocol.ErrorCode``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    bound: dict[str, str] = {}  # a local name -> the module it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    bound[alias.asname] = alias.name
+                else:
+                    first = alias.name.split(".")[0]
+                    bound[first] = first
+                if is_wire_error(alias.name, wire_names):
+                    yield alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = imported_from(package, node)
+            for alias in node.names:
+                name = f"{base}.{alias.name}"
+                if name in known or within(name, PROTOCOL_ERRORS):
+                    bound[alias.asname or alias.name] = name
+                if is_wire_error(name, wire_names):
+                    yield name
+    for node in ast.walk(tree):
+        chain = dotted(node) if isinstance(node, ast.Attribute) else None
+        if chain is None:
+            continue
+        first, _, rest = chain.partition(".")
+        name = f"{bound[first]}.{rest}" if first in bound else ""
+        if name and is_wire_error(name, wire_names):
+            yield name
+
+
+def test_outside_the_engine_and_runtime_only_the_engine_package_is_imported() -> None:
+    bad = sorted(edge for edge in import_graph() if reaches_into_the_engine(*edge))
+    assert bad == []
+
+
+def test_the_local_and_openai_engines_never_import_each_other() -> None:
+    bad = sorted(edge for edge in import_graph() if crosses_engines(*edge))
+    assert bad == []
+
+
+def test_the_engine_imports_no_wire_errors() -> None:
+    modules = our_modules()
+    known, wire_names = set(modules), wire_error_names()
+    bad = sorted(
+        (m, name)
+        for m, path in modules.items()
+        if within(m, ENGINE)
+        for name in wire_errors_in(m, path, known, wire_names)
+    )
+    assert bad == []
+
+
+@pytest.mark.parametrize(
+    ("rule", "module", "target", "refused"),
+    [
+        # the violations these rules were written against
+        (reaches_into_the_engine, f"{SERVER}.sessions.session", f"{ENGINE}.local.hf", True),
+        (reaches_into_the_engine, f"{SERVER}.sessions.session", f"{ENGINE}.openai.engine", True),
+        (crosses_engines, f"{ENGINE}.openai.client", f"{ENGINE}.local.hf", True),
+        # and their neighbours, refused or allowed
+        (reaches_into_the_engine, f"{SERVER}.web.app", f"{ENGINE}.errors", True),
+        (reaches_into_the_engine, f"{SERVER}.sessions.session", ENGINE, False),
+        (reaches_into_the_engine, f"{SERVER}.runtime.engines", f"{ENGINE}.local.batched", False),
+        (reaches_into_the_engine, f"{ENGINE}.local.batched", f"{ENGINE}.errors", False),
+        (crosses_engines, f"{ENGINE}.local.hf", f"{ENGINE}.openai.errors", True),
+        (crosses_engines, f"{ENGINE}.openai.client", f"{ENGINE}.errors", False),
+        (crosses_engines, f"{ENGINE}.local.hf", f"{ENGINE}.local.loader", False),
+    ],
+)
+def test_the_interface_checks_refuse_what_they_name(
+    rule: Callable[[str, str], bool], module: str, target: str, refused: bool
+) -> None:
+    assert rule(module, target) is refused
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        ("from wschat.protocol import ErrorCode, ProtocolError\n", ["ErrorCode", "ProtocolError"]),
+        ("from wschat.protocol import FinishReason, Usage\n", []),
+        ("from wschat.protocol.errors import Overloaded\n", ["errors.Overloaded"]),
+        ("from wschat.protocol import errors\n", ["errors"]),
+        ("import wschat.protocol.errors as e\n", ["errors"]),
+        ("from wschat import protocol\nprotocol.TooLarge('x')\n", ["TooLarge"]),
+        ("import wschat.protocol as p\np.Error\n", ["Error"]),
+        (
+            "import wschat.protocol\nwschat.protocol.constants.ErrorCode\n",
+            ["constants.ErrorCode"],
+        ),
+        ("def later() -> None:\n    from wschat.protocol import Internal\n", ["Internal"]),
+        ("from .base import TooLarge\n", []),  # the engine's own name: not the wire's
+    ],
+)
+def test_the_wire_error_check_sees_every_way_of_importing_one(
+    tmp_path: Path, source: str, found: list[str]
+) -> None:
+    path = tmp_path / "errors.py"
+    path.write_text(source)
+    known = {PROTOCOL, PROTOCOL_ERRORS, f"{PROTOCOL}.constants", f"{ENGINE}.base"}
+    names = list(wire_errors_in(f"{ENGINE}.errors", path, known, wire_error_names()))
+    assert [name.removeprefix(f"{PROTOCOL}.") for name in names] == found
