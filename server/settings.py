@@ -1,9 +1,16 @@
-"""Server settings: one frozen dataclass, filled from the CLI and ``WSCHAT_*`` variables."""
+"""Server settings: one frozen dataclass, filled from the CLI and ``WSCHAT_*`` variables.
+
+Each field says what it means once, in its ``option(...)``: ``wschat-server --help``
+(runtime/cli.py) prints it, and the README's options table is written from it
+(``python -m tests.runtime.readme_options --write``; a test keeps the two equal). Code is in
+backticks there; the help prints an option as ``--name`` and another value as ``'value'``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 # What --engine may name (runtime/engines.py builds each).
 ENGINES = ("batched", "generate", "openai", "llamacpp")
@@ -21,85 +28,208 @@ DTYPES = (
 )
 # What --session-store may name besides "memory" (sessions/store.py opens it)
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
+# The batched engine's width under --max-concurrent auto where memory is no limit
+# (runtime/batch_width.py: the rule and the memory; `python -m bench --only widths` measures the
+# CPU's, bench/gpu.py the GPU's). Wider is better while a step over more rows costs far less than
+# several narrower steps: rows past the width wait for whole replies. On a GPU a decode step
+# reads every weight once whatever the rows, so memory sets the width long before speed does.
+PREFERRED = {"cpu": 32, "cuda": 64}
 # Generations at once under --max-concurrent auto for an engine that does not batch
 # ("generate": a thread each; "openai": requests in flight to its server)
 UNBATCHED_CONCURRENT = 8
 
+_T = TypeVar("_T")
+
+
+def option(default: _T, meaning: str, *, secret: bool = False) -> _T:
+    """A setting: its default and what it means (the one description of it); a secret is left
+    out of the repr, so that no log line shows it."""
+    return field(default=default, metadata={"help": meaning}, repr=not secret)
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model: str = "embedded"
-    cache_dir: Path | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    # "batched": every session's generation decodes in one forward per step (bench/ measures it
-    # ahead of "generate", one model.generate thread per reply, from 4 concurrent streams on)
-    engine: str = "batched"
-    # --engine openai: the OpenAI-compatible server that generates (its API base, ".../v1"),
-    # the model it serves (None: the first it lists), its API key (never logged) and the
-    # tokenizer the gateway renders prompts with ("embedded", or a tokenizer.json or its folder)
-    engine_url: str = "http://127.0.0.1:8080/v1"
-    engine_model: str | None = None
-    engine_api_key: str | None = field(default=None, repr=False)
-    # images per prompt the engine's model reads (None: as the engine says, where it does)
-    engine_images: int | None = None
-    tokenizer: str = "embedded"
-    # how a conversation becomes prompt ids (server/engine/formats.py); "auto" picks per model
-    prompt_format: str = "auto"
-    # generations decoding at once across sessions (the batched engine's batch width); more wait
-    # in a queue of max_queue. None (auto): the batched engine's width for its device, never
-    # more rows than the memory left holds (runtime/batch_width.py says what and why); the other
-    # engines take UNBATCHED_CONCURRENT
-    max_concurrent: int | None = None
-    # prompt tokens the batched engine prefills per pass, so decoding rows never wait long
-    prefill_chunk_tokens: int = 512
-    # CPU threads torch uses in the engine's worker; None: auto (every usable core while the
-    # cores are free, fewer while other processes keep some busy: engine/threads.py says why)
-    threads: int | None = None
-    max_queue: int = 64
-    max_new_tokens: int = 1024
-    default_max_new_tokens: int = 256
-    context_tokens: int = 8192
-    # KV state kept for idle sessions' next turns, in MiB, both engines' paths together
-    kv_budget_mib: int = 1024
-    max_frame_bytes: int = 12 * 1024 * 1024
-    max_image_bytes: int = 10 * 1024 * 1024
-    max_image_pixels: int = 25_000_000
-    max_images: int = 4
-    # bytes the images of one session may hold (kept at the model's input size: 2.4 MB each for
-    # Gemma 3), its conversation's and the staged ones together
-    max_session_image_bytes: int = 32 * 1024 * 1024
-    max_prompt_bytes: int = 256 * 1024
-    max_prompt_tokens: int = 8192
-    frames_per_second: int = 50
-    max_connections: int = 1000
-    max_connections_per_client: int = 100
-    idle_timeout_s: float = 600.0
-    ping_interval_s: float = 20.0
-    stall_timeout_s: float = 120.0
-    # a connection whose send buffer stays full this long (the peer stopped reading) is dropped
-    send_timeout_s: float = 30.0
-    # an HTTP request (a handshake included) must arrive whole within this, and at most
-    # max_pending_handshakes may be arriving at once (max_connections_per_client per address)
-    handshake_timeout_s: float = 10.0
-    max_pending_handshakes: int = 256
-    shutdown_grace_s: float = 10.0
-    resume_window_s: float = 120.0
-    # a connection that drops mid-reply without a close frame keeps its reply generating this
-    # long, its frames kept for a resume (PROTOCOL.md section 10); 0: cancelled at once
-    resume_grace_s: float = 15.0
-    # where detached sessions are kept: "memory" (this process) or a Redis URL (redis://,
-    # rediss://, unix://), which any replica can resume from; may hold a password
-    session_store: str = field(default="memory", repr=False)
-    # a replica renews its hold on each connected session's stored state this often (a third)
-    session_lease_s: float = 6.0
-    tokens: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ()
-    # Host names a request may name when no token is set (DNS rebinding); the local names and
-    # the address a connection reached are always allowed (access.host_allowed)
-    allowed_hosts: tuple[str, ...] = ()
-    # peers whose X-Forwarded-For is believed (proxies in front); none by default
-    forwarded_allow_ips: tuple[str, ...] = ()
-    log_level: str = "info"
+    host: str = option("127.0.0.1", "address to listen on")
+    port: int = option(8000, "port to listen on (0 picks a free one)")
+    model: str = option(
+        "embedded",
+        "`embedded` (Gemma 3 270M shipped as a Python package), a local model folder, or a hub "
+        "name on machines that have its weights; `--engine llamacpp`: `embedded` or a .gguf file",
+    )
+    cache_dir: Path | None = option(
+        None,
+        "where the embedded model is converted and cached "
+        "(default: $XDG_CACHE_HOME/wschat or ~/.cache/wschat)",
+    )
+    device: str = option(
+        "auto", "`auto` (cuda when available, else cpu), `cpu`, `cuda` or `cuda:N`"
+    )
+    dtype: str = option(
+        "auto",
+        "how the weights and the arithmetic are held: `auto` (the default) picks per device and "
+        "logs why: on a CPU with AMX `bf16-packed` (bf16 weights reordered once for oneDNN), on "
+        "other x86 CPUs `fp16-weights` (fp16 weights packed for fbgemm, float32 arithmetic), on "
+        "a GPU `bfloat16`; or `float32`, `bfloat16`, `float16`",
+    )
+    # batched ahead of generate from 4 concurrent streams on (bench/ measures both)
+    engine: str = option(
+        "batched",
+        "`batched`: the replies of all sessions decode together, one forward pass a step; "
+        "`generate`: one `model.generate` per reply in its own thread; `openai`: replies come "
+        "from an OpenAI-compatible server at `--engine-url` (vLLM, llama.cpp's server; "
+        "docs/deploy.md); `llamacpp`: from llama.cpp's server (xllamacpp) on the `--model` "
+        "GGUF, which wschat starts on a loopback port, restarts if it dies and stops with "
+        "itself: `--threads` threads, `--max-concurrent` slots of `--context-tokens` each",
+    )
+    engine_url: str = option(
+        "http://127.0.0.1:8080/v1",
+        "`--engine openai`: the engine's OpenAI API base, http://HOST:PORT/v1",
+    )
+    engine_model: str | None = option(
+        None, "`--engine openai`: the model to ask for (default: the first the engine lists)"
+    )
+    engine_api_key: str | None = option(
+        None,
+        "`--engine openai`: the engine's API key, sent as a bearer token and never logged "
+        "(prefer WSCHAT_ENGINE_API_KEY: a command line is visible to every local user)",
+        secret=True,
+    )
+    engine_images: int | None = option(
+        None,
+        "`--engine openai`: images per prompt the engine's model reads, sent through its chat "
+        "API (default: as the engine says where it does, llama.cpp's server; else none)",
+    )
+    tokenizer: str = option(
+        "embedded",
+        "`--engine openai`: the tokenizer prompts are rendered with, `embedded` (the embedded "
+        "model's), a tokenizer.json (or its folder) or a Gemma .gguf file; checked against the "
+        "engine's at start (`--engine llamacpp`: the `--model` GGUF's own by default)",
+    )
+    # server/engine/formats.py renders each
+    prompt_format: str = option(
+        "auto",
+        "how a conversation is rendered for the model: `auto` (the tokenizer's chat template "
+        "if it has one; Gemma turns for an instruction-tuned Gemma; else `transcript`, a plain "
+        "User:/Assistant: transcript for pretrained base models such as the embedded one), "
+        "`chat-template`, `gemma-turns` or `transcript`",
+    )
+    # None is auto: runtime/batch_width.py says what and why
+    max_concurrent: int | None = option(
+        None,
+        "generations running at once across all sessions (the batched engine's batch width; "
+        "more wait in the queue, first come first served): a number, or `auto` (the default): "
+        f"{PREFERRED['cpu']} on a CPU, {PREFERRED['cuda']} on a GPU, fewer where the memory "
+        "left after the model cannot hold that many rows of KV cache at `--context-tokens`; "
+        f"{UNBATCHED_CONCURRENT} for the other engines (`--engine llamacpp`: its slots)",
+    )
+    prefill_chunk_tokens: int = option(
+        512, "prompt tokens the batched engine prefills per pass, so decoding rows never wait long"
+    )
+    # None is auto: engine/threads.py says why
+    threads: int | None = option(
+        None,
+        "CPU threads torch uses to generate: a number, or `auto` (the default): one per usable "
+        "core while the cores are free, one fewer for each core other processes keep busy "
+        "(`--engine llamacpp`: llama.cpp's threads, auto: every usable core)",
+    )
+    max_queue: int = option(64, "prompts waiting for a slot before new ones get `overloaded`")
+    max_new_tokens: int = option(
+        1024,
+        "the cap: the most tokens a prompt may ask for as its reply length (`wschat ask "
+        "--max-new-tokens N`); more is refused. A prompt that asks for none gets "
+        "`--default-max-new-tokens`",
+    )
+    default_max_new_tokens: int = option(
+        256,
+        "the reply length when a prompt names none (`wschat ask` without `--max-new-tokens`): "
+        "what cuts most replies; at most `--max-new-tokens`",
+    )
+    context_tokens: int = option(8192, "the context window used (capped by the model's own)")
+    kv_budget_mib: int = option(
+        1024,
+        "MiB of KV cache kept for idle sessions' next turns, text and image turns together, "
+        "least recently used evicted beyond it (Gemma 3 270M in bf16 holds 3 KiB a token plus "
+        "up to 7.5 MiB for its sliding layers: a 1,000-token conversation takes 10.4 MiB); "
+        "`--engine llamacpp`: llama.cpp's prompt cache in RAM",
+    )
+    max_frame_bytes: int = option(12 * 1024 * 1024, "largest frame accepted")
+    max_image_bytes: int = option(10 * 1024 * 1024, "largest image accepted")
+    max_image_pixels: int = option(25_000_000, "most pixels in one image")
+    max_images: int = option(4, "most images in one prompt")
+    max_session_image_bytes: int = option(
+        32 * 1024 * 1024,
+        "bytes the images one session keeps may hold, its conversation's and the staged ones "
+        "together (at the model's input size: 2.4 MB each for Gemma 3)",
+    )
+    max_prompt_bytes: int = option(256 * 1024, "largest prompt text, in UTF-8 bytes")
+    max_prompt_tokens: int = option(8192, "largest prompt text, in tokens")
+    frames_per_second: int = option(50, "client frames per second before a connection is closed")
+    max_connections: int = option(1000, "chat connections in total")
+    max_connections_per_client: int = option(100, "chat connections per client address")
+    idle_timeout_s: float = option(
+        600.0, "close a connection with no frames and no generation this long"
+    )
+    ping_interval_s: float = option(20.0, "WebSocket keepalive ping interval (0: off)")
+    stall_timeout_s: float = option(120.0, "cancel a generation that makes no progress this long")
+    send_timeout_s: float = option(
+        30.0,
+        "drop a connection whose send buffer stays full this long (the peer stopped reading; its "
+        "generation is cancelled)",
+    )
+    handshake_timeout_s: float = option(
+        10.0, "drop a connection whose HTTP request (a handshake included) is not whole by then"
+    )
+    max_pending_handshakes: int = option(
+        256,
+        "connections still sending their HTTP request, at once (more are dropped at once; "
+        "`--max-connections-per-client` from one address)",
+    )
+    shutdown_grace_s: float = option(
+        10.0, "on SIGTERM, how long running replies may take to finish"
+    )
+    resume_window_s: float = option(120.0, "how long a dropped session can be resumed")
+    resume_grace_s: float = option(
+        15.0,
+        "a connection dropped mid-reply without a close frame (or that missed its pings): how "
+        "long the reply goes on, its frames kept, for a resume (`?resume=TOKEN&last=N`) to get "
+        "every token it missed once (it keeps its connection's place in the caps meanwhile); a "
+        "clean close, `cancel`, `reset` and shutdown still cancel at once, as does a drop before "
+        "the reply's first token; 0: cancelled at once (PROTOCOL.md section 10)",
+    )
+    session_store: str = option(
+        "memory",
+        "where a dropped session is kept for `?resume=`: `memory` (this process), or a Redis "
+        "URL (`redis://HOST:PORT/DB`, `rediss://...`, `unix:///PATH`; needs "
+        '`pip install -e ".[redis]"`) from which any replica resumes it; '
+        "WSCHAT_SESSION_STORE keeps a password off the command line (docs/deploy.md)",
+        secret=True,
+    )
+    session_lease_s: float = option(
+        6.0,
+        "with Redis: how long a connected session stays held by its replica without a renewal "
+        "(renewed every third of it); a resume of a session whose replica died waits for it to "
+        "lapse, up to a second more, rather than starting a new session",
+    )
+    tokens: tuple[str, ...] = option(
+        (),
+        "accept this bearer token (repeatable; env WSCHAT_TOKENS, comma-separated); without "
+        "any, no auth is required",
+    )
+    allowed_origins: tuple[str, ...] = option(
+        (),
+        "allow browser connections from this Origin (repeatable); without any, only same-host "
+        "origins and non-browser clients",
+    )
+    # access.host_allowed applies it
+    allowed_hosts: tuple[str, ...] = option(
+        (),
+        "a Host name requests may use when no token is set (repeatable; `*`: any); localhost "
+        "names, 127.0.0.1, [::1], `--host` and the address a connection reached are always "
+        "allowed, so a DNS-rebinding page cannot reach the server",
+    )
+    forwarded_allow_ips: tuple[str, ...] = option(
+        (),
+        "proxies (addresses or networks, repeatable or comma-separated; `*`: any) whose "
+        "X-Forwarded-For gives the client address; without any, it is never read",
+    )
+    log_level: str = option("info", "how much the server logs")

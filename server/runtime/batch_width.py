@@ -14,11 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# The width where memory is no limit (`python -m bench --only widths` measures the CPU's,
-# bench/gpu.py the GPU's). Wider is better while a step over more rows costs far less than
-# several narrower steps: rows past the width wait for whole replies. On a GPU a decode step
-# reads every weight once whatever the rows, so memory sets the width long before speed does.
-PREFERRED = {"cpu": 32, "cuda": 64}
+from ..settings import PREFERRED
+
 # Of the memory free once the model is loaded, the share the batch's KV buffers may take: a GPU
 # is the engine's alone (the rest: activations, the allocator's slack); RAM is shared with the
 # process's own objects and with other processes.

@@ -10,13 +10,12 @@ import re
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
-from dataclasses import fields
+from dataclasses import Field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
 from ..engine.formats import FORMATS
-from ..settings import DTYPES, ENGINES, STORE_SCHEMES, UNBATCHED_CONCURRENT, Settings
-from .batch_width import PREFERRED
+from ..settings import DTYPES, ENGINES, STORE_SCHEMES, Settings
 
 _DEFAULTS = Settings()
 
@@ -131,163 +130,39 @@ def _env_list(name: str) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
-_OPTIONS: list[tuple[str, Callable[[str], Any], str]] = [
-    ("host", str, "address to listen on"),
-    ("port", port, "port to listen on (0 picks a free one)"),
-    (
-        "model",
-        str,
-        "'embedded' (Gemma 3 270M shipped as a Python package), a local model "
-        "folder, or a hub name on machines that have its weights; --engine llamacpp: "
-        "'embedded' or a .gguf file",
-    ),
-    (
-        "cache_dir",
-        str,
-        "where the embedded model is converted and cached "
-        "(default: $XDG_CACHE_HOME/wschat or ~/.cache/wschat)",
-    ),
-    ("device", device, "'auto' (cuda when available, else cpu), 'cpu', 'cuda' or 'cuda:N'"),
-    (
-        "dtype",
-        str,
-        "how the weights and the arithmetic are held: 'auto' (the default) picks per device "
-        "and logs why: on a CPU with AMX 'bf16-packed' (bf16 weights reordered once for "
-        "oneDNN), on other x86 CPUs 'fp16-weights' (fp16 weights packed for fbgemm, float32 "
-        "arithmetic), on a GPU 'bfloat16'; or 'float32', 'bfloat16', 'float16'",
-    ),
-    (
-        "engine",
-        str,
-        "'batched': the replies of all sessions decode together, one forward pass a step; "
-        "'generate': one model.generate per reply in its own thread; 'openai': replies come "
-        "from an OpenAI-compatible server at --engine-url (vLLM, llama.cpp's server); "
-        "'llamacpp': from llama.cpp's server (xllamacpp) on the --model GGUF, which wschat "
-        "starts on a loopback port, restarts if it dies and stops with itself: --threads "
-        "threads, --max-concurrent slots of --context-tokens each",
-    ),
-    ("engine_url", str, "--engine openai: the engine's OpenAI API base, http://HOST:PORT/v1"),
-    (
-        "engine_model",
-        str,
-        "--engine openai: the model to ask for (default: the first the engine lists)",
-    ),
-    (
-        "engine_api_key",
-        str,
-        "--engine openai: the engine's API key, sent as a bearer token and never logged "
-        "(prefer WSCHAT_ENGINE_API_KEY: a command line is visible to every local user)",
-    ),
-    (
-        "engine_images",
-        int,
-        "--engine openai: images per prompt the engine's model reads, sent through its chat API "
-        "(default: as the engine says where it does, llama.cpp's server; else none)",
-    ),
-    (
-        "tokenizer",
-        str,
-        "--engine openai: the tokenizer prompts are rendered with, 'embedded' (the embedded "
-        "model's), a tokenizer.json (or its folder) or a Gemma .gguf file; checked against "
-        "the engine's at start (--engine llamacpp: the --model GGUF's own by default)",
-    ),
-    (
-        "prompt_format",
-        str,
-        "how a conversation is rendered for the model: 'auto' (the tokenizer's chat template "
-        "if it has one; Gemma turns for an instruction-tuned Gemma; else 'transcript', a "
-        "plain User:/Assistant: transcript for pretrained base models such as the embedded "
-        "one), 'chat-template', 'gemma-turns' or 'transcript'",
-    ),
-    (
-        "max_concurrent",
-        concurrency,
-        "generations running at once across all sessions (the batched engine's batch width; "
-        "more wait in the queue, first come first served): a number, or 'auto' (the default): "
-        f"{PREFERRED['cpu']} on a CPU, {PREFERRED['cuda']} on a GPU, fewer where the memory "
-        "left after the model cannot hold that many rows of KV cache at --context-tokens; "
-        f"{UNBATCHED_CONCURRENT} for the other engines",
-    ),
-    ("prefill_chunk_tokens", int, "prompt tokens the batched engine prefills per pass"),
-    (
-        "threads",
-        thread_count,
-        "CPU threads torch uses to generate: a number, or 'auto' (the default): one per usable "
-        "core while the cores are free, one fewer for each core other processes keep busy "
-        "(--engine llamacpp: llama.cpp's threads, auto: every usable core)",
-    ),
-    ("max_queue", int, "prompts waiting for a slot before new ones get 'overloaded'"),
-    (
-        "max_new_tokens",
-        int,
-        "the cap: the most tokens a prompt may ask for as its reply length (wschat ask "
-        "--max-new-tokens N); more is refused. A prompt that asks for none gets "
-        "--default-max-new-tokens",
-    ),
-    (
-        "default_max_new_tokens",
-        int,
-        "the reply length when a prompt names none (wschat ask without --max-new-tokens): what "
-        "cuts most replies; at most --max-new-tokens",
-    ),
-    ("context_tokens", int, "context window used (capped by the model's own)"),
-    (
-        "kv_budget_mib",
-        int,
-        "MiB of KV cache kept for idle sessions' next turns, text and image turns together "
-        "(least recently used evicted beyond it; --engine llamacpp: llama.cpp's prompt cache "
-        "in RAM)",
-    ),
-    ("max_frame_bytes", int, "largest frame accepted"),
-    ("max_image_bytes", int, "largest image accepted"),
-    ("max_image_pixels", int, "most pixels in one image"),
-    ("max_images", int, "most images in one prompt"),
-    (
-        "max_session_image_bytes",
-        int,
-        "bytes the images one session keeps may hold (at the model's input size)",
-    ),
-    ("max_prompt_bytes", int, "largest prompt text, in UTF-8 bytes"),
-    ("max_prompt_tokens", int, "largest prompt text, in tokens"),
-    ("frames_per_second", int, "client frames per second before a connection is closed"),
-    ("max_connections", int, "chat connections in total"),
-    ("max_connections_per_client", int, "chat connections per client address"),
-    ("idle_timeout_s", float, "close a connection with no frames and no generation this long"),
-    ("ping_interval_s", float, "WebSocket keepalive ping interval (0: off)"),
-    ("stall_timeout_s", float, "cancel a generation that makes no progress this long"),
-    (
-        "send_timeout_s",
-        float,
-        "drop a connection whose send buffer stays full this long (its generation is cancelled)",
-    ),
-    ("handshake_timeout_s", float, "drop a connection whose HTTP request is not whole by then"),
-    (
-        "max_pending_handshakes",
-        int,
-        "connections still sending their HTTP request, at once (more are dropped at once)",
-    ),
-    ("shutdown_grace_s", float, "on SIGTERM, how long running replies may take to finish"),
-    ("resume_window_s", float, "how long a dropped session can be resumed"),
-    (
-        "resume_grace_s",
-        float,
-        "a connection dropped mid-reply without a close frame: how long its reply goes on for a "
-        "resume to pick up (0: cancelled at once)",
-    ),
-    (
-        "session_store",
-        session_store,
-        "where dropped sessions are kept for resumption: 'memory' (this process) or a Redis URL "
-        "(redis://HOST:PORT/DB, rediss://..., unix:///PATH), from which any replica resumes",
-    ),
-    (
-        "session_lease_s",
-        float,
-        "with Redis: a connected session's hold on its stored state, renewed every third of it; "
-        "a replica that dies frees its sessions this long after",
-    ),
-    ("log_level", str.lower, "how much the server logs"),
-]
+# The options whose values a parser of their own checks; the rest are read as their field's type.
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "port": port,
+    "device": device,
+    "max_concurrent": concurrency,
+    "threads": thread_count,
+    "session_store": session_store,
+    "log_level": str.lower,
+}
+# The repeatable options: a field of several values, its flag named for one of them
+_LIST_FLAGS = {
+    "tokens": "token",
+    "allowed_origins": "allowed_origin",
+    "allowed_hosts": "allowed_host",
+    "forwarded_allow_ips": "forwarded_allow_ips",
+}
+
+
+def _parser_of(setting: Field[Any]) -> Callable[[str], Any]:
+    """How the option's string becomes the setting's value: its own parser, else its type's."""
+    if setting.name in _PARSERS:
+        return _PARSERS[setting.name]
+    kind = str(setting.type).removesuffix(" | None")  # the annotation, as a string
+    return {"int": int, "float": float}.get(kind, str)
+
+
+def help_text(meaning: str) -> str:
+    """A setting's meaning as ``--help`` prints it: ``--name`` bare, other code in quotes, and
+    argparse's ``%`` escaped."""
+    text = re.sub(r"`(--[^`]+)`", r"\1", meaning)
+    return re.sub(r"`([^`]+)`", r"'\1'", text).replace("%", "%%")
+
+
 # --help's sections, in order; each option in one (a test checks)
 _GROUPS: dict[str, tuple[str, ...]] = {
     "model and engine": (
@@ -333,9 +208,9 @@ _GROUPS: dict[str, tuple[str, ...]] = {
     "network and security": (
         "host",
         "port",
-        "token",
-        "allowed_origin",
-        "allowed_host",
+        "tokens",
+        "allowed_origins",
+        "allowed_hosts",
         "forwarded_allow_ips",
         "ping_interval_s",
         "handshake_timeout_s",
@@ -388,44 +263,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     groups = {title: parser.add_argument_group(title) for title in _GROUPS}
     group = {name: groups[title] for title, names in _GROUPS.items() for name in names}
-    for name, kind, help_text in _OPTIONS:
+    for setting in fields(Settings):
+        name, meaning = setting.name, help_text(setting.metadata["help"])
+        if name in _LIST_FLAGS:
+            group[name].add_argument(
+                f"--{_LIST_FLAGS[name].replace('_', '-')}",
+                action="append",
+                default=_env_list(name),
+                help=meaning,
+            )
+            continue
         group[name].add_argument(
             f"--{name.replace('_', '-')}",
-            type=kind,
+            type=_parser_of(setting),
             choices=_CHOICES.get(name),
-            help=help_text,
+            help=meaning,
             # a secret is read from the environment after parsing, so --help never shows it
             default=None if name in _SECRET_OPTIONS else _env(name, getattr(_DEFAULTS, name)),
         )
-    group["token"].add_argument(
-        "--token",
-        action="append",
-        default=_env_list("tokens"),
-        help="accept this bearer token (repeatable; env WSCHAT_TOKENS, "
-        "comma-separated); without any, no auth is required",
-    )
-    group["allowed_origin"].add_argument(
-        "--allowed-origin",
-        action="append",
-        default=_env_list("allowed_origins"),
-        help="allow browser connections from this Origin (repeatable); without "
-        "any, only same-host origins and non-browser clients",
-    )
-    group["allowed_host"].add_argument(
-        "--allowed-host",
-        action="append",
-        default=_env_list("allowed_hosts"),
-        help="a Host name requests may use when no token is set (repeatable; '*': any); "
-        "localhost names, 127.0.0.1, [::1], --host and the address a connection reached "
-        "are always allowed, so a DNS-rebinding page cannot reach the server",
-    )
-    group["forwarded_allow_ips"].add_argument(
-        "--forwarded-allow-ips",
-        action="append",
-        default=_env_list("forwarded_allow_ips"),
-        help="proxies (addresses or networks, repeatable or comma-separated; '*': any) whose "
-        "X-Forwarded-For gives the client address; without any, it is never read",
-    )
     return parser
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from wschat.server.runtime.batch_width import PREFERRED, KVShape, default_width
+from wschat.server.runtime.batch_width import KVShape, default_width
 from wschat.server.runtime.cli import HELP_HINT, settings_from_args
 from wschat.server.runtime.engines import make_engine
-from wschat.server.settings import Settings
+from wschat.server.settings import PREFERRED, Settings
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -12,9 +12,11 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from wschat.server.runtime.cli import HELP_HINT, build_parser, main, settings_from_args
+from wschat.server.runtime.cli import HELP_HINT, build_parser, help_text, main, settings_from_args
 from wschat.server.runtime.serve import uvicorn_config
 from wschat.server.settings import Settings
+
+from tests.runtime.readme_options import OPTIONS, README, readme_table, table
 
 
 def option_help(name: str) -> str:
@@ -317,28 +319,18 @@ def test_help_says_which_reply_length_is_the_cap_and_which_is_used() -> None:
     assert "when a prompt names none" in used and "(default: 256)" in used
 
 
-def readme_options() -> dict[str, str]:
-    """The README's configuration table: each option it names and its default column."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text.split("\n## Configuration\n", 1)[1].split("\n\n**", 1)[0]
-    rows: dict[str, str] = {}
-    for line in section.splitlines():
-        if line.startswith("| `--"):
-            names, default = line.split(" | ")[:2]
-            for name in re.findall(r"`(--[a-z-]+)`", names):
-                rows[name] = default.strip("`")
-    return rows
+def test_the_readme_options_table_is_the_settings_own_descriptions() -> None:
+    """Each setting is described once (server/settings.py); the README's table is written from
+    it by ``python -m tests.runtime.readme_options --write``."""
+    assert readme_table(README.read_text()) == table()
+    flags = {a.option_strings[0] for a in build_parser()._actions if a.option_strings}
+    assert {f"--{name.replace('_', '-')}" for name in OPTIONS} <= flags
 
 
-def test_the_readme_table_names_real_options_with_their_defaults() -> None:
-    rows = readme_options()
-    assert {"--max-new-tokens", "--default-max-new-tokens"} <= set(rows)
-    actions = {a.option_strings[0]: a for a in build_parser()._actions if a.option_strings}
-    for name, default in rows.items():
-        assert name in actions, f"the README names {name}, which wschat-server lacks"
-        real = getattr(Settings(), actions[name].dest)
-        if isinstance(real, int | float) and not isinstance(real, bool):
-            assert default.replace(",", "") == f"{real:g}", name
+def test_each_option_is_helped_by_its_settings_description() -> None:
+    assert help_text("`auto` or `--threads` at 100%") == "'auto' or --threads at 100%%"
+    helps = {a.help for a in build_parser()._actions if a.option_strings and a.dest != "help"}
+    assert helps == {help_text(f.metadata["help"]) for f in fields(Settings)}
 
 
 def test_the_progress_bars_of_transformers_and_its_gguf_reader_are_off() -> None:
