@@ -226,7 +226,7 @@ def llama_cpp(
     ``cores`` when given; its log ``logs/<name>.log``."""
     port = free_port()
     command = [
-        sys.executable, "-m", "wschat.server.engine.openai.llamacpp",
+        sys.executable, "-m", "wschat.server.runtime.llamacpp",
         "--port", str(port),
         "--threads", str(threads),
         "--parallel", str(slots),

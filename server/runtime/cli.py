@@ -384,7 +384,7 @@ def llamacpp_model_problem(settings: Settings) -> str | None:
     server starts; None when it may."""
     if settings.engine != "llamacpp" or settings.model == "embedded":
         return None
-    from ..engine.openai.supervisor import LlamaCppError, checked_gguf
+    from .supervisor import LlamaCppError, checked_gguf
 
     try:
         checked_gguf(settings.model)

@@ -66,8 +66,8 @@ def _connect_openai(settings: Settings) -> Engine:
 def _start_llamacpp(settings: Settings) -> Engine:
     """llama.cpp's server, started and supervised here, with the openai engine in front."""
     from ..engine.cores import usable_cores
-    from ..engine.openai.supervisor import LlamaCppConfig, LlamaCppServer, launch
     from ..engine.openai.tokenizer import EMBEDDED, default_cache_dir
+    from .supervisor import LlamaCppConfig, LlamaCppServer, launch
 
     config = LlamaCppConfig(
         model=settings.model,

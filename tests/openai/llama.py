@@ -43,7 +43,7 @@ class LlamaServer:
         command = [
             sys.executable,
             "-m",
-            "wschat.server.engine.openai.llamacpp",
+            "wschat.server.runtime.llamacpp",
             "--port",
             str(self.port),
             "--threads",

@@ -105,7 +105,8 @@ class HttpGeneration(Generation):
 
 
 class Child(Protocol):
-    """A process the engine started and stops when it closes (``supervisor.LlamaCppServer``)."""
+    """A process started for the engine, which stops it when it closes (``LlamaCppServer`` in
+    ``runtime/supervisor.py``)."""
 
     def stop(self) -> None: ...
 

@@ -1,4 +1,4 @@
-"""``--engine llamacpp`` (``engine/openai/supervisor.py``): a real llama.cpp server as wschat's
+"""``--engine llamacpp`` (``runtime/supervisor.py``): a real llama.cpp server as wschat's
 child on the embedded GGUF, a real server in front and a real WebSocket client. Killed mid-reply
 it is restarted; it stops with the server and with a parent that dies; a start that cannot
 succeed ends with llama.cpp's reason, once."""
@@ -22,7 +22,8 @@ import psutil
 import pytest
 from wschat.server.engine.openai import OpenAIEngine
 from wschat.server.engine.openai.client import EngineHttp
-from wschat.server.engine.openai.supervisor import (
+from wschat.server.engine.openai.tokenizer import default_cache_dir
+from wschat.server.runtime.supervisor import (
     FIRST_RETRY_S,
     MAX_RETRY_S,
     LlamaCppConfig,
@@ -32,7 +33,6 @@ from wschat.server.engine.openai.supervisor import (
     launch,
     retry_delay,
 )
-from wschat.server.engine.openai.tokenizer import default_cache_dir
 
 from tests.openai.llama import SLOT_CONTEXT, SLOTS, START_TIMEOUT
 from tests.support import ROOT, TIMEOUT, http_base, raw_peer, running_server, wait_until
@@ -196,7 +196,7 @@ def test_the_client_follows_a_server_that_moved() -> None:
 
 _PARENT = """
 import sys
-from wschat.server.engine.openai.supervisor import LlamaCppConfig, LlamaCppServer
+from wschat.server.runtime.supervisor import LlamaCppConfig, LlamaCppServer
 from wschat.server.engine.openai.tokenizer import default_cache_dir
 server = LlamaCppServer(LlamaCppConfig("embedded", default_cache_dir(), 1, 1, 512))
 server.start()

@@ -1,4 +1,4 @@
-"""``python -m wschat.server.engine.openai.llamacpp``: llama.cpp's server on the embedded Gemma 3
+"""``python -m wschat.server.runtime.llamacpp``: llama.cpp's server on the embedded Gemma 3
 270M GGUF (or another GGUF), from the prebuilt ``xllamacpp`` wheel: no compiler, no torch.
 
 It serves the OpenAI API the openai engine speaks, plus ``/slots``, ``/tokenize`` and
@@ -25,7 +25,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from .tokenizer import EMBEDDED, default_cache_dir, gguf_path
+from ..engine.openai.tokenizer import EMBEDDED, default_cache_dir, gguf_path
 
 API_KEY_VARIABLE = "WSCHAT_LLAMACPP_API_KEY"
 CACHE_DIR_VARIABLE = (
@@ -51,7 +51,7 @@ def model_alias(model: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m wschat.server.engine.openai.llamacpp",
+        prog="python -m wschat.server.runtime.llamacpp",
         description=DESCRIPTION,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )

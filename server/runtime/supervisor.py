@@ -1,7 +1,7 @@
 """``--engine llamacpp``: llama.cpp's server as a child process of wschat, with the openai engine
 in front of it (``launch``).
 
-The child is ``python -m wschat.server.engine.openai.llamacpp`` (the ``xllamacpp`` wheel) on the
+The child is ``python -m wschat.server.runtime.llamacpp`` (the ``xllamacpp`` wheel) on the
 embedded GGUF or a ``.gguf`` file, on a loopback port it picks, with an API key of this start's
 own (a loopback port is open to every local user). ``LlamaCppServer`` starts it, waits until it
 listens and answers ``/health``, restarts it when it dies and stops it with us.
@@ -40,10 +40,10 @@ from typing import IO
 
 import httpx
 
-from .client import EngineHttp
-from .engine import OpenAIEngine, OpenAIEngineConfig, connect
+from ..engine.openai.client import EngineHttp
+from ..engine.openai.engine import OpenAIEngine, OpenAIEngineConfig, connect
+from ..engine.openai.tokenizer import EMBEDDED, gguf_path
 from .llamacpp import API_KEY_VARIABLE, model_alias
-from .tokenizer import EMBEDDED, gguf_path
 
 log = logging.getLogger("wschat.engine.llamacpp")
 
@@ -243,7 +243,7 @@ class LlamaCppServer:
     def _command(self) -> list[str]:
         config = self.config
         return [
-            sys.executable, "-m", "wschat.server.engine.openai.llamacpp",
+            sys.executable, "-m", "wschat.server.runtime.llamacpp",
             "--model", str(self.model),
             "--host", "127.0.0.1",
             "--port", str(config.port),

@@ -1,4 +1,4 @@
-"""The launcher of llama.cpp's server (``python -m wschat.server.engine.openai.llamacpp``, as
+"""The launcher of llama.cpp's server (``python -m wschat.server.runtime.llamacpp``, as
 docs/deploy.md and docker-compose.yml run it): its ``--help`` says what it runs and every
 default, and it serves the model under a short name, not the GGUF's path."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 from wschat.server.engine.openai import OpenAIEngine
-from wschat.server.engine.openai.llamacpp import EMBEDDED_ALIAS, build_parser, model_alias
+from wschat.server.runtime.llamacpp import EMBEDDED_ALIAS, build_parser, model_alias
 
 from tests.openai.llama import LlamaServer
 from tests.support import TIMEOUT
