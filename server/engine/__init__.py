@@ -19,21 +19,21 @@ from .base import (
 )
 from .errors import (
     ContextExhausted,
-    ContextOverflow,
+    ConversationTooLong,
     EngineError,
     EngineFailed,
     EngineOverloaded,
     GenerationFailure,
     ImagesUnsupported,
-    Refusal,
-    TooLarge,
+    PromptTooLong,
+    TurnRefused,
 )
 
 __all__ = [
     "CancelFlag",
     "Chat",
     "ContextExhausted",
-    "ContextOverflow",
+    "ConversationTooLong",
     "Engine",
     "EngineError",
     "EngineFailed",
@@ -46,10 +46,10 @@ __all__ = [
     "ImagesUnsupported",
     "KVUsage",
     "PreparedTurn",
-    "Refusal",
+    "PromptTooLong",
     "SamplingParams",
     "TextPieces",
     "TokenPiece",
-    "TooLarge",
     "Turn",
+    "TurnRefused",
 ]

@@ -299,13 +299,14 @@ class Chat(Protocol):
 
     async def set_system(self, text: str | None, *, min_turn_tokens: int) -> None:
         """A new system prompt (None or empty: none) starts the conversation afresh; raises
-        ``TooLarge`` (and changes nothing) when it leaves no room for a turn of
+        ``PromptTooLong`` (and changes nothing) when it leaves no room for a turn of
         ``min_turn_tokens``."""
         ...
 
     async def prepare(self, turn: Turn, *, max_user_tokens: int) -> PreparedTurn:
-        """Count the turn: ``TooLarge`` over ``max_user_tokens`` of text, ``ContextOverflow``
-        when the conversation and it do not fit the context. Changes nothing."""
+        """Count the turn: ``PromptTooLong`` over ``max_user_tokens`` of text,
+        ``ConversationTooLong`` when the conversation and it do not fit the context. Changes
+        nothing."""
         ...
 
     def start(self, prepared: PreparedTurn) -> Generation:

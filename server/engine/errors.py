@@ -2,10 +2,10 @@
 (``ENGINE_ERRORS`` in sessions/error_boundary.py), so the engine knows no wire codes.
 
     EngineError                    ``message`` is worded for the peer; ``detail`` is the log's only
-    ├── Refusal                    raised before anything is generated: the chat is unchanged
+    ├── TurnRefused                raised before anything is generated: the chat is unchanged
     │   ├── ImagesUnsupported      (unsupported) the model reads no images
-    │   ├── TooLarge               (too_large) a system prompt or a turn's text over the limit
-    │   └── ContextOverflow        (context_overflow) the conversation and turn exceed the context
+    │   ├── PromptTooLong          (too_large) a system prompt or a turn's text over the limit
+    │   └── ConversationTooLong    (context_overflow) the conversation and turn exceed the context
     └── GenerationFailure          ends a generation: ``Finished(ERROR, error=...)``, not raised
         ├── EngineOverloaded       (overloaded) busy or unreachable; the message says when to retry
         ├── ContextExhausted       (context_overflow) the engine found the context too small
@@ -29,19 +29,19 @@ class EngineError(Exception):
         return f"{self.message} ({self.detail})" if self.detail else self.message
 
 
-class Refusal(EngineError):
+class TurnRefused(EngineError):
     """A turn (or system prompt) the engine refuses before generating."""
 
 
-class ImagesUnsupported(Refusal):
+class ImagesUnsupported(TurnRefused):
     pass
 
 
-class TooLarge(Refusal):
+class PromptTooLong(TurnRefused):
     pass
 
 
-class ContextOverflow(Refusal):
+class ConversationTooLong(TurnRefused):
     pass
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from wschat.protocol import FinishReason
 
 from .base import EngineInfo, Finished, Generation, GenerationRequest, PreparedTurn, Turn
-from .errors import ContextOverflow, TooLarge
+from .errors import ConversationTooLong, PromptTooLong
 from .formats import Exchange, PromptFormat, UserTurn
 from .tokenizing import TextTokenizer
 
@@ -238,7 +238,7 @@ class TokenChat:
         markup = conversation.first_turn_tokens(ids) - len(ids)
         longest = context - min_turn_tokens - markup
         if len(ids) > longest:
-            raise TooLarge(
+            raise PromptTooLong(
                 f"the system prompt is {len(ids)} tokens; a context of {context} holds at most"
                 f" {max(longest, 0)} with room for a turn"
             )
@@ -248,7 +248,7 @@ class TokenChat:
         conversation = self.conversation
         user = await self._engine.text_tokenizer.tokenize(conversation.tokenize_user, turn.text)
         if len(user) > max_user_tokens:
-            raise TooLarge(f"prompt is over {max_user_tokens} tokens")
+            raise PromptTooLong(f"prompt is over {max_user_tokens} tokens")
         placeholder = self._engine.image_placeholder_ids() if turn.images else []
         images = [list(placeholder) for _ in turn.images]
         prompt = conversation.prompt_ids(user, images)
@@ -257,7 +257,7 @@ class TokenChat:
             fresh = conversation.prompt_ids(user, images, fresh=True)
             # advise a reset only where one makes room: never a loop of resets
             advice = "reset to start afresh" if len(fresh) < context else "shorten the prompt"
-            raise ContextOverflow(
+            raise ConversationTooLong(
                 f"the conversation needs {len(prompt)} tokens; the context holds {context}"
                 f" ({advice})"
             )

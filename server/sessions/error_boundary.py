@@ -35,15 +35,15 @@ GENERIC_MESSAGE = "internal error"
 # What each of an engine's errors is on the wire: the engine itself knows no wire codes.
 ENGINE_ERRORS: tuple[tuple[type[engine.EngineError], type[ProtocolError]], ...] = (
     (engine.ImagesUnsupported, Unsupported),
-    (engine.TooLarge, TooLarge),
-    (engine.ContextOverflow, ContextOverflow),
+    (engine.PromptTooLong, TooLarge),
+    (engine.ConversationTooLong, ContextOverflow),
     (engine.EngineOverloaded, Overloaded),
     (engine.ContextExhausted, ContextOverflow),
     (engine.EngineFailed, Internal),
 )
 
 
-def wire_error(error: engine.EngineError, frame_id: str | None = None) -> ProtocolError:
+def _wire_error(error: engine.EngineError, frame_id: str | None = None) -> ProtocolError:
     """The wire error for an engine's: its message (never its detail) under its class's code."""
     wire = next((w for kind, w in ENGINE_ERRORS if isinstance(error, kind)), None)
     if wire is None:  # a class missing from the table: ours to fix, so nothing of it is shown
@@ -60,7 +60,7 @@ def error_frame(error: BaseException, frame_id: str | None = None) -> Error:
     """The ``error`` frame for ``error``: its id is the one the error names, else ``frame_id``
     (the client frame that caused it)."""
     if isinstance(error, engine.EngineError):
-        error = wire_error(error, frame_id)
+        error = _wire_error(error, frame_id)
     if isinstance(error, ProtocolError):
         return Error(error.code, error.message, error.id or frame_id)
     return Error(ErrorCode.INTERNAL, GENERIC_MESSAGE, frame_id)

@@ -60,9 +60,9 @@ from wschat.protocol import (
 from wschat.protocol.fields import as_id
 from wschat.protocol.frames import CLIENT_FRAMES
 
-from ..engine import Engine, Refusal, SamplingParams, Turn
+from ..engine import Engine, SamplingParams, Turn
 from ..settings import Settings
-from .error_boundary import Send, wire_error
+from .error_boundary import Send
 from .events import RunEvent, RunListener, RunStarted, TokensSent
 from .generation import GenerationRun
 from .relay import CatchUp, Relay
@@ -189,10 +189,8 @@ class Session:
         if frame.system is not None:
             # checked before it changes anything, and nothing after it can fail
             # (PROTOCOL.md "configure": a refused configure changes nothing)
-            try:
-                await self.chat.set_system(frame.system, min_turn_tokens=MIN_TURN_TOKENS)
-            except Refusal as e:
-                raise wire_error(e) from e
+            # a refusal (too large) goes to the error boundary as the engine raised it
+            await self.chat.set_system(frame.system, min_turn_tokens=MIN_TURN_TOKENS)
             self.last_prompt = None  # the conversation starts afresh
         if frame.params is not None:
             self.defaults = frame.params.merged_over(self.defaults)
@@ -240,12 +238,8 @@ class Session:
         merged = self._merged_params(frame)
         images = await self._prompt_images(frame)
         turn = Turn(frame.text, self._sampling(merged), [i.image for i in images])
-        try:
-            prepared = await self.chat.prepare(
-                turn, max_user_tokens=self.settings.max_prompt_tokens
-            )
-        except Refusal as e:  # too large, context overflow: the peer's, as wire errors
-            raise wire_error(e, frame.id) from e
+        # a refusal (too large, context overflow) goes to the error boundary as it is
+        prepared = await self.chat.prepare(turn, max_user_tokens=self.settings.max_prompt_tokens)
         ticket = self.slots.enqueue(self.address)
         self._ids.add(frame.id)
         self._staged.clear()

@@ -10,12 +10,12 @@ import pytest
 from wschat.protocol import FinishReason, ProtocolError
 from wschat.server.engine import (
     Chat,
-    ContextOverflow,
+    ConversationTooLong,
     Finished,
     Generation,
     ImagesUnsupported,
+    PromptTooLong,
     SamplingParams,
-    TooLarge,
     Turn,
 )
 from wschat.server.engine.local.batched import BatchedEngine
@@ -81,16 +81,16 @@ async def test_a_reset_chat_starts_afresh_and_keeps_its_system_prompt(
 async def test_refusals_are_engine_exceptions_that_change_nothing() -> None:
     engine = ScriptedEngine(context_tokens=64)
     chat = engine.chat("s")
-    with pytest.raises(TooLarge):
+    with pytest.raises(PromptTooLong):
         await chat.prepare(Turn("x" * 20, SamplingParams(4)), max_user_tokens=10)
-    with pytest.raises(ContextOverflow, match="shorten the prompt"):
+    with pytest.raises(ConversationTooLong, match="shorten the prompt"):
         await chat.prepare(Turn("x" * 60, SamplingParams(4)), max_user_tokens=100)
-    with pytest.raises(TooLarge):
+    with pytest.raises(PromptTooLong):
         await chat.set_system("x" * 60, min_turn_tokens=32)
     with pytest.raises(ImagesUnsupported):
         await chat.prepare(Turn("look", SamplingParams(4), ["an image"]), max_user_tokens=100)
     assert chat.system is None and chat.turns == 0 and engine.requests == []
-    for refusal in (TooLarge, ContextOverflow, ImagesUnsupported):
+    for refusal in (PromptTooLong, ConversationTooLong, ImagesUnsupported):
         assert not issubclass(refusal, ProtocolError)
 
 

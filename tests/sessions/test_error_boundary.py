@@ -20,13 +20,13 @@ from wschat.protocol import (
 from wschat.server.engine import errors as engine_errors
 from wschat.server.engine.errors import (
     ContextExhausted,
-    ContextOverflow,
+    ConversationTooLong,
     EngineError,
     EngineFailed,
     EngineOverloaded,
     GenerationFailure,
     ImagesUnsupported,
-    TooLarge,
+    PromptTooLong,
 )
 from wschat.server.sessions.error_boundary import (
     ENGINE_ERRORS,
@@ -96,13 +96,19 @@ def test_every_engine_error_has_its_wire_code_in_the_table() -> None:
     assert leaves == {kind for kind, _ in ENGINE_ERRORS}
     assert {
         kind: error_frame(kind("said for the peer"), "p").code
-        for kind in (ContextExhausted, ContextOverflow, EngineFailed, ImagesUnsupported, TooLarge)
+        for kind in (
+            ContextExhausted,
+            ConversationTooLong,
+            EngineFailed,
+            ImagesUnsupported,
+            PromptTooLong,
+        )
     } == {
         ContextExhausted: ErrorCode.CONTEXT_OVERFLOW,
-        ContextOverflow: ErrorCode.CONTEXT_OVERFLOW,
+        ConversationTooLong: ErrorCode.CONTEXT_OVERFLOW,
         EngineFailed: ErrorCode.INTERNAL,
         ImagesUnsupported: ErrorCode.UNSUPPORTED,
-        TooLarge: ErrorCode.TOO_LARGE,
+        PromptTooLong: ErrorCode.TOO_LARGE,
     }
 
 
@@ -110,7 +116,7 @@ def test_an_engine_error_sends_its_message_and_never_its_detail() -> None:
     busy = EngineOverloaded("busy; retry in 2 s", retry_s=2.0, detail="HTTP 503: slot 3 of /srv")
     assert error_frame(busy, "p") == Error(ErrorCode.OVERLOADED, "busy; retry in 2 s", "p")
     assert "/srv" in str(busy)  # the log line has it
-    assert expected(busy) and expected(TooLarge("too long"))
+    assert expected(busy) and expected(PromptTooLong("too long"))
     assert not expected(KeyError("bug"))
 
 

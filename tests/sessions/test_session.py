@@ -11,6 +11,7 @@ from wschat.protocol import (
     Configure,
     Configured,
     Done,
+    Error,
     ErrorCode,
     FinishReason,
     Frame,
@@ -25,6 +26,8 @@ from wschat.protocol import (
     Start,
     Token,
 )
+from wschat.server.engine import ConversationTooLong, PromptTooLong
+from wschat.server.sessions.error_boundary import error_frame
 from wschat.server.sessions.session import Session, SessionState
 from wschat.server.sessions.slots import GenerationSlots
 from wschat.server.sessions.snapshot import pack, unpack
@@ -166,9 +169,9 @@ async def test_max_new_tokens_over_the_server_limit_is_invalid_params() -> None:
 async def test_prompt_over_context_is_context_overflow_before_model_work() -> None:
     engine = ScriptedEngine(context_tokens=64)
     session, _ = make_session(engine)
-    with pytest.raises(ProtocolError) as raised:
+    with pytest.raises(ConversationTooLong) as raised:
         await session.handle(Prompt("a", "x" * 100))
-    assert raised.value.code is ErrorCode.CONTEXT_OVERFLOW
+    assert error_frame(raised.value, "a").code is ErrorCode.CONTEXT_OVERFLOW
     assert engine.requests == []
 
 
@@ -273,12 +276,12 @@ async def test_a_system_prompt_leaving_no_room_for_a_turn_is_too_large_and_chang
     await session.handle(Configure(system="be brief", params=GenerationParams(max_new_tokens=3)))
     await session.handle(Prompt("a", "hi"))
     await done_of(rec, "a")
-    with pytest.raises(ProtocolError) as raised:
+    with pytest.raises(PromptTooLong) as raised:  # the error boundary gives it its code
         too_long = Configure(system="s" * (LONGEST_SYSTEM + 1), params=GenerationParams(seed=1))
         await session.handle(too_long)
-    assert raised.value.code is ErrorCode.TOO_LARGE
-    assert raised.value.message == (
-        "the system prompt is 79 tokens; a context of 128 holds at most 78 with room for a turn"
+    assert error_frame(raised.value) == Error(
+        ErrorCode.TOO_LARGE,
+        "the system prompt is 79 tokens; a context of 128 holds at most 78 with room for a turn",
     )
     assert session.chat.system == "be brief"
     assert session.chat.turns == 1
@@ -297,15 +300,14 @@ async def test_the_longest_system_prompt_accepted_leaves_room_for_a_short_turn()
 
 async def test_context_overflow_advises_reset_only_when_a_reset_would_make_room() -> None:
     session, rec = make_session(ScriptedEngine(context_tokens=128))
-    with pytest.raises(ProtocolError) as alone:
+    with pytest.raises(ConversationTooLong) as alone:  # the error boundary gives it its code
         await session.handle(Prompt("a", "x" * 120))
-    assert alone.value.code is ErrorCode.CONTEXT_OVERFLOW
+    assert error_frame(alone.value, "a").code is ErrorCode.CONTEXT_OVERFLOW
     assert "reset" not in alone.value.message
     await session.handle(Prompt("b", "x" * 60))
     await done_of(rec, "b")
-    with pytest.raises(ProtocolError) as after_a_turn:
+    with pytest.raises(ConversationTooLong) as after_a_turn:
         await session.handle(Prompt("c", "x" * 60))
-    assert after_a_turn.value.code is ErrorCode.CONTEXT_OVERFLOW
     assert "reset" in after_a_turn.value.message
     await session.handle(Reset())
     await session.handle(Prompt("c", "x" * 60))

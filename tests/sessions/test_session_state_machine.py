@@ -51,6 +51,7 @@ from wschat.protocol import (
     Token,
 )
 from wschat.server.engine.base import GenerationRequest
+from wschat.server.engine.errors import EngineError
 from wschat.server.sessions.error_boundary import error_frame
 from wschat.server.sessions.session import Session
 from wschat.server.sessions.slots import GenerationSlots, Ticket
@@ -136,7 +137,7 @@ class SessionMachine(RuleBasedStateMachine):
             start = len(self.frames)
             try:
                 await self.session.handle(frame)
-            except ProtocolError as e:
+            except (ProtocolError, EngineError) as e:  # what Connection answers with a frame
                 await self._record(error_frame(e, getattr(frame, "id", None)))
             return expected, self.frames[start:]
 
