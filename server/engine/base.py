@@ -23,10 +23,12 @@ import threading
 import weakref
 from array import array
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from wschat.protocol import FinishReason, Usage
+
+from .stopping import completed
 
 
 class CancelFlag:
@@ -267,8 +269,13 @@ class LoopBridge:
         if isinstance(item, Finished):
             self._closed = True
             g = self._generation
-            usage = Usage(g.prompt_tokens, self._tokens, g.cached_tokens)
-            item = replace(item, text=self._texts.join(), usage=item.usage or usage)
+            item = completed(
+                item,
+                text=self._texts.join(),
+                prompt_tokens=g.prompt_tokens,
+                completion_tokens=self._tokens,
+                cached_tokens=g.cached_tokens,
+            )
         else:
             self._texts.append(item.text)
             self._tokens += len(item.ids)
@@ -299,14 +306,13 @@ class Chat(Protocol):
 
     async def set_system(self, text: str | None, *, min_turn_tokens: int) -> None:
         """A new system prompt (None or empty: none) starts the conversation afresh; raises
-        ``PromptTooLong`` (and changes nothing) when it leaves no room for a turn of
+        ``TooLarge`` (and changes nothing) when it leaves no room for a turn of
         ``min_turn_tokens``."""
         ...
 
     async def prepare(self, turn: Turn, *, max_user_tokens: int) -> PreparedTurn:
-        """Count the turn: ``PromptTooLong`` over ``max_user_tokens`` of text,
-        ``ConversationTooLong`` when the conversation and it do not fit the context. Changes
-        nothing."""
+        """Count the turn: ``TooLarge`` over ``max_user_tokens`` of text, ``ContextOverflow``
+        when the conversation and it do not fit the context. Changes nothing."""
         ...
 
     def start(self, prepared: PreparedTurn) -> Generation:

@@ -1,4 +1,5 @@
-"""When a reply stops, the same for every engine: its token budget and why it ended.
+"""When a reply stops, the same for every engine: its token budget, why it ended, and the
+``Finished`` it ends with.
 
 The budget is ``max_new_tokens`` cut to the room the context leaves after the prompt, and never
 below one token (a prompt that fills the context still gets its one token: the session refuses
@@ -9,7 +10,13 @@ string), then at its length (its budget spent, or the producer's own limit).
 
 from __future__ import annotations
 
-from wschat.protocol import FinishReason
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from wschat.protocol import FinishReason, Usage
+
+if TYPE_CHECKING:
+    from .base import Finished
 
 
 def token_budget(max_new_tokens: int, context_tokens: int, prompt_tokens: int) -> int:
@@ -35,3 +42,13 @@ def final_reason(*, cancelled: bool, stopped: bool) -> FinishReason:
     neither cancelled nor stopped, it ran into a length limit, ours or the producer's."""
     reason = finish_reason(cancelled=cancelled, stopped=stopped, produced=0, budget=0)
     return reason or FinishReason.LENGTH
+
+
+def completed(
+    end: Finished, *, text: str, prompt_tokens: int, completion_tokens: int, cached_tokens: int
+) -> Finished:
+    """The ``Finished`` a reply ends with, as every engine hands it on: with the reply's whole
+    text and its usage (the prompt's tokens, the reply's, those the engine had cached), unless
+    its producer counted the usage itself."""
+    usage = end.usage or Usage(prompt_tokens, completion_tokens, cached_tokens)
+    return replace(end, text=text, usage=usage)

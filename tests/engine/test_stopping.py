@@ -1,10 +1,12 @@
-"""The reply rules every engine shares: its token budget and why it ended."""
+"""The reply rules every engine shares: its token budget, why it ended, and what its ``Finished``
+carries."""
 
 from __future__ import annotations
 
 import pytest
-from wschat.protocol import FinishReason
-from wschat.server.engine.stopping import final_reason, finish_reason, token_budget
+from wschat.protocol import FinishReason, Usage
+from wschat.server.engine import Finished
+from wschat.server.engine.stopping import completed, final_reason, finish_reason, token_budget
 
 
 @pytest.mark.parametrize(
@@ -32,3 +34,13 @@ def test_a_reply_its_producer_ended_unstopped_ended_at_a_length_limit() -> None:
     assert final_reason(cancelled=False, stopped=False) is FinishReason.LENGTH
     assert final_reason(cancelled=False, stopped=True) is FinishReason.STOP
     assert final_reason(cancelled=True, stopped=True) is FinishReason.CANCELLED
+
+
+def test_a_finished_reply_carries_its_text_and_usage_unless_its_producer_counted_it() -> None:
+    end = Finished(FinishReason.STOP, completion_ids=(5, 6))
+    counts = {"prompt_tokens": 12, "completion_tokens": 2, "cached_tokens": 4}
+    done = completed(end, text="Hi.", **counts)
+    assert (done.reason, done.completion_ids, done.text) == (FinishReason.STOP, (5, 6), "Hi.")
+    assert done.usage == Usage(12, 2, 4)
+    own = Usage(12, 3, 0)  # a producer that counted its reply itself (one token not streamed)
+    assert completed(Finished(FinishReason.LENGTH, usage=own), text="", **counts).usage == own
