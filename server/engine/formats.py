@@ -14,9 +14,10 @@ each prompt extends the previous one token for token, so a session's KV state is
 
 ``transcript``    for pretrained (base) models, which were never tuned on turns and babble inside
                   turn markup, but continue a plain transcript well: an instruction line (the
-                  system prompt when one is set), a few short example exchanges, then
-                  ``User: ...`` / ``Assistant:`` lines. A reply is one paragraph: it ends at its
-                  first line break, which is kept in the history but never sent as text.
+                  system prompt when one is set), a few short example exchanges (questions, and
+                  a statement remarked on), then ``User: ...`` / ``Assistant:`` lines. A reply
+                  is one paragraph: it ends at its first line break, which is kept in the
+                  history but never sent as text.
 
 ``auto`` picks: the tokenizer's chat template when it has one; else ``gemma-turns`` for a Gemma
 checkpoint that is instruction-tuned (its name says ``-it`` or ``instruct``, or it is one of the
@@ -136,8 +137,9 @@ class GemmaTurns:
         return [self._start, *role, *content, self._end, *self._newline]
 
 
-# The transcript's default instruction line and examples: short, factual, one line each, so a
-# base model answers in kind and ends its reply at the line break.
+# The transcript's default instruction line and examples, one line each, so a base model answers
+# in kind and ends its reply at the line break: short factual answers, then a remark on a
+# statement, so a statement gets a reply rather than being repeated back.
 TRANSCRIPT_INSTRUCTION = (
     "A conversation between a curious user and a helpful, knowledgeable assistant. "
     "The assistant answers each question correctly in one or two short sentences."
@@ -146,7 +148,9 @@ TRANSCRIPT_EXAMPLES = (
     ("What is the capital of Italy?", "The capital of Italy is Rome."),
     ("Who painted the Mona Lisa?", "Leonardo da Vinci painted the Mona Lisa."),
     ("How many legs does a spider have?", "A spider has eight legs."),
+    ("I baked bread this morning.", "That sounds lovely! Fresh bread is a treat."),
 )
+TRANSCRIPT_LABELS = ("User:", "Assistant:")
 
 
 class Transcript:
@@ -162,6 +166,7 @@ class Transcript:
         bos: str | None = "<bos>",
         instruction: str = TRANSCRIPT_INSTRUCTION,
         examples: Sequence[tuple[str, str]] = TRANSCRIPT_EXAMPLES,
+        labels: tuple[str, str] = TRANSCRIPT_LABELS,
     ) -> None:
         self._codec = codec
         self._newline_ids = newline_ids
@@ -169,8 +174,8 @@ class Transcript:
         self._bos = codec.tokenize_markup(bos) if bos else []
         self._line = codec.tokenize_text("\n")
         self._gap = codec.tokenize_text("\n\n")
-        self._user = codec.tokenize_text("User:")
-        self._assistant = codec.tokenize_text("Assistant:")
+        self._user = codec.tokenize_text(labels[0])
+        self._assistant = codec.tokenize_text(labels[1])
         self._instruction = codec.tokenize_text(instruction)
         self._examples: list[int] = []
         for question, answer in examples:

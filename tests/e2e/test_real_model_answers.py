@@ -1,5 +1,8 @@
-"""The embedded Gemma 3 270M (a pretrained base model) answers plain questions in its default
-prompt format: greedy, most replies name the expected word, none loops, each ends on its own."""
+"""The embedded Gemma 3 270M (a pretrained base model) answers plain questions through a real
+server in its default prompt format: greedy, the old set's questions (bench/questions.json) keep
+their rate, statements get a reply rather than an echo, none loops, each ends on its own.
+
+``python -m bench.answers`` measures the whole set; bench/results/answers.json has its figures."""
 
 from __future__ import annotations
 
@@ -9,22 +12,19 @@ from typing import Any
 
 import pytest
 
+from bench.answers import MAX_NEW_TOKENS, judge, load
 from tests.support import raw_peer, running_server
 
 pytestmark = pytest.mark.real_model
 
-# Held out: none of these is one of the transcript format's examples.
-QUESTIONS = [
-    ("What is the capital of France?", "Paris"),
-    ("What is the largest planet in our solar system?", "Jupiter"),
-    ("Who wrote Romeo and Juliet?", "Shakespeare"),
-    ("What color is the sky on a clear day?", "blue"),
-    ("What is the boiling point of water in Celsius?", "100"),
-    ("Which ocean is the largest?", "Pacific"),
-    ("What do bees make?", "honey"),
-    ("What is the opposite of hot?", "cold"),
-]
-LIMIT = 64
+# None of these is one of the transcript format's examples (tests/bench/test_answers.py).
+OLD = load()["old"]
+STATEMENTS = [item for item in load()["new"] if item.kind == "statements"]
+# The bench's figures on its CPU: 8/8 and 5/5 (2/5 before the format's remark on a statement);
+# one answer of slack each for another CPU's arithmetic.
+OLD_PASSES = len(OLD) - 1
+STATEMENT_PASSES = len(STATEMENTS) - 1
+ITEMS = [*OLD, *STATEMENTS]
 
 
 def embedded_engine() -> Any:
@@ -55,29 +55,22 @@ async def test_embedded_model_answers_plain_questions_and_ends_its_replies() -> 
     try:
         async with running_server(engine) as url, raw_peer(url) as (peer, ready):
             assert ready["prompt_format"] == "transcript"
-            for n, (question, _) in enumerate(QUESTIONS):
-                # each question on its own, as a new user would ask it
+            for n, item in enumerate(ITEMS):
+                # each on its own, as a new user would ask it
                 await peer.send({"type": "reset"})
                 await peer.recv_until("reset_ok")
-                await peer.send(
-                    {
-                        "type": "prompt",
-                        "id": f"q{n}",
-                        "text": question,
-                        "params": {"max_new_tokens": LIMIT},
-                    }
-                )
+                (text,) = item.turns
+                params = {"max_new_tokens": MAX_NEW_TOKENS}
+                await peer.send({"type": "prompt", "id": f"q{n}", "text": text, "params": params})
                 done = (await peer.recv_until("done", timeout=300))[-1]
-                replies.append((question, done["text"], done["reason"]))
+                replies.append((text, done["text"], done["reason"]))
     finally:
         await engine.aclose()
-    for question, text, reason in replies:  # printed with -s: the closing note quotes them
-        print(f"{question!r} -> {text!r} ({reason})")
-    named = [
-        want.lower() in text.lower()
-        for (_, want), (_, text, _) in zip(QUESTIONS, replies, strict=True)
-    ]
-    assert sum(named) >= 6, replies
+    for text, reply, reason in replies:  # printed with -s: the closing note quotes them
+        print(f"{text!r} -> {reply!r} ({reason})")
+    passed = [judge(item, reply) for item, (_, reply, _) in zip(ITEMS, replies, strict=True)]
+    assert sum(passed[: len(OLD)]) >= OLD_PASSES, replies
+    assert sum(passed[len(OLD) :]) >= STATEMENT_PASSES, replies
     assert [r for r in replies if loops(r[1])] == []
     assert [r for r in replies if r[2] != "stop"] == []  # each ended before the limit
     assert all(r[1] and r[1] == r[1].strip() and "\n" not in r[1] for r in replies), replies

@@ -106,6 +106,16 @@ def test_transcript_renders_instruction_examples_and_labelled_lines(tokenizer: A
     )
 
 
+def test_transcript_examples_end_with_a_remark_on_a_statement_not_an_echo(tokenizer: Any) -> None:
+    conversation = Conversation(
+        Transcript(TokenizerCodec(tokenizer), frozenset({EOS}), newline_ids(tokenizer))
+    )
+    rendered = text(tokenizer, conversation.prompt_ids(conversation.tokenize_user("Hi")))
+    examples = rendered.split("\n\n", 1)[1].removesuffix("User: Hi\nAssistant:")
+    *_, (said, reply) = [line.split("\nAssistant: ") for line in examples.split("\nUser: ")]
+    assert not said.endswith("?") and said.removeprefix("User: ") not in reply
+
+
 def test_transcript_system_prompt_replaces_the_instruction_line(tokenizer: Any) -> None:
     conversation = Conversation(
         Transcript(TokenizerCodec(tokenizer), frozenset({EOS}), newline_ids(tokenizer))
