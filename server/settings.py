@@ -28,6 +28,9 @@ DTYPES = (
 )
 # What --session-store may name besides "memory" (sessions/store.py opens it)
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
+# What --engine-dialect may name: auto, or a dialect of engine/openai/dialect.py (a test keeps
+# the two in step)
+ENGINE_DIALECTS = ("auto", "vllm", "llama.cpp", "sglang")
 # The batched engine's width under --max-concurrent auto where memory is no limit
 # (runtime/batch_width.py: the rule and the memory; `python -m bench --only widths` measures the
 # CPU's, bench/gpu.py the GPU's). Wider is better while a step over more rows costs far less than
@@ -76,7 +79,7 @@ class Settings:
         "batched",
         "`batched`: the replies of all sessions decode together, one forward pass a step; "
         "`generate`: one `model.generate` per reply in its own thread; `openai`: replies come "
-        "from an OpenAI-compatible server at `--engine-url` (vLLM, llama.cpp's server; "
+        "from an OpenAI-compatible server at `--engine-url` (vLLM, llama.cpp's server, SGLang; "
         "docs/deploy.md); `llamacpp`: from llama.cpp's server (xllamacpp) on the `--model` "
         "GGUF, which wschat starts on a loopback port, restarts if it dies and stops with "
         "itself: `--threads` threads, `--max-concurrent` slots of `--context-tokens` each",
@@ -84,6 +87,12 @@ class Settings:
     engine_url: str = option(
         "http://127.0.0.1:8080/v1",
         "`--engine openai`: the engine's OpenAI API base, http://HOST:PORT/v1",
+    )
+    engine_dialect: str = option(
+        "auto",
+        "`--engine openai`: how the engine is spoken to, `vllm`, `llama.cpp` or `sglang` "
+        "(`auto`: as the owner that `/v1/models` lists says, any other owner as vLLM); name it "
+        "when a proxy in front of the engine lists an owner of its own",
     )
     engine_model: str | None = option(
         None, "`--engine openai`: the model to ask for (default: the first the engine lists)"
@@ -97,7 +106,8 @@ class Settings:
     engine_images: int | None = option(
         None,
         "`--engine openai`: images per prompt the engine's model reads, sent through its chat "
-        "API (default: as the engine says where it does, llama.cpp's server; else none)",
+        "API (default: as the engine says where it does, llama.cpp's server and SGLang; else "
+        "none)",
     )
     tokenizer: str = option(
         "embedded",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..engine.formats import FORMATS
-from ..settings import DTYPES, ENGINES, STORE_SCHEMES, Settings
+from ..settings import DTYPES, ENGINE_DIALECTS, ENGINES, STORE_SCHEMES, Settings
 
 _DEFAULTS = Settings()
 
@@ -172,6 +172,7 @@ _GROUPS: dict[str, tuple[str, ...]] = {
         "dtype",
         "engine",
         "engine_url",
+        "engine_dialect",
         "engine_model",
         "engine_api_key",
         "engine_images",
@@ -224,6 +225,7 @@ _SECRET_OPTIONS = frozenset({"engine_api_key", "session_store"})
 _CHOICES: dict[str, Sequence[str]] = {
     "dtype": DTYPES,
     "engine": ENGINES,
+    "engine_dialect": ENGINE_DIALECTS,
     "prompt_format": FORMATS,
     "log_level": LOG_LEVELS,
 }

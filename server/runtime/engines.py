@@ -59,6 +59,7 @@ def _connect_openai(settings: Settings) -> Engine:
             prompt_format=settings.prompt_format,
             context_tokens=settings.context_tokens,
             images=settings.engine_images,
+            dialect=settings.engine_dialect,
         )
     )
 

@@ -1,7 +1,9 @@
 """``MisbehavingEngine``: an OpenAI-compatible engine of the tests' own, a small HTTP/1.1 server on
-an ephemeral loopback port that speaks as llama.cpp's server (``/completion``) or vLLM
-(``/v1/completions``) does, and answers each completion with whatever its test scripts: tokens
-past ``max_tokens``, numbers out of any range, a line that never ends, an error with a huge body.
+an ephemeral loopback port that speaks as llama.cpp's server (``/completion``), vLLM or SGLang
+(``/v1/completions``) does, and answers each completion (and each chat completion) with whatever
+its test scripts: tokens past ``max_tokens``, numbers out of any range, a line that never ends,
+an error with a huge body. Other routes (``/tokenize``, ``/props``, ``/model_info``) answer what
+the test gives them, else 404.
 
 It runs on the test's event loop, beside the real uvicorn the test serves wschat with. Every
 reply is sent with ``Connection: close`` and ends where the connection does; the engine counts
@@ -17,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from wschat.server.engine.openai.dialect import LLAMA_CPP, VLLM
+from wschat.server.engine.openai.dialect import LLAMA_CPP, SGLANG, VLLM
 
 from tests.support import TIMEOUT
 
@@ -26,6 +28,13 @@ MODEL = "misbehaving"
 WRITE_BYTES = 64 * 1024
 # the most chunks an endless reply sends: bounded, yet far past any max_tokens of a test
 ENDLESS_CHUNKS = 10_000_000
+CHAT_PATH = "/v1/chat/completions"
+# each engine as the fake speaks it: the owner /v1/models lists, where a text prompt goes
+SPELLINGS = {
+    LLAMA_CPP: ("llamacpp", "/completion"),
+    VLLM: ("vllm", "/v1/completions"),
+    SGLANG: ("sglang", "/v1/completions"),
+}
 
 
 @dataclass
@@ -54,14 +63,26 @@ class Served:
 
 
 Script = Callable[[str, dict[str, Any]], Answer]
+# a route's JSON answer to a request's JSON body
+Route = Callable[[dict[str, Any]], Any]
 
 
 class MisbehavingEngine:
-    def __init__(self, dialect: str, script: Script, *, context_tokens: int = 8192) -> None:
-        assert dialect in (LLAMA_CPP, VLLM)
+    def __init__(
+        self,
+        dialect: str,
+        script: Script,
+        *,
+        context_tokens: int = 8192,
+        routes: dict[str, Route] | None = None,
+        owner: str | None = None,
+    ) -> None:
         self.dialect = dialect
+        self.owner, self.text_path = SPELLINGS[dialect]
+        self.owner = owner or self.owner  # another owner: an engine behind a proxy that says so
         self.script = script
         self.context_tokens = context_tokens
+        self.routes = routes or {}
         self.served: list[Served] = []
         self._server: asyncio.Server | None = None
 
@@ -70,10 +91,6 @@ class MisbehavingEngine:
         assert self._server is not None
         port = self._server.sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{port}/v1"
-
-    @property
-    def text_path(self) -> str:
-        return "/completion" if self.dialect == LLAMA_CPP else "/v1/completions"
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -85,8 +102,7 @@ class MisbehavingEngine:
                 await self._server.wait_closed()
 
     def models(self) -> dict[str, Any]:
-        owner = "llamacpp" if self.dialect == LLAMA_CPP else "vllm"
-        entry = {"id": MODEL, "owned_by": owner, "max_model_len": self.context_tokens}
+        entry = {"id": MODEL, "owned_by": self.owner, "max_model_len": self.context_tokens}
         if self.dialect == LLAMA_CPP:
             entry["meta"] = {"n_ctx": self.context_tokens}
         return {"object": "list", "data": [entry]}
@@ -95,7 +111,7 @@ class MisbehavingEngine:
         try:
             async with asyncio.timeout(TIMEOUT):
                 method, path, body = await _request(reader)
-            if path == self.text_path and method == "POST":
+            if path in (self.text_path, CHAT_PATH) and method == "POST":
                 served = Served(path, body)
                 self.served.append(served)
                 try:
@@ -106,6 +122,8 @@ class MisbehavingEngine:
                 await _write_whole(writer, 200, json.dumps(self.models()).encode())
             elif path == "/health":
                 await _write_whole(writer, 200, b'{"status": "ok"}')
+            elif path in self.routes:
+                await _write_whole(writer, 200, json.dumps(self.routes[path](body)).encode())
             else:  # /tokenize, /props: an engine that has none (the start goes on without)
                 await _write_whole(writer, 404, b'{"error": {"message": "not found"}}')
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
@@ -199,6 +217,12 @@ def last(dialect: str, cached: Any = 0, finish: str = "stop") -> bytes:
     details = {"cached_tokens": cached}
     usage = {"prompt_tokens": 1, "completion_tokens": 1, "prompt_tokens_details": details}
     return sse({"choices": [choice]}) + sse({"choices": [], "usage": usage}) + b"data: [DONE]\n\n"
+
+
+def chat_text(text: Any, finish: str | None = None) -> bytes:
+    """One chunk of a chat reply that gives its text alone, no ids (SGLang's chat API)."""
+    choice = {"index": 0, "delta": {"role": "assistant", "content": text}, "logprobs": None}
+    return sse({"choices": [{**choice, "finish_reason": finish, "matched_stop": None}]})
 
 
 def reply(dialect: str, pieces: list[tuple[str, list[Any]]], cached: Any = 0) -> Answer:

@@ -1,7 +1,8 @@
-"""How each engine is spoken to (``engine/openai/dialect.py``): llama.cpp's native
-``/completion`` chunks read as text, ids, finish reasons and cached prompt tokens; every sampling
-field sent in its spelling with the shortest sampler chain; vLLM's OpenAI chunks as before. The
-last tests ask a real llama.cpp server."""
+"""How each engine is spoken to (``engine/openai/dialect.py``): each dialect found by its name
+and by the owner ``/v1/models`` lists; llama.cpp's native ``/completion`` chunks read as text,
+ids, finish reasons and cached prompt tokens; every sampling field sent in its spelling with the
+shortest sampler chain; vLLM's and SGLang's OpenAI chunks and fields. The last tests ask a real
+llama.cpp server."""
 
 from __future__ import annotations
 
@@ -10,21 +11,28 @@ from typing import Any
 import httpx
 import pytest
 from wschat.protocol import FinishReason
-from wschat.server.engine import GenerationRequest, SamplingParams
+from wschat.server.engine import EngineFailed, GenerationRequest, SamplingParams
 from wschat.server.engine.history import Conversation
 from wschat.server.engine.openai import OpenAIEngine
 from wschat.server.engine.openai.dialect import (
+    AUTO,
+    DIALECTS,
     LLAMA_CPP,
+    SGLANG,
     VLLM,
     Delta,
     Dialect,
     LlamaCppDialect,
+    SglangDialect,
+    VllmDialect,
 )
+from wschat.server.settings import ENGINE_DIALECTS
 
 from tests.openai.llama import LlamaServer
 from tests.support import TIMEOUT, collect
 
 LLAMA = LlamaCppDialect()
+SGL = SglangDialect()
 GREEDY = SamplingParams(max_new_tokens=8)
 # every field llama.cpp's server reads into its sampler chain, none left to its defaults
 LLAMA_CPP_SAMPLING_FIELDS = {
@@ -61,9 +69,31 @@ def said(delta: Delta) -> tuple[str, list[int], str | None, int | None]:
 def test_the_dialect_is_told_by_the_owner_of_the_models() -> None:
     assert Dialect.detect({"data": [{"id": "m", "owned_by": "llamacpp"}]}).name == LLAMA_CPP
     assert Dialect.detect({"data": [{"id": "m", "owned_by": "vllm"}]}).name == VLLM
+    assert Dialect.detect({"data": [{"id": "m", "owned_by": "sglang"}]}).name == SGLANG
+    assert Dialect.detect({"data": [{"id": "m", "owned_by": "someone"}]}).name == VLLM
     assert Dialect.detect({"data": []}).name == VLLM
     assert Dialect.named(LLAMA_CPP).text_path == "/completion"
     assert Dialect.named(VLLM).text_path == "/v1/completions"
+    assert Dialect.named(SGLANG).text_path == "/v1/completions"
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_each_dialect_is_found_by_its_name_and_by_its_owner(name: str) -> None:
+    dialect = DIALECTS[name]
+    assert type(Dialect.named(name)) is dialect and dialect.name == name
+    models = {"data": [{"id": "m", "owned_by": dialect.owner}]}
+    assert type(Dialect.choose(AUTO, models)) is dialect
+    assert type(Dialect.choose(name, {"data": [{"id": "m", "owned_by": "other"}]})) is dialect
+    assert len({d.owner for d in DIALECTS.values()}) == len(DIALECTS)
+
+
+def test_the_engine_dialect_option_names_every_dialect() -> None:
+    assert (AUTO, *DIALECTS) == ENGINE_DIALECTS
+
+
+def test_a_name_that_is_no_dialect_is_refused_with_the_names_there_are() -> None:
+    with pytest.raises(ValueError, match=r"choose auto or vllm, llama\.cpp, sglang"):
+        Dialect.named("tgi")
 
 
 def test_a_native_chunk_gives_its_text_and_ids_and_no_finish() -> None:
@@ -137,7 +167,7 @@ def test_a_seed_is_32_bits_and_none_is_random(seed: int | None, sent: int) -> No
 
 
 def test_vllm_chunks_give_text_ids_finish_and_the_usage_chunk_the_cached_tokens() -> None:
-    vllm = Dialect()
+    vllm = VllmDialect()
     choice = {"index": 0, "text": " Paris", "token_ids": [9079], "finish_reason": None}
     assert said(vllm.text_delta({"choices": [choice]})) == (" Paris", [9079], None, None)
     last = {"choices": [{**choice, "text": "", "token_ids": [], "finish_reason": "length"}]}
@@ -147,6 +177,52 @@ def test_vllm_chunks_give_text_ids_finish_and_the_usage_chunk_the_cached_tokens(
     body = vllm.text_body("m", [1], 4, vllm.sampling(GREEDY, stop=[], stop_token_ids=[1]))
     assert body["return_token_ids"] is True and body["max_tokens"] == 4
     assert body["top_k"] == -1 and body["stop_token_ids"] == [1]
+
+
+def test_sglang_asks_for_ids_in_its_text_requests_with_vllms_fields_and_31_bit_seeds() -> None:
+    params = SamplingParams(8, temperature=0.7, repetition_penalty=1.2, seed=-1)
+    sampling = SGL.sampling(params, stop=["x"], stop_token_ids=[106])
+    body = SGL.text_body("m", [2, 105], 8, sampling)
+    assert body["prompt"] == [2, 105] and body["return_token_ids"] is True
+    assert body["max_tokens"] == 8 and body["stream_options"] == {"include_usage": True}
+    assert (body["top_k"], body["repetition_penalty"]) == (-1, 1.2)
+    assert body["stop_token_ids"] == [106] and body["stop"] == ["x"]
+    assert body["seed"] == (1 << 31) - 1
+    assert all(0 <= SGL.seed(s) < 1 << 31 for s in (0, -(1 << 63), (1 << 64) - 1))
+    # its chat chunks carry no ids: nothing asks for them
+    chat = SGL.chat_body("m", [{"role": "user", "content": "hi"}], 8, sampling)
+    assert "return_token_ids" not in chat and "logprobs" not in chat
+    assert SGL.chat_call(chat).ids_from_text and not SGL.text_call(body).ids_from_text
+
+
+def test_sglang_chunks_give_text_ids_finish_and_cached_tokens_when_it_reports_them() -> None:
+    choice = {"index": 0, "text": "Paris", "token_ids": [9079], "finish_reason": None}
+    first = {**choice, "matched_stop": None, "prompt_token_ids": [2, 105]}
+    assert said(SGL.text_delta({"choices": [first]})) == ("Paris", [9079], None, None)
+    end = {**choice, "text": "", "token_ids": [], "finish_reason": "stop", "matched_stop": 1}
+    assert SGL.text_delta({"choices": [end]}).finish == "stop"
+    reported = {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 7}}
+    assert SGL.text_delta({"choices": [], "usage": reported}).cached_tokens == 7
+    # without --enable-cache-report the usage has no details: none were found
+    plain = {"prompt_tokens": 9, "completion_tokens": 2, "reasoning_tokens": 0}
+    assert SGL.text_delta({"choices": [], "usage": plain}).cached_tokens == 0
+    chat = {"index": 0, "delta": {"role": "assistant", "content": "A red"}, "logprobs": None}
+    assert said(SGL.chat_delta({"choices": [chat]})) == ("A red", [], None, None)
+
+
+@pytest.mark.parametrize("dialect", [VllmDialect(), SGL])
+def test_a_reply_the_engine_aborts_is_a_failure_not_a_stop(dialect: Dialect) -> None:
+    aborted = {"index": 0, "text": "", "token_ids": [], "finish_reason": "abort"}
+    with pytest.raises(EngineFailed, match="mid-reply"):
+        dialect.text_delta({"choices": [aborted]})
+
+
+def test_each_dialect_says_where_its_engine_tells_whether_the_model_reads_images() -> None:
+    assert VllmDialect.vision_path is None and not VllmDialect().reads_images({})
+    assert LLAMA.vision_path == "/props" and LLAMA.reads_images({"modalities": {"vision": True}})
+    assert not LLAMA.reads_images({"modalities": {"vision": False}})
+    assert SGL.vision_path == "/model_info" and SGL.reads_images({"has_image_understanding": True})
+    assert not SGL.reads_images({"has_image_understanding": False, "is_generation": True})
 
 
 # -- against llama.cpp's server ----------------------------------------------------------------

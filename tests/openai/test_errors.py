@@ -19,6 +19,9 @@ def _body(message: str) -> bytes:
     [
         "the request exceeds the available context size (exceed_context_size_error)",
         "This model's maximum context length is 512 tokens.",
+        # SGLang's two words for it
+        "The input (9000 tokens) is longer than the model's context length (8192 tokens).",
+        "Requested token count exceeds the model's maximum context length of 8192 tokens.",
     ],
 )
 def test_a_400_about_the_context_is_context_exhausted(said: str) -> None:

@@ -1,25 +1,32 @@
-"""How each OpenAI-compatible engine is spoken to: one class per engine.
+"""How each OpenAI-compatible engine is spoken to: one class per engine, each in ``DIALECTS``.
 
-The engines share the chat API (``/v1/chat/completions``, for prompts with images) but differ in
-where a text prompt of token ids goes, what its reply chunks look like, and the fields beyond
-OpenAI's: how to ask for the generated token ids, the repetition penalty's name, the range a seed
-must fit, whether ``stop_token_ids`` is read, what "no top-k" is, and where the context length is
-published. Anything left out is filled from the engine's own defaults (llama.cpp's server:
-temperature 0.8, top-k 40, top-p 0.95, min-p 0.05; vLLM: the model's ``generation_config``), so
-every sampling field is sent, always.
+The engines share OpenAI's API: a text prompt of token ids streams its reply from a completions
+endpoint, a prompt with images from ``/v1/chat/completions``. A dialect holds one engine's
+spellings: as class attributes where they are values (its name, the owner ``/v1/models`` lists,
+where a prompt of ids goes, the fields that ask for the reply's token ids, "no top-k", the
+seeds it keeps, where it says whether its model reads images) and as methods where a shape
+differs (llama.cpp's native chunks, its sampler chain). Adding an engine is a class here and
+its entry in ``DIALECTS``; ``--engine-dialect`` names it, or ``/v1/models``' owner tells it.
+
+Every sampling field is sent, always: anything left out is filled from the engine's own
+defaults (llama.cpp's server: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05; vLLM and
+SGLang: the model's ``generation_config``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..base import SamplingParams
-from .errors import bad_answer
+from .errors import bad_answer, lost
 
-LLAMA_CPP = "llama.cpp"
 VLLM = "vllm"
+LLAMA_CPP = "llama.cpp"
+SGLANG = "sglang"
+AUTO = "auto"  # the dialect /v1/models' owner names
+CHAT_PATH = "/v1/chat/completions"  # where a prompt with images goes, on every engine
 _U32 = 1 << 32
 _I64 = 1 << 63
 # llama.cpp's repetition penalty looks back this many tokens (its default, sent as such)
@@ -40,38 +47,72 @@ class Delta:
     cached_tokens: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One streamed request: where it goes, its body, how each chunk of its reply is read, and
+    whether a chunk's text that comes without ids is tokenized here (the chat API: an engine may
+    give its text alone)."""
+
+    path: str
+    body: dict[str, Any]
+    read: Callable[[dict[str, Any]], Delta]
+    ids_from_text: bool = False
+
+
 class Dialect:
-    """The OpenAI API as vLLM extends it, which other engines are spoken to in (the richer, more
-    common set): token-id prompts on ``/v1/completions``, ``return_token_ids``, a usage chunk.
+    """The OpenAI API as vLLM extends it, which the other engines mostly follow: token-id
+    prompts on ``/v1/completions``, ``return_token_ids``, a usage chunk with the cached prompt
+    tokens. A subclass sets what its engine spells otherwise.
 
     Every value a chunk gives is checked for its type (and a count for its range) as it is read:
     a wrong one is a bad answer (``errors.bad_answer``), never a number passed on to a frame."""
 
-    name: ClassVar[str] = VLLM
+    name: ClassVar[str]
+    # who ``/v1/models`` says owns the model
+    owner: ClassVar[str]
     # where a text prompt of token ids streams its reply, from the server's root
     text_path: ClassVar[str] = "/v1/completions"
-    # whether the engine says in /props which modalities its model reads
-    publishes_modalities: ClassVar[bool] = False
+    # the fields that ask for the generated tokens' ids: in a text request, in a chat request
+    text_ids: ClassVar[dict[str, Any]] = {"return_token_ids": True}
+    chat_ids: ClassVar[dict[str, Any]] = {"return_token_ids": True}
+    # top-k's "off" (0 is refused by older vLLM releases)
+    top_k_off: ClassVar[int] = -1
+    # a seed is sent as ``seed % seeds``: our seeds span -2^63 .. 2^64-1, each maps to one value
+    seeds: ClassVar[int] = _I64
+    # where the engine says whether its model reads images (``reads_images``); None: it does not
+    vision_path: ClassVar[str | None] = None
 
     @staticmethod
     def detect(models: dict[str, Any]) -> Dialect:
-        """From ``/v1/models``: llama.cpp's server says ``owned_by: llamacpp``; vLLM
-        ``vllm``; others are spoken to as vLLM is."""
+        """From ``/v1/models``: the dialect whose owner it lists (llama.cpp's server says
+        ``llamacpp``, vLLM ``vllm``, SGLang ``sglang``); any other is spoken to as vLLM is."""
         data = models.get("data") or [{}]
         owner = str(data[0].get("owned_by", ""))
-        return LlamaCppDialect() if owner == "llamacpp" else Dialect()
+        found = [dialect for dialect in DIALECTS.values() if dialect.owner == owner]
+        return (found[0] if found else VllmDialect)()
 
     @staticmethod
     def named(name: str) -> Dialect:
-        return LlamaCppDialect() if name == LLAMA_CPP else Dialect()
+        if name not in DIALECTS:
+            raise ValueError(f"unknown engine dialect {name!r}: choose {AUTO} or {names()}")
+        return DIALECTS[name]()
+
+    @staticmethod
+    def choose(name: str, models: dict[str, Any]) -> Dialect:
+        """``name``'s dialect; for ``auto``, the one ``/v1/models`` tells."""
+        return Dialect.detect(models) if name == AUTO else Dialect.named(name)
 
     def context_tokens(self, model: dict[str, Any]) -> int | None:
-        """The context one request may use (vLLM's ``max_model_len``)."""
+        """The context one request may use (``max_model_len`` in ``/v1/models``)."""
         return _positive(model.get("max_model_len"))
 
     def tokenize_body(self, text: str, model: str) -> dict[str, Any]:
         """A ``/tokenize`` request for ``text`` as text: no special tokens added or parsed."""
         return {"model": model, "prompt": text, "add_special_tokens": False}
+
+    def reads_images(self, answer: dict[str, Any]) -> bool:
+        """Whether ``vision_path``'s answer says the model reads images."""
+        return False
 
     def sampling(
         self, params: SamplingParams, *, stop: Sequence[str], stop_token_ids: Sequence[int]
@@ -80,22 +121,29 @@ class Dialect:
         on every engine because nothing is left to a default."""
         return {
             **_openai_sampling(params, stop),
-            "top_k": params.top_k or -1,  # -1: off (0 is refused by older releases)
+            "top_k": params.top_k or self.top_k_off,
             "repetition_penalty": params.repetition_penalty,
             "stop_token_ids": list(stop_token_ids),
             "seed": None if params.seed is None else self.seed(params.seed),
         }
 
     def seed(self, seed: int) -> int:
-        """Our seeds span -2^63 .. 2^64-1; vLLM reads an int64: each seed maps to one value."""
-        return seed % _I64
+        return seed % self.seeds
+
+    def text_call(self, body: dict[str, Any]) -> Call:
+        """A text request (``text_body``) and how its reply is read."""
+        return Call(self.text_path, body, self.text_delta)
+
+    def chat_call(self, body: dict[str, Any]) -> Call:
+        """A chat request (``chat_body``) and how its reply is read."""
+        return Call(CHAT_PATH, body, self.chat_delta, ids_from_text=True)
 
     def text_body(
         self, model: str, prompt: list[int], max_tokens: int, sampling: dict[str, Any]
     ) -> dict[str, Any]:
         """The streamed request for a prompt of token ids, its reply's ids asked back (the
         conversation keeps them, so the next prompt extends this one token for token)."""
-        return _streamed(model, max_tokens, sampling, prompt=prompt, return_token_ids=True)
+        return _streamed(model, max_tokens, sampling, prompt=prompt, **self.text_ids)
 
     def chat_body(
         self, model: str, messages: list[dict[str, Any]], max_tokens: int, sampling: dict[str, Any]
@@ -104,7 +152,7 @@ class Dialect:
         return _streamed(model, max_tokens, sampling, messages=messages, **self.chat_ids_request())
 
     def chat_ids_request(self) -> dict[str, Any]:
-        return {"return_token_ids": True}
+        return dict(self.chat_ids)
 
     def text_delta(self, chunk: dict[str, Any]) -> Delta:
         """One chunk of a text reply (``text_body``'s)."""
@@ -137,16 +185,47 @@ class Dialect:
         return Delta("".join(texts), ids, finish, cached)
 
 
+class VllmDialect(Dialect):
+    """vLLM: the OpenAI API as ``Dialect`` speaks it."""
+
+    name: ClassVar[str] = VLLM
+    owner: ClassVar[str] = "vllm"
+
+
+class SglangDialect(Dialect):
+    """SGLang's server: vLLM's fields under vLLM's names (``return_token_ids`` and each chunk's
+    ``token_ids``, ``top_k`` -1, ``repetition_penalty``, ``stop_token_ids``, ``max_model_len``,
+    ``/tokenize`` with ``add_special_tokens``). Its chat chunks carry no ids (their text is
+    tokenized here); ``/model_info`` says whether its model reads images; some releases keep a
+    seed as a signed 32-bit integer. The usage chunk gives cached prompt tokens only when it runs
+    with ``--enable-cache-report``."""
+
+    name: ClassVar[str] = SGLANG
+    owner: ClassVar[str] = "sglang"
+    chat_ids: ClassVar[dict[str, Any]] = {}
+    seeds: ClassVar[int] = 1 << 31
+    vision_path: ClassVar[str | None] = "/model_info"
+
+    def reads_images(self, answer: dict[str, Any]) -> bool:
+        return answer.get("has_image_understanding") is True
+
+
 class LlamaCppDialect(Dialect):
     """llama.cpp's server. A text prompt goes to its native ``/completion``, which streams each
     token's id (``return_tokens``) and computes no probabilities; its chat API gives ids only
     with each token's top-1 log-probability. Its sampler chain is named in full (``samplers``):
     the shortest one that gives our tokens, where the default chain would run every sampler over
-    the whole vocabulary."""
+    the whole vocabulary. It reads 32-bit seeds, 2^32-1 meaning "pick one at random"."""
 
     name: ClassVar[str] = LLAMA_CPP
+    owner: ClassVar[str] = "llamacpp"
     text_path: ClassVar[str] = "/completion"
-    publishes_modalities: ClassVar[bool] = True
+    text_ids: ClassVar[dict[str, Any]] = {"return_tokens": True}
+    # the chat API's ``logprobs`` is a flag: each token's id comes with its top-1 entry
+    chat_ids: ClassVar[dict[str, Any]] = {"logprobs": True, "top_logprobs": 1}
+    top_k_off: ClassVar[int] = 0
+    seeds: ClassVar[int] = _U32 - 1
+    vision_path: ClassVar[str | None] = "/props"
 
     def context_tokens(self, model: dict[str, Any]) -> int | None:
         """llama.cpp's per-slot ``n_ctx`` (the server's ``n_ctx / parallel``)."""
@@ -154,6 +233,10 @@ class LlamaCppDialect(Dialect):
 
     def tokenize_body(self, text: str, model: str) -> dict[str, Any]:
         return {"content": text, "add_special": False, "parse_special": False}
+
+    def reads_images(self, answer: dict[str, Any]) -> bool:
+        """``/props``' ``modalities.vision``."""
+        return bool(_object(answer.get("modalities"), "modalities").get("vision"))
 
     def sampling(
         self, params: SamplingParams, *, stop: Sequence[str], stop_token_ids: Sequence[int]
@@ -163,7 +246,7 @@ class LlamaCppDialect(Dialect):
         return {
             **_openai_sampling(params, stop),
             "samplers": self.samplers(params),
-            "top_k": 1 if greedy else params.top_k,  # 0: off
+            "top_k": 1 if greedy else params.top_k or self.top_k_off,
             "repeat_penalty": params.repetition_penalty,
             "repeat_last_n": LLAMA_CPP_PENALTY_WINDOW,
             "typical_p": 1.0,
@@ -194,11 +277,6 @@ class LlamaCppDialect(Dialect):
             chain.append("top_p")
         return chain
 
-    def seed(self, seed: int) -> int:
-        """llama.cpp reads 32 bits (and takes 2^32-1 for "pick one at random"): each of our
-        seeds maps to one value it keeps as is."""
-        return seed % (_U32 - 1)
-
     def text_body(
         self, model: str, prompt: list[int], max_tokens: int, sampling: dict[str, Any]
     ) -> dict[str, Any]:
@@ -208,13 +286,8 @@ class LlamaCppDialect(Dialect):
             "stream": True,
             "cache_prompt": True,
             **sampling,
-            "return_tokens": True,
+            **self.text_ids,
         }
-
-    def chat_ids_request(self) -> dict[str, Any]:
-        """The chat API's ``logprobs`` is a flag: llama.cpp gives each token's id with its top-1
-        entry."""
-        return {"logprobs": True, "top_logprobs": 1}
 
     def text_delta(self, chunk: dict[str, Any]) -> Delta:
         """A native chunk: ``content`` and ``tokens``; the last has ``stop: true``, why it
@@ -233,8 +306,18 @@ class LlamaCppDialect(Dialect):
         return _ids([entry["id"] for entry in entries if "id" in entry])
 
 
+# every dialect, by the name --engine-dialect gives it
+DIALECTS: dict[str, type[Dialect]] = {
+    dialect.name: dialect for dialect in (VllmDialect, LlamaCppDialect, SglangDialect)
+}
+
+
+def names() -> str:
+    return ", ".join(DIALECTS)
+
+
 def _openai_sampling(params: SamplingParams, stop: Sequence[str]) -> dict[str, Any]:
-    """The fields both engines read under OpenAI's names."""
+    """The fields every engine reads under OpenAI's names."""
     return {
         "temperature": params.temperature,
         "top_p": params.top_p,
@@ -289,8 +372,11 @@ def _count(value: Any, name: str) -> int:
 
 
 def _finish(value: Any) -> str | None:
+    """A finish reason; ``abort``: the engine gave the reply up (SGLang and vLLM say so)."""
     if value is not None and not isinstance(value, str):
         raise bad_answer(f"a finish reason that is a {type(value).__name__}")
+    if value == "abort":
+        raise lost("the engine aborted the reply")
     return value or None
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
-from wschat.protocol import FinishReason, Usage
+from wschat.protocol import FinishReason
 
 from ..base import (
     EngineInfo,
@@ -49,11 +49,12 @@ from ..formats import (
     looks_instruction_tuned,
 )
 from ..history import TokenChat
-from ..stopping import final_reason, token_budget
+from ..stopping import completed, final_reason, token_budget
 from ..tokenizing import TextTokenizer
 from .burst import Burst
 from .client import EngineHttp
-from .dialect import Dialect
+from .dialect import AUTO, Call, Dialect
+from .dialect import CHAT_PATH as CHAT_PATH  # where tests and tools find it
 from .errors import bad_answer, lost
 from .tokenizer import GatewayTokenizer, TokenizerError, load_tokenizer
 from .vision import ImageTokens, TurnTokens, VisionError, chat_messages, normalise
@@ -67,7 +68,6 @@ PROBE = "Hello, world! 12345 café 日本語 😀 def f(x): return x  <start_of_
 _WAIT_LOG_EVERY_S = 10.0
 _REACHABLE_TTL_S = 1.0
 DETECTED_MAX_IMAGES = 4  # per prompt, for an engine that says it reads images (as in process)
-CHAT_PATH = "/v1/chat/completions"  # where a prompt with images goes, on every engine
 # A chunk's text: a token's, or a few held back by the engine (a stop string's start).
 CHUNK_TEXT_BYTES = 64 * 1024
 # A line of a reply's stream: llama.cpp's last chunk repeats the prompt as text, so a line may
@@ -87,6 +87,38 @@ class OpenAIEngineConfig:
     context_tokens: int = 8192
     # images per prompt the engine's model reads: None asks the engine (where it says), 0: none
     images: int | None = None
+    # how the engine is spoken to (dialect.DIALECTS); "auto": as /v1/models' owner says
+    dialect: str = AUTO
+
+
+@dataclass
+class _Reply:
+    """A reply as it streams in: its ids and texts, and why it ends (the engine's word, or
+    "length" once it reaches ``limit``, ours to enforce: an engine may ignore it). ``spent``:
+    the tokens counted against the limit, the ids and one for a text without ids."""
+
+    limit: int
+    prompt_tokens: int
+    strip: bool  # the prompt format drops the reply's leading space
+    ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    finish: str | None = None
+    spent: int = 0
+
+    def reason(self) -> FinishReason:
+        if self.finish is None:
+            raise lost("the stream ended without a finish reason")
+        return final_reason(cancelled=False, stopped=self.finish != "length")
+
+
+def _ended_by(error: BaseException) -> Finished:
+    """A reply an error ended: cancelled (the stream is closed by now: leaving ``async with``
+    closed the connection), else failed; a failed connection is the engine lost mid-reply."""
+    if isinstance(error, asyncio.CancelledError):
+        return Finished(FinishReason.CANCELLED)
+    if isinstance(error, httpx.HTTPError):
+        error = lost(repr(error))
+    return Finished(FinishReason.ERROR, error=error)
 
 
 class HttpGeneration(Generation):
@@ -242,68 +274,69 @@ class OpenAIEngine:
         stop = list(params.stop) + (["\n"] if self._newline_end else [])
         return self.dialect.sampling(params, stop=stop, stop_token_ids=self._stop_token_ids)
 
+    def _call(self, request: GenerationRequest) -> Call:
+        """Where the request goes and how its reply is read: a prompt with images through the
+        chat API, any other as ids."""
+        if request.images:
+            return self.dialect.chat_call(self.chat_body(request))
+        return self.dialect.text_call(self.completion_body(request))
+
     async def _run(self, request: GenerationRequest, generation: Generation) -> None:
-        ids: list[int] = []
-        texts: list[str] = []
-        reason: str | None = None
-        strip = self.prompt_format.strips_leading_space
-        limit = self._max_tokens(request)  # ours to enforce: an engine may ignore it
-        spent = 0  # tokens counted against it: the ids, and one for a text without ids
-        finished: Finished
+        reply = _Reply(
+            self._max_tokens(request),
+            len(request.prompt_ids),
+            self.prompt_format.strips_leading_space,
+        )
         try:
-            chat = bool(request.images)
-            if chat:
-                body, path, delta = self.chat_body(request), CHAT_PATH, self.dialect.chat_delta
-            else:
-                body, path = self.completion_body(request), self.dialect.text_path
-                delta = self.dialect.text_delta
+            call = self._call(request)
             await self._burst.join()
-            stream = self.http.stream(path, body, request.session_key, self._line_bytes)
+            stream = self.http.stream(call.path, call.body, request.session_key, self._line_bytes)
             async with contextlib.aclosing(stream) as chunks:
                 async for chunk in chunks:
-                    piece = delta(chunk)
-                    if piece.cached_tokens is not None:
-                        # an engine may count an image's tokens otherwise: at most the prompt
-                        generation.cached_tokens = min(piece.cached_tokens, len(request.prompt_ids))
-                    text, new_ids = self._checked(piece.text, list(piece.ids))
-                    if chat and text and not new_ids:  # an engine that gives chat text alone
-                        new_ids = self.tokenizer.tokenize_text(text)
-                    reason = piece.finish or reason
-                    if not (text or new_ids):
-                        continue
-                    room = limit - spent
-                    if room <= 0:  # more than it was asked for: not taken, the stream closed
-                        reason = "length"
-                        break
-                    cut = len(new_ids) > room
-                    if cut:
-                        new_ids = new_ids[:room]
-                        text = self.tokenizer.decode(new_ids)
-                    spent += max(len(new_ids), 1)
-                    if strip and not ids:
-                        text = text.removeprefix(" ")
-                    ids += new_ids
-                    texts.append(text)
-                    generation.push(TokenPiece(text, tuple(new_ids)))
-                    if cut:
-                        reason = "length"
-                        break
-            if reason is None:
-                raise lost("the stream ended without a finish reason")
-            finished = Finished(final_reason(cancelled=False, stopped=reason != "length"))
-        except asyncio.CancelledError:
-            # the stream is closed by now (leaving ``async with`` closed the connection)
-            finished = Finished(FinishReason.CANCELLED)
-        except GenerationFailure as error:
-            finished = Finished(FinishReason.ERROR, error=error)
-        except httpx.HTTPError as error:
-            finished = Finished(FinishReason.ERROR, error=lost(repr(error)))
-        except Exception as error:
-            finished = Finished(FinishReason.ERROR, error=error)
-        usage = Usage(len(request.prompt_ids), len(ids), generation.cached_tokens)
-        text = "".join(texts)
-        ended = dataclasses.replace(finished, completion_ids=tuple(ids), text=text, usage=usage)
+                    if not self._take(call, chunk, reply, generation):
+                        break  # the stream closed: what came past the limit is not taken
+            finished = Finished(reply.reason())
+        except (asyncio.CancelledError, Exception) as error:
+            finished = _ended_by(error)
+        ended = completed(
+            dataclasses.replace(finished, completion_ids=tuple(reply.ids)),
+            text="".join(reply.texts),
+            prompt_tokens=reply.prompt_tokens,
+            completion_tokens=len(reply.ids),
+            cached_tokens=generation.cached_tokens,
+        )
         generation.push(ended)
+
+    def _take(
+        self, call: Call, chunk: dict[str, Any], reply: _Reply, generation: Generation
+    ) -> bool:
+        """One chunk into the reply, its tokens pushed; False once the reply is at its limit."""
+        piece = call.read(chunk)
+        if piece.cached_tokens is not None:
+            # an engine may count an image's tokens otherwise: at most the prompt
+            generation.cached_tokens = min(piece.cached_tokens, reply.prompt_tokens)
+        text, ids = self._checked(piece.text, list(piece.ids))
+        if call.ids_from_text and text and not ids:  # an engine that gives chat text alone
+            ids = self.tokenizer.tokenize_text(text)
+        reply.finish = piece.finish or reply.finish
+        if not (text or ids):
+            return True
+        room = reply.limit - reply.spent
+        if room <= 0:  # more than it was asked for
+            reply.finish = "length"
+            return False
+        cut = len(ids) > room
+        if cut:
+            ids = ids[:room]
+            text = self.tokenizer.decode(ids)
+            reply.finish = "length"
+        reply.spent += max(len(ids), 1)
+        if reply.strip and not reply.ids:
+            text = text.removeprefix(" ")
+        reply.ids += ids
+        reply.texts.append(text)
+        generation.push(TokenPiece(text, tuple(ids)))
+        return not cut
 
     def _checked(self, text: str, ids: list[int]) -> tuple[str, list[int]]:
         """A chunk's text and ids, or a bad answer: an id outside the vocabulary, a text over
@@ -338,7 +371,7 @@ def connect(
         served = ", ".join(str(m.get("id")) for m in data)
         raise RuntimeError(f"the engine does not serve {config.model!r} (it serves {served})")
     model = str(entry["id"])
-    dialect = Dialect.detect(models)
+    dialect = Dialect.choose(config.dialect, models)
     check_tokenizer(http, dialect, model, tokenizer)
     engine_context = dialect.context_tokens(entry)
     context = min(config.context_tokens, engine_context or config.context_tokens)
@@ -382,19 +415,19 @@ def _max_images(
     fmt: PromptFormat,
 ) -> int:
     """Images per prompt: as configured (refusing to start if they cannot be placed), else
-    what the engine says (llama.cpp's ``/props`` ``modalities.vision``; vLLM says nothing)."""
+    what the engine says at its dialect's ``vision_path`` (llama.cpp's ``/props``, SGLang's
+    ``/model_info``; vLLM says nothing)."""
     if requested is not None:
         if requested > 0:
             _vision_tokens(tokenizer, fmt)  # a VisionError stops the start with its reason
         return max(0, requested)
-    if not dialect.publishes_modalities:
+    if dialect.vision_path is None:
         return 0
     try:
-        props = http.get_json("/props", root=True)
-    except httpx.HTTPError as error:
-        log.info("no /props on the engine (%s): no images", error)
-        return 0
-    if not (props.get("modalities") or {}).get("vision"):
+        if not dialect.reads_images(http.get_json(dialect.vision_path, root=True)):
+            return 0
+    except (httpx.HTTPError, GenerationFailure) as error:
+        log.info("no %s on the engine (%s): no images", dialect.vision_path, error)
         return 0
     try:
         _vision_tokens(tokenizer, fmt)

@@ -43,6 +43,7 @@ def _is_context_overflow(status: int, message: str) -> bool:
         "exceed_context_size" in lowered  # llama.cpp's server
         or "maximum context length" in lowered  # vLLM
         or ("context" in lowered and ("exceed" in lowered or "too long" in lowered))
+        or "longer than the model's context length" in lowered  # SGLang
     )
 
 
