@@ -5,7 +5,7 @@ before the model answered any; ``holdout``: more of the same, written before the
 them, to check a format chosen on ``new`` is not fitted to it; ``old``: the set the README
 quoted before). Each conversation
 goes through the engine the server builds (``BatchedEngine``), the chat a session holds
-(``TokenChat``: the prompt format, the history, the stop rule) and the server's sampling
+(``Chat``: the prompt format, the history, the stop rule) and the server's sampling
 defaults (greedy), one conversation at a time, so a run is deterministic on one CPU.
 
 ``--variant NAME`` (repeatable) measures other transcript formats (``VARIANTS``); ``default``
@@ -209,9 +209,9 @@ def _use_variant(engine: Any, name: str) -> None:
 
 
 async def _converse(engine: Any, key: str, turns: Sequence[str], limit: int) -> list[str]:
-    from wschat.server.engine.base import Finished, SamplingParams, Turn
+    from wschat.server.engine import Chat, Finished, SamplingParams, Turn
 
-    chat = engine.chat(key)
+    chat = Chat(engine, key)
     replies = []
     try:
         for text in turns:

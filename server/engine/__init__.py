@@ -1,17 +1,16 @@
 """Token producers: the engine interface (``base``), what engines refuse or fail with
-(``errors``), the conversation as token ids (``history``, ``formats``: no torch) and the engines
-that run a transformers model in this process (``local``: all the torch)."""
+(``errors``), a session's conversation as token ids (``history``, ``formats``: no torch) and the
+engines that run a transformers model in this process (``local``: all the torch)."""
 
 from .base import (
     CancelFlag,
-    Chat,
     Engine,
     EngineInfo,
     Finished,
     Generation,
     GenerationRequest,
     KVUsage,
-    PreparedTurn,
+    Message,
     SamplingParams,
     TextPieces,
     TokenPiece,
@@ -28,6 +27,7 @@ from .errors import (
     PromptTooLong,
     TurnRefused,
 )
+from .history import Chat, PreparedTurn
 
 __all__ = [
     "CancelFlag",
@@ -45,6 +45,7 @@ __all__ = [
     "GenerationRequest",
     "ImagesUnsupported",
     "KVUsage",
+    "Message",
     "PreparedTurn",
     "PromptTooLong",
     "SamplingParams",

@@ -1,16 +1,15 @@
-"""What a session needs from an engine, and the thread/loop bridge every engine uses.
+"""The engine interface (``Engine``), what crosses it, and the thread/loop bridge engines use.
 
-A session talks to an engine in chat turns: ``engine.chat(key)`` gives the session's ``Chat``,
-which keeps the conversation in the engine's own form. The session hands it each new ``Turn``
-(text, images, params): ``prepare`` counts its tokens for the limit checks, ``start`` gives a
+An engine turns a rendered prompt into tokens; everything about the conversation is written once,
+above it, in ``history.Chat``: a session's ``Chat`` keeps the conversation as exact token ids per
+turn, rendered with the engine's ``PromptFormat``, counts each new ``Turn`` for the limit checks
+and hands the engine a ``GenerationRequest``: the prompt as ids, and the same conversation as
+``Message``s for an engine that sends messages (a chat API, for images). ``Engine.generate`` gives a
 ``Generation``: an async stream of ``TokenPiece`` items that always ends with exactly one
-``Finished`` carrying the reply's text and usage (PROTOCOL.md "Server frames": exactly one
-``done`` per ``start``). ``Generation.cancel`` is the one cancel hook: it sets a ``CancelFlag``
-that a worker thread reads once per step and wakes whatever awaits on the loop.
-
-Engines prompted with token ids share ``history.TokenChat`` (the conversation as exact ids per
-turn, rendered by a ``PromptFormat``) and hand it ``GenerationRequest``s. Work happens off the
-event loop; items cross to it with ``loop.call_soon_threadsafe`` (``LoopBridge``).
+``Finished`` (PROTOCOL.md "Server frames": exactly one ``done`` per ``start``).
+``Generation.cancel`` is the one cancel hook: it sets a ``CancelFlag`` that a worker thread reads
+once per step (an engine streaming on the event loop cancels its task there too). Work in a
+thread crosses to the loop with ``loop.call_soon_threadsafe`` (``LoopBridge``).
 """
 
 from __future__ import annotations
@@ -28,7 +27,9 @@ from typing import Any, Protocol
 
 from wschat.protocol import FinishReason, Usage
 
+from .formats import PromptFormat
 from .stopping import completed
+from .tokenizing import TextTokenizer
 
 
 class CancelFlag:
@@ -68,18 +69,19 @@ class Turn:
 
 
 @dataclass(frozen=True, slots=True)
-class PreparedTurn:
-    """A turn counted and checked against the context: ``Chat.start`` runs it as it is."""
+class Message:
+    """One turn of a conversation as a chat API takes it: ``role`` ("system", "user" or
+    "assistant"), its text as the ids it was prompted with (a reply without the token that ended
+    it) and a user turn's images, which every prompt format places before the text."""
 
-    turn: Turn
-    user_tokens: int  # the user's text alone
-    prompt_tokens: int  # the whole prompt the model reads (the conversation and this turn)
-    rendered: Any = None  # the chat's own form of the turn (``TokenChat``: its token ids)
+    role: str
+    ids: Sequence[int]
+    images: Sequence[Any] = ()
 
 
 @dataclass(slots=True)
 class GenerationRequest:
-    """One generation of an engine prompted with token ids (``history.TokenChat`` makes it)."""
+    """One generation: the conversation and its new user turn, as ``history.Chat`` renders it."""
 
     prompt_ids: list[int]
     params: SamplingParams
@@ -90,6 +92,8 @@ class GenerationRequest:
     # How many of ``images`` (the last ones) are new in this turn; the others sit in earlier
     # turns, whose KV state the engine may still hold.
     new_images: int | None = None
+    # The same prompt as messages (the open reply left out), for an engine that sends messages.
+    messages: Sequence[Message] = ()
 
     @property
     def fresh_images(self) -> int:
@@ -227,7 +231,8 @@ class Generation:
         self._ready.set()
 
     def pending(self) -> list[Item]:
-        """Every item already waiting, merged, without blocking."""
+        """Every item already waiting, without blocking: the pieces merged into one (the only
+        place they are), then the ``Finished`` if it came."""
         items: list[Item] = []
         if self._texts or self._ids:
             items.append(TokenPiece(self._texts.join(), tuple(self._ids)))
@@ -283,82 +288,29 @@ class LoopBridge:
             self._loop.call_soon_threadsafe(self._generation.push, item)
 
 
-class Chat(Protocol):
-    """One session's conversation as its engine keeps it."""
-
-    @property
-    def system(self) -> str | None: ...
-
-    @property
-    def turns(self) -> int:
-        """Finished (or cancelled) exchanges."""
-        ...
-
-    @property
-    def generated_tokens(self) -> int:
-        """The replies' tokens, the ones that ended them left out (the dashboard's count)."""
-        ...
-
-    @property
-    def images(self) -> list[Any]:
-        """Every image it holds: its exchanges' and the running turn's."""
-        ...
-
-    async def set_system(self, text: str | None, *, min_turn_tokens: int) -> None:
-        """A new system prompt (None or empty: none) starts the conversation afresh; raises
-        ``TooLarge`` (and changes nothing) when it leaves no room for a turn of
-        ``min_turn_tokens``."""
-        ...
-
-    async def prepare(self, turn: Turn, *, max_user_tokens: int) -> PreparedTurn:
-        """Count the turn: ``TooLarge`` over ``max_user_tokens`` of text, ``ContextOverflow``
-        when the conversation and it do not fit the context. Changes nothing."""
-        ...
-
-    def start(self, prepared: PreparedTurn) -> Generation:
-        """Begin the reply (on the event loop); the exchange joins the conversation when its
-        ``Finished`` comes, unless the generation failed."""
-        ...
-
-    def reset(self) -> None:
-        """Forget the exchanges (the system prompt stays)."""
-        ...
-
-    def close(self) -> None:
-        """The session is gone: drop what the engine keeps for it."""
-        ...
-
-    def export_state(self) -> dict[str, Any]:
-        """The conversation as plain data (str, int, lists, dicts; images in the engine's form)
-        from which ``import_state`` rebuilds it exactly, in this process or another one with
-        the same engine. A running turn is not part of it."""
-        ...
-
-    def import_state(self, state: dict[str, Any]) -> None:
-        """Replace the conversation with an exported one; ``ValueError`` when it is not one."""
-        ...
-
-    def export_running(self) -> dict[str, Any] | None:
-        """The running turn as it was prompted, as plain data (None when none runs): what
-        ``add_cancelled`` needs to keep it, should the process generating it die."""
-        ...
-
-    def add_cancelled(self, running: dict[str, Any], reply_ids: Sequence[int]) -> None:
-        """A turn ``export_running`` gave (maybe in another process) joins the conversation as
-        a cancelled exchange whose reply is ``reply_ids``; ``ValueError`` when it is not one."""
-        ...
-
-
 class Engine(Protocol):
-    info: EngineInfo
+    """What every engine implements: prompts (as ids, or as messages) become tokens. The
+    conversation is the session's ``history.Chat``, the same for every engine."""
 
-    def chat(self, key: str) -> Chat:
-        """A new conversation for the session ``key``."""
+    info: EngineInfo
+    prompt_format: PromptFormat  # how ``Chat`` renders its prompts
+    text_tokenizer: TextTokenizer  # one per engine: long texts go to one worker thread
+
+    def image_placeholder_ids(self) -> list[int]:
+        """The prompt ids one image occupies; ``ImagesUnsupported`` without a vision tower."""
         ...
 
     def prepare_image(self, image: Any) -> Any:
         """A checked upright RGB Pillow image in the form a chat keeps and generates from;
         ``ImagesUnsupported`` when the model reads none."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> Generation:
+        """Begin generating (on the event loop)."""
+        ...
+
+    def forget(self, session_key: str) -> None:
+        """Drop what is kept for the session (its KV state)."""
         ...
 
     def kv_usage(self) -> KVUsage | None:

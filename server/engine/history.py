@@ -1,5 +1,5 @@
-"""A conversation as exact token ids per turn, and ``TokenChat``: the ``Chat`` of every engine
-that is prompted with token ids (in this process or over HTTP).
+"""A conversation as exact token ids per turn, and ``Chat``: a session's conversation, the same
+for every engine (in this process or over HTTP).
 
 ``Conversation`` holds a session's system prompt and finished exchanges as they were prompted
 and generated, and renders them with the engine's prompt format (``formats.py``: how each format
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from wschat.protocol import FinishReason
 
-from .base import EngineInfo, Finished, Generation, GenerationRequest, PreparedTurn, Turn
+from .base import Engine, Finished, Generation, GenerationRequest, Message, Turn
 from .errors import ConversationTooLong, PromptTooLong
-from .formats import Exchange, PromptFormat, UserTurn
-from .tokenizing import TextTokenizer
+from .formats import Exchange, PromptFormat, UserTurn, _without_end
 
 MAX_TOKEN_ID = 1 << 31  # an id no engine takes (int32): the bound when the vocabulary is unknown
 
@@ -122,6 +121,16 @@ class Conversation:
         user = UserTurn(list(user_ids), image_ids)
         return self.format.render(self._system_ids or None, history, user)
 
+    def messages(self, user_ids: Sequence[int], images: Sequence[Any]) -> list[Message]:
+        """The conversation plus a new user turn as messages: the ids ``prompt_ids`` renders,
+        turn by turn, and each user turn's images."""
+        out = [Message("system", self._system_ids)] if self._system_ids else []
+        for e in self.exchanges:
+            out.append(Message("user", e.user_ids, e.images))
+            out.append(Message("assistant", _without_end(e.reply_ids, self.format.end_ids)))
+        out.append(Message("user", user_ids, images))
+        return out
+
     def first_turn_tokens(self, system_ids: Sequence[int]) -> int:
         """The tokens of a first turn with this system prompt and no text: markup included."""
         return len(self.format.render(list(system_ids) or None, [], UserTurn([])))
@@ -170,37 +179,23 @@ class IdBudget:
         return Exchange(self.take(user), runs, images, self.take(reply))
 
 
-class Prompted(Protocol):
-    """What ``TokenChat`` needs of an engine prompted with token ids."""
-
-    info: EngineInfo
-    prompt_format: PromptFormat
-    text_tokenizer: TextTokenizer  # one per engine: long texts go to one worker thread
-
-    def image_placeholder_ids(self) -> list[int]:
-        """The prompt ids one image occupies; ``ImagesUnsupported`` without a vision tower."""
-        ...
-
-    def generate(self, request: GenerationRequest) -> Generation:
-        """Begin generating (on the event loop)."""
-        ...
-
-    def forget(self, session_key: str) -> None:
-        """Drop the session's cached KV state."""
-        ...
-
-
 @dataclass(frozen=True, slots=True)
-class _Ids:
-    user: list[int]
-    images: list[list[int]]  # one placeholder run per image
-    prompt: list[int]
+class PreparedTurn:
+    """A turn counted and checked against the context: ``Chat.start`` runs it as it is."""
+
+    turn: Turn
+    user_tokens: int  # the user's text alone
+    prompt_tokens: int  # the whole prompt the model reads (the conversation and this turn)
+    user_ids: list[int]
+    image_ids: list[list[int]]  # one placeholder run per image
+    prompt_ids: list[int]
+    messages: list[Message]  # the same prompt as messages
 
 
-class TokenChat:
+class Chat:
     """A session's conversation kept as token ids; ``GenerationRequest``s for its engine."""
 
-    def __init__(self, engine: Prompted, key: str) -> None:
+    def __init__(self, engine: Engine, key: str) -> None:
         self._engine = engine
         self.key = key
         self.conversation = Conversation(engine.prompt_format)
@@ -212,18 +207,24 @@ class TokenChat:
 
     @property
     def turns(self) -> int:
+        """Finished (or cancelled) exchanges."""
         return len(self.conversation.exchanges)
 
     @property
     def generated_tokens(self) -> int:
+        """The replies' tokens, the ones that ended them left out (the dashboard's count)."""
         return self.conversation.generated_tokens
 
     @property
     def images(self) -> list[Any]:
+        """Every image it holds: its exchanges' and the running turn's."""
         running = list(self._running[1].turn.images) if self._running else []
         return [*self.conversation.images, *running]
 
     async def set_system(self, text: str | None, *, min_turn_tokens: int) -> None:
+        """A new system prompt (None or empty: none) starts the conversation afresh; raises
+        ``PromptTooLong`` (and changes nothing) when it leaves no room for a turn of
+        ``min_turn_tokens``."""
         conversation = self.conversation
         ids = await self._system_ids(text, min_turn_tokens) if text else []
         conversation.set_system(text, ids)
@@ -245,6 +246,9 @@ class TokenChat:
         return ids
 
     async def prepare(self, turn: Turn, *, max_user_tokens: int) -> PreparedTurn:
+        """Count the turn: ``PromptTooLong`` over ``max_user_tokens`` of text,
+        ``ConversationTooLong`` when the conversation and it do not fit the context. Changes
+        nothing."""
         conversation = self.conversation
         user = await self._engine.text_tokenizer.tokenize(conversation.tokenize_user, turn.text)
         if len(user) > max_user_tokens:
@@ -261,18 +265,20 @@ class TokenChat:
                 f"the conversation needs {len(prompt)} tokens; the context holds {context}"
                 f" ({advice})"
             )
-        return PreparedTurn(turn, len(user), len(prompt), _Ids(user, images, prompt))
+        messages = conversation.messages(user, turn.images)
+        return PreparedTurn(turn, len(user), len(prompt), user, images, prompt, messages)
 
     def start(self, prepared: PreparedTurn) -> Generation:
-        ids = prepared.rendered
-        assert isinstance(ids, _Ids), "a turn prepared by another chat"
+        """Begin the reply (on the event loop); the exchange joins the conversation when its
+        ``Finished`` comes, unless the generation failed."""
         turn = prepared.turn
         request = GenerationRequest(
-            ids.prompt,
+            prepared.prompt_ids,
             turn.params,
             [*self.conversation.images, *turn.images],
             self.key,
             new_images=len(turn.images),
+            messages=prepared.messages,
         )
         generation = self._engine.generate(request)
         self._running = (generation, prepared)
@@ -287,36 +293,47 @@ class TokenChat:
         self._running = None
         if finished.reason is FinishReason.ERROR:
             return
-        ids = prepared.rendered
         self.conversation.add_exchange(
-            ids.user, ids.images, list(prepared.turn.images), finished.completion_ids
+            prepared.user_ids,
+            prepared.image_ids,
+            list(prepared.turn.images),
+            finished.completion_ids,
         )
 
     def reset(self) -> None:
+        """Forget the exchanges (the system prompt stays)."""
         self._running = None
         self.conversation.clear()
         self._engine.forget(self.key)
 
     def close(self) -> None:
+        """The session is gone: drop what the engine keeps for it."""
         self._engine.forget(self.key)
 
     def export_state(self) -> dict[str, Any]:
+        """The conversation as plain data (str, int, lists, dicts; images in the engine's form)
+        from which ``import_state`` rebuilds it exactly, in this process or another one with
+        the same engine. A running turn is not part of it."""
         return self.conversation.export_state()
 
     def import_state(self, state: dict[str, Any]) -> None:
+        """Replace the conversation with an exported one; ``ValueError`` when it is not one."""
         self._running = None
         self.conversation.import_state(state, self._id_budget(0))
         self._engine.forget(self.key)  # KV state kept for this key was another conversation's
 
     def export_running(self) -> dict[str, Any] | None:
+        """The running turn as it was prompted, as plain data (None when none runs): what
+        ``add_cancelled`` needs to keep it, should the process generating it die."""
         if self._running is None:
             return None
         prepared = self._running[1]
-        ids = prepared.rendered
-        assert isinstance(ids, _Ids)
-        return {"user": ids.user, "image_ids": ids.images, "images": list(prepared.turn.images)}
+        images = list(prepared.turn.images)
+        return {"user": prepared.user_ids, "image_ids": prepared.image_ids, "images": images}
 
     def add_cancelled(self, running: dict[str, Any], reply_ids: Sequence[int]) -> None:
+        """A turn ``export_running`` gave (maybe in another process) joins the conversation as
+        a cancelled exchange whose reply is ``reply_ids``; ``ValueError`` when it is not one."""
         ids = self._id_budget(self.conversation.id_count)
         try:
             exchange = ids.exchange(

@@ -13,7 +13,6 @@ import logging
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
 
 from wschat.protocol import (
     Done,
@@ -132,18 +131,22 @@ class GenerationRun:
                     items = await self.generation.next_items()
             except TimeoutError:
                 return await self._stalled(send)
-            text, ids, finished = self._merge(items)
+            # what waited, merged by the generation: at most one piece, then at most the end
+            piece = items[0] if isinstance(items[0], TokenPiece) else None
+            finished = items[-1] if isinstance(items[-1], Finished) else None
+            text, ids = (piece.text, piece.ids) if piece else ("", ())
+            if piece is not None:
+                self.last_token_at = time.perf_counter()
+                if text and self.first_token_at is None:
+                    self.first_token_at = self.last_token_at
             self.ids.extend(ids)
+            self.completion_tokens += len(ids)  # ids without text too: the next index jumps
             if text:
-                self.completion_tokens += len(ids)
-                frame = Token(
-                    self.id, text, self.completion_tokens, tuple(ids) if self.token_ids else None
-                )
+                shown = ids if self.token_ids else None
+                frame = Token(self.id, text, self.completion_tokens, shown)
                 self.text.append(text)
                 self._notify(TokensSent(self, len(ids)))
                 await send(frame)
-            else:
-                self.completion_tokens += len(ids)
             if finished is not None:
                 self.finished = finished
                 if finished.reason is FinishReason.ERROR:
@@ -153,22 +156,6 @@ class GenerationRun:
                     told = error if isinstance(error, EngineError) else None
                     await send(error_frame(told or Internal("generation failed"), self.id))
                 return finished.reason
-
-    def _merge(self, items: list[Any]) -> tuple[str, list[int], Finished | None]:
-        parts: list[str] = []
-        ids: list[int] = []
-        finished = None
-        now = time.perf_counter()
-        for item in items:
-            if isinstance(item, TokenPiece):
-                parts.append(item.text)
-                ids.extend(item.ids)
-                if item.text and self.first_token_at is None:
-                    self.first_token_at = now
-                self.last_token_at = now
-            else:
-                finished = item
-        return "".join(parts), ids, finished
 
     async def _stalled(self, send: Send) -> FinishReason:
         """No progress for stall_timeout_s: cancel, tell the client, free the slot."""

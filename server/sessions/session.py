@@ -60,7 +60,7 @@ from wschat.protocol import (
 from wschat.protocol.fields import as_id
 from wschat.protocol.frames import CLIENT_FRAMES
 
-from ..engine import Engine, SamplingParams, Turn
+from ..engine import Chat, Engine, SamplingParams, Turn
 from ..settings import Settings
 from .error_boundary import Send
 from .events import RunEvent, RunListener, RunStarted, TokensSent
@@ -124,7 +124,7 @@ class Session:
         self.engine = engine
         self.slots = slots
         self.settings = settings
-        self.chat = engine.chat(key)  # the conversation, in the engine's own form
+        self.chat = Chat(engine, key)  # the conversation, as token ids per turn
         self.defaults = GenerationParams()
         self.state = SessionState.IDLE
         self.run: GenerationRun | None = None

@@ -1,6 +1,6 @@
-"""The engine boundary at chat turns: ``Engine.chat(key)`` keeps the conversation, counts a
-turn before it runs, and ends each reply with a ``Finished`` that carries its text and usage;
-what it refuses it raises as an engine exception, never a wire error."""
+"""The engine boundary at chat turns: a session's ``Chat(engine, key)`` keeps the conversation,
+counts a turn before it runs, and ends each reply with a ``Finished`` that carries its text and
+usage; what it refuses it raises as an engine exception, never a wire error."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ async def say(chat: Chat, text: str, tokens: int = 6) -> tuple[str, Finished, in
 async def test_finished_carries_the_reply_text_and_its_usage(
     engine: HFEngine | BatchedEngine,
 ) -> None:
-    chat = engine.chat("s")
+    chat = Chat(engine, "s")
     first_text, first, first_prompt = await say(chat, "Hello there")
     second_text, second, second_prompt = await say(chat, "And again")
     for text, finished, prompt in (
@@ -68,7 +68,7 @@ async def test_finished_carries_the_reply_text_and_its_usage(
 async def test_a_reset_chat_starts_afresh_and_keeps_its_system_prompt(
     engine: HFEngine | BatchedEngine,
 ) -> None:
-    chat = engine.chat("s")
+    chat = Chat(engine, "s")
     await chat.set_system("Be brief.", min_turn_tokens=32)
     _, _, alone = await say(chat, "Hello")
     await say(chat, "Again")
@@ -80,7 +80,7 @@ async def test_a_reset_chat_starts_afresh_and_keeps_its_system_prompt(
 
 async def test_refusals_are_engine_exceptions_that_change_nothing() -> None:
     engine = ScriptedEngine(context_tokens=64)
-    chat = engine.chat("s")
+    chat = Chat(engine, "s")
     with pytest.raises(PromptTooLong):
         await chat.prepare(Turn("x" * 20, SamplingParams(4)), max_user_tokens=10)
     with pytest.raises(ConversationTooLong, match="shorten the prompt"):

@@ -25,7 +25,6 @@ from wschat.server.engine.base import (
 )
 from wschat.server.engine.errors import ImagesUnsupported
 from wschat.server.engine.formats import GemmaTurns, PromptFormat
-from wschat.server.engine.history import TokenChat
 from wschat.server.engine.tokenizing import TextTokenizer
 
 _MARKUP = {"<bos>": 2, "<eos>": 1, "<start_of_turn>": 105, "<end_of_turn>": 106}
@@ -75,9 +74,6 @@ class ScriptedEngine:
         self.threads: set[threading.Thread] = set()
         self._threads_lock = threading.Lock()  # threads remove themselves as they end
         self._release_stall = threading.Event()
-
-    def chat(self, key: str) -> TokenChat:
-        return TokenChat(self, key)
 
     def prepare_image(self, image: object) -> object:
         """Kept as checked (upright RGB, at its upload size)."""

@@ -1,5 +1,5 @@
-"""Image turns for --engine openai, as request bodies: the conversation the session rendered, as
-``/v1/chat/completions`` messages with the images as data URIs in their places. No vision
+"""Image turns for --engine openai, as request bodies: the conversation the session's chat keeps,
+as ``/v1/chat/completions`` messages with the images as data URIs in their places. No vision
 server runs here (the embedded GGUF reads text only), so these check the bodies built, and that
 a text-only engine refuses images as the in-process ones do."""
 
@@ -9,12 +9,19 @@ import asyncio
 import base64
 import io
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from PIL import Image
-from wschat.server.engine import GenerationRequest, ImagesUnsupported, SamplingParams
-from wschat.server.engine.formats import Exchange, GemmaTurns, Transcript, UserTurn
+from wschat.server.engine import (
+    Chat,
+    Generation,
+    GenerationRequest,
+    ImagesUnsupported,
+    Message,
+    SamplingParams,
+    Turn,
+)
+from wschat.server.engine.formats import GemmaTurns, Transcript
 from wschat.server.engine.history import Conversation
 from wschat.server.engine.openai.client import EngineHttp
 from wschat.server.engine.openai.dialect import LLAMA_CPP, VLLM, Dialect
@@ -72,30 +79,26 @@ def decoded(uri: str) -> Image.Image:
 
 
 @pytest.fixture
-def two_turns(tokenizer: GatewayTokenizer) -> Iterator[tuple[list[int], list[Any]]]:
+def two_turns(tokenizer: GatewayTokenizer) -> Iterator[tuple[list[int], list[Message]]]:
     """A session's second prompt: a system prompt, a first turn with a red image and its
-    reply, then a turn with a green and a blue image; the ids as the session renders them."""
-    fmt = gemma(tokenizer)
-    vision = engine(tokenizer, LLAMA_CPP, 4)
-    placeholder = vision.image_placeholder_ids()
+    reply, then a turn with a green and a blue image; as ids and as messages."""
+    conversation = Conversation(gemma(tokenizer))
+    placeholder = engine(tokenizer, LLAMA_CPP, 4).image_placeholder_ids()
     red, green, blue = (normalise(picture(c)) for c in ((255, 0, 0), (0, 255, 0), (0, 0, 255)))
-    first = Exchange(
-        tokenizer.tokenize_text("What is this?"),
-        [placeholder],
-        [red],
-        [*tokenizer.tokenize_text("A red square."), tokenizer.token_id("<end_of_turn>")],
-    )
-    system = tokenizer.tokenize_text("Answer briefly.")
-    user = UserTurn(tokenizer.tokenize_text("And these two?"), [placeholder, placeholder])
-    yield fmt.render(system, [first], user), [red, green, blue]
+    conversation.set_system("Answer briefly.")
+    reply = [*tokenizer.tokenize_text("A red square."), tokenizer.token_id("<end_of_turn>")]
+    conversation.add_exchange(tokenizer.tokenize_text("What is this?"), [placeholder], [red], reply)
+    user = tokenizer.tokenize_text("And these two?")
+    ids = conversation.prompt_ids(user, [placeholder, placeholder])
+    yield ids, conversation.messages(user, [green, blue])
 
 
 def test_a_conversation_with_images_becomes_messages_with_data_uris_in_place(
-    tokenizer: GatewayTokenizer, two_turns: tuple[list[int], list[Any]]
+    tokenizer: GatewayTokenizer, two_turns: tuple[list[int], list[Message]]
 ) -> None:
-    ids, images = two_turns
-    image, turns = _vision_tokens(tokenizer, gemma(tokenizer))
-    messages = chat_messages(ids, images, turns, image, tokenizer.decode)
+    _, gemma_messages = two_turns
+    system_gap = _vision_tokens(tokenizer, gemma(tokenizer))[1]
+    messages = chat_messages(gemma_messages, tokenizer.decode, system_gap)
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
     first, reply, last = messages
     # the system prompt where Gemma 3's template puts it: the head of the first user turn
@@ -110,25 +113,42 @@ def test_a_conversation_with_images_becomes_messages_with_data_uris_in_place(
     assert colors == [(255, 0, 0), (0, 255, 0), (0, 0, 255)]  # each image in its place
 
 
-def test_images_and_placeholders_that_do_not_pair_up_are_refused(
-    tokenizer: GatewayTokenizer, two_turns: tuple[list[int], list[Any]]
+async def test_an_image_turn_reaches_the_engine_as_messages_beside_its_prompt_ids(
+    tokenizer: GatewayTokenizer,
 ) -> None:
-    ids, images = two_turns
-    image, turns = _vision_tokens(tokenizer, gemma(tokenizer))
-    with pytest.raises(ValueError, match="more image placeholders"):
-        chat_messages(ids, images[:2], turns, image, tokenizer.decode)
-    with pytest.raises(ValueError, match="without a placeholder"):
-        chat_messages(ids, [*images, images[0]], turns, image, tokenizer.decode)
+    """The session's chat hands the engine the conversation as messages: the OpenAI engine
+    sends those, never reading its own rendered ids back."""
+    vision = engine(tokenizer, LLAMA_CPP, 4)
+    requests: list[GenerationRequest] = []
+
+    def generate(request: GenerationRequest) -> Generation:
+        requests.append(request)
+        return Generation(prompt_tokens=len(request.prompt_ids))
+
+    vision.generate = generate  # type: ignore[method-assign]
+    chat = Chat(vision, "session-1")
+    await chat.set_system("Answer briefly.", min_turn_tokens=16)
+    red = vision.prepare_image(picture((255, 0, 0)))
+    turn = Turn("What is this?", SamplingParams(max_new_tokens=8), [red])
+    chat.start(await chat.prepare(turn, max_user_tokens=100))
+    (request,) = requests
+    system, user = request.messages
+    assert system == Message("system", tokenizer.tokenize_text("Answer briefly."))
+    assert user == Message("user", tokenizer.tokenize_text("What is this?"), [red])
+    body = vision.chat_body(request)
+    assert [p["type"] for p in body["messages"][0]["content"]] == ["text", "image_url", "text"]
+    assert len(request.prompt_ids) > TOKENS_PER_IMAGE  # the image's run counts in the context
 
 
 @pytest.mark.parametrize("dialect", [LLAMA_CPP, VLLM])
 def test_the_chat_body_carries_the_messages_and_every_sampling_field_of_the_text_body(
-    tokenizer: GatewayTokenizer, two_turns: tuple[list[int], list[Any]], dialect: str
+    tokenizer: GatewayTokenizer, two_turns: tuple[list[int], list[Message]], dialect: str
 ) -> None:
-    ids, images = two_turns
+    ids, messages = two_turns
+    images = [image for m in messages for image in m.images]
     vision = engine(tokenizer, dialect, 4)
     params = SamplingParams(max_new_tokens=32, temperature=0.7, top_k=40, seed=7)
-    request = GenerationRequest(ids, params, images, "session-1")
+    request = GenerationRequest(ids, params, images, "session-1", messages=messages)
     chat, text = vision.chat_body(request), vision.completion_body(request)
     assert "prompt" not in chat and chat["messages"][-1]["role"] == "user"
     fields = vision.dialect.sampling(params, stop=[], stop_token_ids=[]).keys()
@@ -198,9 +218,12 @@ async def test_llama_cpp_takes_the_chat_body_and_streams_text_with_its_ids(
         1,
     )
     conversation = Conversation(chat.prompt_format)
-    ids = conversation.prompt_ids(conversation.tokenize_user("Name three colors."))
-    body = chat.chat_body(GenerationRequest(ids, SamplingParams(max_new_tokens=6)))
-    texts, got, reasons = [], [], []
+    user = conversation.tokenize_user("Name three colors.")
+    ids, messages = conversation.prompt_ids(user), conversation.messages(user, [])
+    body = chat.chat_body(GenerationRequest(ids, SamplingParams(6), messages=messages))
+    texts: list[str] = []
+    got: list[int] = []
+    reasons: list[str] = []
     try:
         async with asyncio.timeout(TIMEOUT):
             async for chunk in chat.http.stream(CHAT_PATH, body, "s1"):

@@ -39,7 +39,7 @@ WORDS = [f" w{i}" for i in range(20)]
 async def new_run(
     engine: ScriptedEngine, slots: GenerationSlots, stall_timeout_s: float = 120.0
 ) -> tuple[GenerationRun, Chat]:
-    chat = engine.chat("s1")
+    chat = Chat(engine, "s1")
     turn = Turn("hello", SamplingParams(max_new_tokens=64), [])
     prepared = await chat.prepare(turn, max_user_tokens=1024)
     return GenerationRun("g1", prepared, slots.enqueue(), stall_timeout_s=stall_timeout_s), chat

@@ -60,7 +60,6 @@ from transformers import Cache
 from wschat.protocol import FinishReason
 
 from ..base import Generation, GenerationRequest, KVUsage, LoopBridge
-from ..history import TokenChat
 from ..stopping import token_budget
 from .hf import HFEngine
 from .kvstore import CachedPrefix, KVStore
@@ -121,16 +120,13 @@ class BatchedEngine:
 
     # -- the Engine interface ------------------------------------------------------------
 
-    def chat(self, key: str) -> TokenChat:
-        return TokenChat(self, key)
-
     def kv_usage(self) -> KVUsage:
         return self.kv.usage()  # the generate path's state too: one store, one budget
 
     def worker_threads(self) -> int | None:
         return self.threads.in_worker
 
-    # -- what TokenChat uses ---------------------------------------------------------------
+    # -- what Chat uses --------------------------------------------------------------------
 
     def tokenize_text(self, text: str) -> list[int]:
         return self.single.tokenize_text(text)

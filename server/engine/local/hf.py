@@ -47,7 +47,6 @@ from ..base import (
 )
 from ..errors import ImagesUnsupported
 from ..formats import build_format
-from ..history import TokenChat
 from ..stopping import final_reason, token_budget
 from ..tokenizing import TextTokenizer
 from .kvstore import CachedPrefix, KVStore, held_bytes
@@ -108,16 +107,13 @@ class HFEngine:
 
     # -- the Engine interface ------------------------------------------------------------
 
-    def chat(self, key: str) -> TokenChat:
-        return TokenChat(self, key)
-
     def kv_usage(self) -> KVUsage:
         return self.kv.usage()
 
     def worker_threads(self) -> int | None:
         return self.threads.in_worker
 
-    # -- what TokenChat uses ---------------------------------------------------------------
+    # -- what Chat uses --------------------------------------------------------------------
 
     def tokenize_text(self, text: str) -> list[int]:
         encoded = self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)

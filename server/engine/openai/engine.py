@@ -48,7 +48,6 @@ from ..formats import (
     choose_format,
     looks_instruction_tuned,
 )
-from ..history import TokenChat
 from ..stopping import completed, final_reason, token_budget
 from ..tokenizing import TextTokenizer
 from .burst import Burst
@@ -57,7 +56,7 @@ from .dialect import AUTO, Call, Dialect
 from .dialect import CHAT_PATH as CHAT_PATH  # where tests and tools find it
 from .errors import bad_answer, lost
 from .tokenizer import GatewayTokenizer, TokenizerError, load_tokenizer
-from .vision import ImageTokens, TurnTokens, VisionError, chat_messages, normalise
+from .vision import ImageTokens, VisionError, chat_messages, normalise
 
 log = logging.getLogger("wschat.engine.openai")
 
@@ -193,9 +192,6 @@ class OpenAIEngine:
 
     # -- the engine interface -------------------------------------------------------------
 
-    def chat(self, key: str) -> TokenChat:
-        return TokenChat(self, key)
-
     def kv_usage(self) -> KVUsage | None:
         return None  # the engine's own cache, which it reports per reply (cached_tokens)
 
@@ -211,7 +207,7 @@ class OpenAIEngine:
         self._require_vision()
         return normalise(image)
 
-    def _require_vision(self) -> tuple[ImageTokens, TurnTokens]:
+    def _require_vision(self) -> tuple[ImageTokens, list[int]]:
         if self._vision is None:
             raise ImagesUnsupported(f"the model {self.model!r} does not read images")
         return self._vision
@@ -256,10 +252,8 @@ class OpenAIEngine:
     def chat_body(self, request: GenerationRequest) -> dict[str, Any]:
         """A prompt with images, for ``/v1/chat/completions``: the same conversation as
         messages, the images as data URIs, the same sampling fields."""
-        image, turns = self._require_vision()
-        messages = chat_messages(
-            request.prompt_ids, request.images, turns, image, self.tokenizer.decode
-        )
+        system_gap = self._require_vision()[1]
+        messages = chat_messages(request.messages, self.tokenizer.decode, system_gap)
         return self.dialect.chat_body(
             self.model, messages, self._max_tokens(request), self._sampling(request)
         )
@@ -390,21 +384,13 @@ def connect(
     return OpenAIEngine(http, dialect, model, tokenizer, fmt, context, images, name)
 
 
-def _vision_tokens(
-    tokenizer: GatewayTokenizer, fmt: PromptFormat
-) -> tuple[ImageTokens, TurnTokens]:
-    """What image turns need: Gemma 3's image tokens and its turn markup (the chat API's
-    messages are read back from Gemma turns)."""
+def _vision_tokens(tokenizer: GatewayTokenizer, fmt: PromptFormat) -> tuple[ImageTokens, list[int]]:
+    """What image turns need: Gemma 3's image tokens, and the ids between a system prompt and
+    the first user turn's text (the chat API is given Gemma turns' texts: the context is counted
+    in them)."""
     if not isinstance(fmt, GemmaTurns):
         raise VisionError(f"images need the gemma-turns prompt format, not {fmt.name!r}")
-    image = ImageTokens.of(tokenizer.token_id)
-    turns = TurnTokens(
-        tokenizer.token_id("<start_of_turn>"),
-        tokenizer.token_id("<end_of_turn>"),
-        tuple(tokenizer.tokenize_text("user\n")),
-        tuple(tokenizer.tokenize_text("model\n")),
-    )
-    return image, turns
+    return ImageTokens.of(tokenizer.token_id), tokenizer.tokenize_text("\n\n")
 
 
 def _max_images(
