@@ -121,8 +121,12 @@ class Finished:
 class EngineInfo:
     name: str
     model: str
-    device: str
-    dtype: str
+    # Where it generates: the device in this process (``cpu``, ``cuda:0``), else the host of the
+    # engine over HTTP (/readyz, /v1/stats and /metrics show it as ``device``)
+    runs_on: str
+    # What generates there: the weights' precision in this process (``bf16-packed``), else the
+    # engine's kind (``vllm``, ``llama.cpp``) (``dtype`` on the wire)
+    backend: str
     context_tokens: int
     images: bool
     max_images: int

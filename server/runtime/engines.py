@@ -120,8 +120,8 @@ def _build_engine(settings: Settings) -> Engine:
         "engine %s: %s on %s (%s), %d generations at once, prompt format %s",
         info.name,
         info.model,
-        info.device,
-        info.dtype,
+        info.runs_on,
+        info.backend,
         info.batch_width or settings.max_concurrent or UNBATCHED_CONCURRENT,
         info.prompt_format,
     )

@@ -68,8 +68,8 @@ async def readyz(request: Request) -> Response:
             "ready": True,
             "model": info.model,
             "engine": info.name,
-            "device": info.device,
-            "dtype": info.dtype,
+            "device": info.runs_on,
+            "dtype": info.backend,
         }
     )
 

@@ -140,7 +140,7 @@ class _HubCollector(Collector):
         )
         if hub.engine is not None:
             e = hub.engine.info
-            info.add_metric([e.model, e.device, e.dtype], 1)
+            info.add_metric([e.model, e.runs_on, e.backend], 1)
         yield info
 
 

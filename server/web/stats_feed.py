@@ -67,7 +67,7 @@ def snapshot(hub: Hub) -> Stats:
         errors=dict(stats.errors),
         kv_tokens=kv.tokens if kv else None,
         model=info.model if info else "",
-        device=info.device if info else "",
+        device=info.runs_on if info else "",
         uptime_s=stats.uptime_s,
         live=tuple(rows[:MAX_TABLE_ROWS]),
         kv_bytes=kv.bytes if kv else None,

@@ -176,6 +176,15 @@ def test_an_image_takes_its_tokens_in_the_context_and_is_kept_at_the_input_size(
     assert decoded(data_uri(kept)).size == (IMAGE_SIZE, IMAGE_SIZE)
 
 
+@pytest.mark.parametrize("dialect", [LLAMA_CPP, VLLM])
+def test_an_engine_over_http_runs_on_its_host_and_names_its_kind(
+    tokenizer: GatewayTokenizer, dialect: str
+) -> None:
+    """What /readyz, /v1/stats and /metrics show as ``device`` and ``dtype``."""
+    info = engine(tokenizer, dialect, 0).info
+    assert (info.runs_on, info.backend) == ("127.0.0.1", dialect)
+
+
 def test_an_engine_without_images_refuses_them(tokenizer: GatewayTokenizer) -> None:
     text_only = engine(tokenizer, LLAMA_CPP, 0)
     assert not text_only.info.images and text_only.info.max_images == 0

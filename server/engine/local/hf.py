@@ -87,8 +87,8 @@ class HFEngine:
         self.info = EngineInfo(
             name=self.name,
             model=loaded.name,
-            device=loaded.device,
-            dtype=loaded.precision_name,
+            runs_on=loaded.device,
+            backend=loaded.precision_name,
             context_tokens=min(context_tokens, limit),
             images=loaded.has_vision,
             max_images=max_images if loaded.has_vision else 0,

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 from wschat.protocol import FinishReason
@@ -167,8 +168,8 @@ class OpenAIEngine:
         self.info = EngineInfo(
             name,
             model,
+            urlsplit(http.api_url).hostname or http.api_url,  # a restarted child keeps its host
             dialect.name,
-            "remote",
             context_tokens,
             max_images > 0,
             max_images,
