@@ -54,6 +54,11 @@ class EngineOverloaded(GenerationFailure):
         super().__init__(message, detail=detail)
         self.retry_s = retry_s
 
+    @classmethod
+    def retry_in(cls, why: str, retry_s: float, *, detail: str = "") -> EngineOverloaded:
+        """``why``, and when to retry, in the words every engine tells the peer."""
+        return cls(f"{why}; retry in {retry_s:g} s", retry_s=retry_s, detail=detail)
+
 
 class ContextExhausted(GenerationFailure):
     pass

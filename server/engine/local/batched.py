@@ -64,6 +64,7 @@ from ..stopping import token_budget
 from .hf import HFEngine
 from .kvstore import CachedPrefix, KVStore
 from .loader import LoadedModel
+from .memory import give_back, out_of_memory
 from .output import OutputProcessor
 from .rows import BatchRow
 from .runner import ModelRunner
@@ -219,10 +220,25 @@ class BatchedEngine:
                 try:
                     self._pass()
                 except BaseException as error:
-                    log.exception(
-                        "a batched pass failed; its %d rows end with an error", scheduler.rows
-                    )
-                    self.output.fail(scheduler.clear(), error)
+                    self._end_failed_pass(error)
+                else:
+                    continue
+                # now that the pass's traceback is gone, so are the tensors it held
+                give_back(self.model.device)
+
+    def _end_failed_pass(self, error: BaseException) -> None:
+        """Every row in a slot ends with the pass's error (``overloaded`` when memory ran out),
+        and the slot KV starts afresh: what a failed pass left in it is unknown. The rows still
+        waiting go on."""
+        scheduler = self.scheduler
+        log.error(
+            "a batched pass failed; its %d rows end with an error", scheduler.rows, exc_info=error
+        )
+        self.output.fail(scheduler.clear(), out_of_memory(error) or error)
+        try:
+            self.runner.release()
+        except Exception:  # no memory even for them: the old ones serve, cleared
+            log.exception("the slot KV could not be made afresh")
 
     def _pass(self) -> None:
         self.threads.apply()  # auto: follows what other processes leave free

@@ -51,6 +51,7 @@ from ..stopping import final_reason, token_budget
 from ..tokenizing import TextTokenizer
 from .kvstore import CachedPrefix, KVStore, held_bytes
 from .loader import LoadedModel
+from .memory import give_back, out_of_memory
 from .sampling import penalize, tempered
 from .streamer import TokenStreamer, cancel_or_stop
 from .threads import ThreadPolicy
@@ -166,7 +167,7 @@ class HFEngine:
         bridge = LoopBridge(asyncio.get_running_loop(), generation)
         thread = threading.Thread(
             target=self._run,
-            args=(request, generation, bridge, prefix),
+            args=(request, generation, bridge, [prefix]),
             name=f"wschat-generate-{request.session_key or '-'}",
             daemon=True,
         )
@@ -188,29 +189,44 @@ class HFEngine:
         request: GenerationRequest,
         generation: Generation,
         bridge: LoopBridge,
-        prefix: CachedPrefix | None,
+        held: list[CachedPrefix | None],
     ) -> None:
+        """``held`` hands the prefix over: once taken, only this generation's frames hold its
+        cache, so a failed step's tensors go with its traceback."""
         finished = Finished(FinishReason.ERROR, error=RuntimeError("generation ended early"))
         streamer = self.streamer(bridge, request)
+        oom = False
         try:
             self.threads.apply()
-            cache = prefix.cache if prefix else DynamicCache(config=self.model.config)
-            cached = len(prefix.ids) if prefix else 0
-            ids = self._generate(request, generation, streamer, cache, cached)
-            if request.session_key:
-                kept = ids[: cache.get_seq_length()]
-                self.kv.put(request.session_key, CachedPrefix(cache, kept, _cache_bytes(cache)))
-            reason = self._reason(generation, streamer)
-            finished = Finished(reason, tuple(streamer.generated))
+            finished = self._reply(request, generation, streamer, held.pop())
         except BaseException as error:
             log.exception("generation failed")
-            finished = Finished(FinishReason.ERROR, tuple(streamer.generated), error)
+            failure = out_of_memory(error)
+            oom = failure is not None
+            finished = Finished(FinishReason.ERROR, tuple(streamer.generated), failure or error)
         finally:
             try:
                 streamer.end()
             finally:
                 bridge.put(finished)
                 self._threads.discard(threading.current_thread())
+        if oom:  # the traceback, and the tensors it held, are gone
+            give_back(self.model.device)
+
+    def _reply(
+        self,
+        request: GenerationRequest,
+        generation: Generation,
+        streamer: TokenStreamer,
+        prefix: CachedPrefix | None,
+    ) -> Finished:
+        cache = prefix.cache if prefix else DynamicCache(config=self.model.config)
+        cached = len(prefix.ids) if prefix else 0
+        ids = self._generate(request, generation, streamer, cache, cached)
+        if request.session_key:
+            kept = ids[: cache.get_seq_length()]
+            self.kv.put(request.session_key, CachedPrefix(cache, kept, _cache_bytes(cache)))
+        return Finished(self._reason(generation, streamer), tuple(streamer.generated))
 
     def _generate(
         self,

@@ -60,6 +60,12 @@ class ModelRunner:
     def clear(self) -> None:
         self.kv.clear()
 
+    def release(self) -> None:
+        """New buffers of the first size for the next pass (after one failed: what it left in
+        the old ones, grown or part-written, is unknown), and the old ones' memory freed."""
+        old = self.kv
+        self.kv = SlotKV(self.layout, old.rows, kernel=old.kernel)
+
     def save(self, slot: int) -> KVState:
         return self.kv.save(slot)
 

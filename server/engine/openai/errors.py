@@ -72,11 +72,7 @@ def failure_from_status(
 
 
 def overloaded(detail: str, retry_s: float = DEFAULT_RETRY_S) -> EngineOverloaded:
-    return EngineOverloaded(
-        f"the engine is busy or unreachable; retry in {retry_s:g} s",
-        retry_s=retry_s,
-        detail=detail,
-    )
+    return EngineOverloaded.retry_in("the engine is busy or unreachable", retry_s, detail=detail)
 
 
 def lost(detail: str) -> EngineFailed:

@@ -1,0 +1,90 @@
+"""A local engine that runs out of memory in a forward (the GPU's or the host's) ends that reply
+``overloaded`` with when to retry, not as a failure of ours; what the failed step held is freed
+and the next prompt is answered as if nothing had happened.
+
+The model's forward raises here as torch raises, on a CPU: the CUDA path (``empty_cache``) is
+not run by these tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import torch
+from wschat.server.engine.local.batched import BatchedEngine
+from wschat.server.engine.local.hf import HFEngine
+from wschat.server.engine.local.loader import LoadedModel
+
+from tests.support import RawPeer, raw_peer, running_server
+
+# what torch raises when the GPU's memory, Python's, or its CPU allocator's runs out
+OUT_OF_MEMORY = {
+    "cuda": torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"),
+    "host": MemoryError(),
+    "cpu allocator": RuntimeError(
+        "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate"
+        " memory: you tried to allocate 1125899906842624 bytes. Error code 12"
+    ),
+}
+
+
+@pytest.fixture(params=["generate", "batched"])
+async def engine(
+    request: pytest.FixtureRequest, tiny_text_loaded: LoadedModel
+) -> AsyncIterator[HFEngine | BatchedEngine]:
+    built: HFEngine | BatchedEngine
+    if request.param == "generate":
+        built = HFEngine(tiny_text_loaded)
+    else:
+        built = BatchedEngine(tiny_text_loaded, width=4, prefill_tokens=32)
+    yield built
+    await built.aclose()
+
+
+@contextlib.contextmanager
+def next_forward_raises(model: torch.nn.Module, error: BaseException) -> Iterator[None]:
+    """The decoder stack's next forward raises ``error`` (later ones run as before); both
+    engines run their forwards through it."""
+    decoder = model.get_submodule("model")
+    original = decoder.forward
+    armed = True
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        nonlocal armed
+        if armed:
+            armed = False
+            raise error
+        return original(*args, **kwargs)
+
+    vars(decoder)["forward"] = forward  # an instance attribute: nn.Module's __call__ reads it
+    try:
+        yield
+    finally:
+        del vars(decoder)["forward"]
+
+
+async def ask(peer: RawPeer, frame_id: str, text: str) -> list[dict[str, Any]]:
+    params = {"max_new_tokens": 8}
+    await peer.send({"type": "prompt", "id": frame_id, "text": text, "params": params})
+    return await peer.recv_until("done")
+
+
+@pytest.mark.parametrize("kind", sorted(OUT_OF_MEMORY))
+async def test_out_of_memory_in_a_forward_is_overloaded_and_the_next_prompt_works(
+    engine: HFEngine | BatchedEngine, tiny_text_loaded: LoadedModel, kind: str
+) -> None:
+    async with running_server(engine) as url:
+        async with raw_peer(url) as (peer, _):
+            unharmed = (await ask(peer, "a", "hello there"))[-1]
+        async with raw_peer(url) as (peer, _):
+            with next_forward_raises(tiny_text_loaded.model, OUT_OF_MEMORY[kind]):
+                *_, error, done = await ask(peer, "a", "hello there")
+            assert (error["type"], error["code"], error["id"]) == ("error", "overloaded", "a")
+            assert "retry in 1 s" in error["message"]
+            assert (done["type"], done["reason"]) == ("done", "error")
+            again = (await ask(peer, "b", "hello there"))[-1]
+    assert (again["reason"], again["text"]) == (unharmed["reason"], unharmed["text"])
+    assert unharmed["reason"] == "length"
