@@ -11,7 +11,8 @@
     │   ├── Busy                   busy: a generation runs or waits in this session
     │   └── NotRunning             not_running: cancel of an id this session never had
     ├── capacity: the same frame may succeed later
-    │   └── Overloaded             overloaded: the queue is full, or the server is shutting down
+    │   └── Overloaded             overloaded: the queue is full, the engine busy or out of
+    │                              memory, or the server is shutting down
     └── ours: the server failed the peer
         └── Internal               internal: a generation failed or stalled (generic message)
 

@@ -7,7 +7,8 @@
     │   ├── PromptTooLong          (too_large) a system prompt or a turn's text over the limit
     │   └── ConversationTooLong    (context_overflow) the conversation and turn exceed the context
     └── GenerationFailure          ends a generation: ``Finished(ERROR, error=...)``, not raised
-        ├── EngineOverloaded       (overloaded) busy or unreachable; the message says when to retry
+        ├── EngineOverloaded       (overloaded) busy, unreachable or out of memory; the message
+        │                          says when to retry
         ├── ContextExhausted       (context_overflow) the engine found the context too small
         └── EngineFailed           (internal) the engine failed or stopped mid-reply
 
