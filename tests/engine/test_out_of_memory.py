@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 import torch
+from wschat.protocol import FinishReason
+from wschat.server.engine import EngineOverloaded, GenerationRequest, SamplingParams
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
 
-from tests.support import RawPeer, raw_peer, running_server
+from tests.support import RawPeer, collect, raw_peer, running_server
 
 # what torch raises when the GPU's memory, Python's, or its CPU allocator's runs out
 OUT_OF_MEMORY = {
@@ -88,3 +90,22 @@ async def test_out_of_memory_in_a_forward_is_overloaded_and_the_next_prompt_work
             again = (await ask(peer, "b", "hello there"))[-1]
     assert (again["reason"], again["text"]) == (unharmed["reason"], unharmed["text"])
     assert unharmed["reason"] == "length"
+
+
+async def test_a_batched_pass_out_of_memory_ends_its_rows_and_the_waiting_ones_go_on(
+    tiny_text_loaded: LoadedModel,
+) -> None:
+    engine = BatchedEngine(tiny_text_loaded, width=1, prefill_tokens=32)  # one row at a time
+    try:
+        ids = [2, *engine.tokenize_text("hello there")]
+        params = SamplingParams(max_new_tokens=8)
+        unharmed = await collect(engine.generate(GenerationRequest(ids, params)))
+        with next_forward_raises(tiny_text_loaded.model, OUT_OF_MEMORY["cuda"]):
+            failed = engine.generate(GenerationRequest(ids, params))
+            waiting = engine.generate(GenerationRequest(ids, params))
+            (_, failure), went_on = await collect(failed), await collect(waiting)
+    finally:
+        await engine.aclose()
+    assert failure.reason is FinishReason.ERROR
+    assert isinstance(failure.error, EngineOverloaded) and failure.error.retry_s == 1.0
+    assert went_on == unharmed and unharmed[1].reason is FinishReason.LENGTH
