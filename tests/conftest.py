@@ -6,7 +6,7 @@ of the whole suite measure the coverage gate's figure (.ci/coverage.sh)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,7 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
     """Pauses coverage for a test outside every ``--coverage-only-in`` folder, from its set-up
     to its teardown; .ci/run measures the gated modules on their own tests this way, in the same
     run as the rest of the suite."""

@@ -34,6 +34,7 @@ from wschat.server.settings import Settings
 from wschat.server.web.app import EngineFactory, build_app
 
 TIMEOUT = 30.0
+SUBPROTOCOL = Subprotocol("wschat.v1")  # the protocol a test client asks for
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -131,7 +132,7 @@ class RawPeer:
 @contextlib.asynccontextmanager
 async def raw_peer(url: str, **kwargs: Any) -> AsyncIterator[tuple[RawPeer, dict[str, Any]]]:
     async with asyncio.timeout(TIMEOUT):
-        ws = await websockets.connect(url, subprotocols=["wschat.v1"], **kwargs)
+        ws = await websockets.connect(url, subprotocols=[SUBPROTOCOL], **kwargs)
     try:
         peer = RawPeer(ws)
         ready = await peer.recv()
@@ -174,7 +175,8 @@ class ZombiePeer:
                 if not data:
                     raise ConnectionError("the server closed the connection")
                 self.ws.receive_data(data)
-                self._events += self.ws.events_received()
+                received = self.ws.events_received()  # a client receives no Request
+                self._events += [e for e in received if isinstance(e, Frame | Response)]
         return self._events.pop(0)
 
     async def recv_until(self, kind: str) -> dict[str, Any]:
@@ -210,7 +212,7 @@ async def zombie_peer(url: str, *, deflate: bool = False) -> AsyncIterator[Zombi
     permessage-deflate as browsers do. Always closes its socket."""
     ws = ClientProtocol(
         parse_uri(url),
-        subprotocols=[Subprotocol("wschat.v1")],
+        subprotocols=[SUBPROTOCOL],
         extensions=[ClientPerMessageDeflateFactory()] if deflate else None,
     )
     async with asyncio.timeout(TIMEOUT):
@@ -249,7 +251,7 @@ async def next_stats(ws: ClientConnection) -> Stats:
 async def closed_before_ready(url: str, **kwargs: Any) -> tuple[int, str]:
     """The close code and reason of a handshake that was accepted and closed at once."""
     async with asyncio.timeout(TIMEOUT):
-        ws = await websockets.connect(url, subprotocols=["wschat.v1"], **kwargs)
+        ws = await websockets.connect(url, subprotocols=[SUBPROTOCOL], **kwargs)
         try:
             first = await ws.recv()
         except websockets.ConnectionClosed as closed:

@@ -4,6 +4,7 @@ the plain request that stands for "llama.cpp direct"."""
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import pytest
@@ -154,10 +155,10 @@ def test_the_table_has_a_block_per_layout_a_row_per_system_and_count_and_the_can
 
 
 def test_the_split_layout_gives_llama_cpp_every_core_but_the_last(monkeypatch: Any) -> None:
-    monkeypatch.setattr(llamacpp.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert llamacpp.layout_cores(SPLIT) == ({0, 1, 2}, {3})
     assert llamacpp.layout_cores(SHARED) == ({0, 1, 2, 3}, {0, 1, 2, 3})
-    monkeypatch.setattr(llamacpp.os, "sched_getaffinity", lambda pid: {5})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
     assert llamacpp.layout_cores(SPLIT) == ({5}, {5})
 
 

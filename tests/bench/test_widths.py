@@ -8,7 +8,9 @@ from bench import report, widths
 from bench.stats import StreamTimes
 
 
-def session(place: int, start_at: float, queued_ms: float = 0.0) -> tuple[StreamTimes, dict]:
+def session(
+    place: int, start_at: float, queued_ms: float = 0.0
+) -> tuple[StreamTimes, dict[str, Any]]:
     """One served session: its place in the queue (0: a slot at once) and when ``start`` came."""
     times = StreamTimes(0.0, [start_at + 0.1, start_at + 0.2])
     positions = [place, *range(place - 1, 0, -1)] if place else []

@@ -13,6 +13,7 @@ import os
 import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -57,8 +58,8 @@ async def new_page(browser: Browser) -> AsyncIterator[NewPage]:
     """Pages that fail the test on any uncaught script error."""
     errors: list[str] = []
 
-    async def make(**context_options: object) -> Page:
-        options = {"viewport": {"width": 1200, "height": 760}, **context_options}
+    async def make(**context_options: Any) -> Page:
+        options: dict[str, Any] = {"viewport": {"width": 1200, "height": 760}, **context_options}
         context = await browser.new_context(**options)
         page = await context.new_page()
         page.set_default_timeout(STEP_MS)

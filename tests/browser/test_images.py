@@ -9,7 +9,7 @@ import re
 
 import pytest
 from PIL import Image as PILImage
-from playwright.async_api import Page, expect
+from playwright.async_api import FilePayload, Page, expect
 from wschat.server.engine.local.hf import HFEngine
 
 from tests.fakes.scripted import ScriptedEngine
@@ -51,7 +51,7 @@ async def test_picked_image_is_checked_then_goes_with_the_next_prompt(new_page: 
         page = chat.page
         await expect(page.get_by_role("button", name="Attach image")).to_be_visible()
         await page.locator("#file").set_input_files(
-            files=[{"name": "dot.png", "mimeType": "image/png", "buffer": png(64, 48)}]
+            files=[FilePayload(name="dot.png", mimeType="image/png", buffer=png(64, 48))]
         )
         attachment = page.locator("#attachments .attachment")
         await expect(attachment).to_have_class("attachment ok")
@@ -142,7 +142,7 @@ async def test_tiny_vision_model_replies_to_an_attached_image(
         page = chat.page
         await page.get_by_label("Max new tokens").fill("12")
         await page.locator("#file").set_input_files(
-            files=[{"name": "red.png", "mimeType": "image/png", "buffer": png(32, 32, "red")}]
+            files=[FilePayload(name="red.png", mimeType="image/png", buffer=png(32, 32, "red"))]
         )
         await expect(page.locator("#attachments .attachment.ok .caption")).to_have_text(f"32{BY}32")
         reply = await chat.send("What colour is this?")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from wschat.client import (
@@ -114,7 +115,7 @@ async def test_cancel_of_a_finished_reply_is_silent() -> None:
         ({"stop": ["ok", ""]}, "each stop string must be 1 to 64 characters"),
     ],
 )
-async def test_bad_params_are_refused_before_sending(params: dict, message: str) -> None:
+async def test_bad_params_are_refused_before_sending(params: dict[str, Any], message: str) -> None:
     engine = ScriptedEngine()
     async with running_server(engine) as url, connect(url, timeout=WAIT) as chat:
         with pytest.raises(InvalidParamsError) as refused:
@@ -195,7 +196,7 @@ async def test_ping_round_trips_while_a_reply_streams() -> None:
     ],
 )
 async def test_error_frames_raise_their_typed_exception(
-    engine: ScriptedEngine, settings: dict, error: type[Exception]
+    engine: ScriptedEngine, settings: dict[str, Any], error: type[Exception]
 ) -> None:
     async with running_server(engine, **settings) as url, connect(url, timeout=WAIT) as chat:
         reply = chat.prompt("a prompt of more than sixty four characters, " * 2)

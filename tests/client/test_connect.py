@@ -29,7 +29,7 @@ from wschat.server.web.admission import MODEL_FAILED_REASON
 from tests.client.engines import WAIT, slow_engine
 from tests.fakes.scripted import ScriptedEngine
 from tests.proxy import cuttable_proxy
-from tests.support import free_port, loading_server, running_server, wait_until
+from tests.support import SUBPROTOCOL, free_port, loading_server, running_server, wait_until
 
 W8 = "".join(f" w{i}" for i in range(8))  # the default scripted reply
 
@@ -174,7 +174,7 @@ async def test_nothing_listening_raises_not_listening_at_once_by_default() -> No
 
 async def test_connect_waits_for_a_server_not_listening_yet_then_opens() -> None:
     port = free_port()
-    waits, loading = Waits(), []
+    waits, loading = Waits(), list[None]()
     opening = asyncio.ensure_future(
         connect(
             f"ws://127.0.0.1:{port}/v1/chat",
@@ -353,7 +353,7 @@ async def token_checking_server(token: str) -> AsyncIterator[tuple[str, list[lis
         await connection.wait_closed()
 
     async with serve(
-        handler, "127.0.0.1", 0, process_request=check, subprotocols=["wschat.v1"]
+        handler, "127.0.0.1", 0, process_request=check, subprotocols=[SUBPROTOCOL]
     ) as server:
         port = next(iter(server.sockets)).getsockname()[1]
         yield f"ws://127.0.0.1:{port}/v1/chat", offers

@@ -87,7 +87,7 @@ async def test_configure_sets_the_system_prompt_and_default_params(chat_url: str
     short = "You are terse."
     longer = short + " You answer every question in one word, never more, and never explain."
     async with raw_peer(chat_url) as (peer, _):
-        answers = []
+        answers: list[Any] = []
         for i, system in enumerate((short, longer)):
             await peer.send(
                 {"type": "configure", "system": system, "params": {"max_new_tokens": 2}}

@@ -117,7 +117,7 @@ class Up:
         return started
 
     def instances(self, name: str) -> int:
-        return self.scale.get(name, SERVICES[name].get("deploy", {}).get("replicas", 1))
+        return int(self.scale.get(name, SERVICES[name].get("deploy", {}).get("replicas", 1)))
 
 
 def host_ports(service: dict[str, Any]) -> list[str]:

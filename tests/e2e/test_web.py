@@ -10,10 +10,18 @@ import httpx
 import pytest
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
+from websockets.typing import Origin, Subprotocol
 
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.prometheus import samples
-from tests.support import TIMEOUT, next_stats, raw_peer, running_server, stats_socket
+from tests.support import (
+    SUBPROTOCOL,
+    TIMEOUT,
+    next_stats,
+    raw_peer,
+    running_server,
+    stats_socket,
+)
 
 METRIC_TYPES = {
     "wschat_time_to_first_token_seconds": "histogram",
@@ -160,7 +168,9 @@ async def test_metrics_auth_check_and_stats_follow_the_servers_tokens() -> None:
                 await websockets.connect(stats_url)
         assert refused.value.response.status_code == 401
         async with asyncio.timeout(TIMEOUT):
-            ws = await websockets.connect(stats_url, subprotocols=["wschat.v1", "bearer.secret"])
+            ws = await websockets.connect(
+                stats_url, subprotocols=[SUBPROTOCOL, Subprotocol("bearer.secret")]
+            )
         try:
             assert ws.subprotocol == "wschat.v1"
             assert (await next_stats(ws)).model == "scripted"
@@ -170,12 +180,12 @@ async def test_metrics_auth_check_and_stats_follow_the_servers_tokens() -> None:
 
 
 async def test_stats_socket_refuses_an_origin_outside_the_allow_list() -> None:
-    allowed = "http://dash.example"
+    allowed = Origin("http://dash.example")
     async with running_server(ScriptedEngine(), allowed_origins=(allowed,)) as url:
         stats_url = url.replace("/v1/chat", "/v1/stats")
         with pytest.raises(websockets.InvalidStatus) as refused:
             async with asyncio.timeout(TIMEOUT):
-                await websockets.connect(stats_url, origin="http://elsewhere.example")
+                await websockets.connect(stats_url, origin=Origin("http://elsewhere.example"))
         assert refused.value.response.status_code == 403
         async with asyncio.timeout(TIMEOUT):
             ws = await websockets.connect(stats_url, origin=allowed)

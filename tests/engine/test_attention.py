@@ -19,10 +19,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from wschat.server.engine.base import GenerationRequest
 from wschat.server.engine.local import attention
+from wschat.server.engine.local.attention import FULL, SLIDING
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
-from wschat.server.engine.local.slotkv import FULL, SLIDING, LayerLayout, SlotKV
+from wschat.server.engine.local.slotkv import LayerLayout, SlotKV
 
 from tests.engine.test_batched import WIDTH, alone, greedy, prompts
 from tests.fakes import flash_attn as fake

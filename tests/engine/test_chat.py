@@ -30,8 +30,11 @@ from tests.support import collect
 async def engine(
     request: pytest.FixtureRequest, tiny_text_loaded: LoadedModel
 ) -> AsyncIterator[HFEngine | BatchedEngine]:
-    made = HFEngine(tiny_text_loaded) if request.param == "generate" else None
-    made = made or BatchedEngine(tiny_text_loaded)
+    made: HFEngine | BatchedEngine = (
+        HFEngine(tiny_text_loaded)
+        if request.param == "generate"
+        else BatchedEngine(tiny_text_loaded)
+    )
     yield made
     await made.aclose()
 

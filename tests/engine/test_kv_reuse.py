@@ -146,7 +146,7 @@ def kv_bytes(loaded: LoadedModel, positions: int) -> int:
         positions if kind == "full_attention" else min(positions, text.sliding_window)
         for kind in text.layer_types
     ]
-    return per_position * sum(held)
+    return int(per_position * sum(held))
 
 
 @pytest.mark.parametrize("positions", [12, 40])  # within and past the sliding window (16)

@@ -106,7 +106,7 @@ def test_packed_real_layers_match_f_linear_within_their_rounding(
 
 def test_a_widened_embedding_looks_up_the_saved_rows_and_scales_them_in_float32() -> None:
     table = nn.Embedding(10, 4, padding_idx=0).to(torch.bfloat16)
-    table.scalar_embed_scale = 2.0  # as Gemma's scaled embedding keeps it
+    table.scalar_embed_scale = 2.0  # type: ignore[assignment]  # as Gemma's scaled embedding
     widened = WidenedEmbedding(table, torch.float32)
     ids = torch.tensor([[3, 0, 9]])
     rows = widened(ids)

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from wschat.server.engine.local.slotkv import FULL, SLIDING, KVState, LayerLayout, SlotKV
+from wschat.server.engine.local.attention import FULL, SLIDING
+from wschat.server.engine.local.slotkv import KVState, LayerLayout, SlotKV
 
 WINDOW = 4
 LAYOUT = LayerLayout((FULL, SLIDING), WINDOW, 1, 1, torch.float32, torch.device("cpu"))
@@ -30,7 +31,7 @@ def forward(kv: SlotKV, counts: list[int], first: int = 0) -> dict[str, torch.Te
     }
     kv.advance()
     return {kind: t.flatten(1) for kind, t in read.items()} | {
-        f"{k}_mask": m for k, m in masks.items()
+        f"{k}_mask": m for k, m in masks.items() if m is not None
     }
 
 

@@ -11,8 +11,9 @@ by the tests, so the attention module imports these where it would import the re
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.nn import functional
@@ -149,8 +150,11 @@ def make(calls: Calls) -> types.ModuleType:
 def torch_varlen(calls: Calls) -> Any:
     """A stand-in for ``torch.nn.attention.varlen.varlen_attn`` (CUDA only in torch)."""
     fake = make(calls)
+    real: Callable[..., Any] | None
     try:
-        from torch.nn.attention.varlen import varlen_attn as real
+        from torch.nn.attention import varlen
+
+        real = cast("Callable[..., Any]", varlen.varlen_attn)  # its signature varies by torch
     except ImportError:
         real = None
 
@@ -174,7 +178,7 @@ def torch_varlen(calls: Calls) -> Any:
                 *meta, max_q, max_k, scale=scale, window_size=window_size, enable_gqa=enable_gqa
             ).shape
             assert shape == query.shape, (shape, query.shape)
-        out: torch.Tensor = fake.flash_attn_varlen_func(  # type: ignore[attr-defined]
+        out: torch.Tensor = fake.flash_attn_varlen_func(
             query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
             softmax_scale=scale, causal=True, window_size=window_size,
         )  # fmt: skip

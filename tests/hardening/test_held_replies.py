@@ -59,7 +59,7 @@ async def test_prompts_dropped_from_one_address_leave_the_server_to_others() -> 
     """PROTOCOL.md section 10 with --max-concurrent 4, a queue of 64 and 2 connections per
     address: one address that prompts and drops, never holding more than one open connection,
     used to keep every other client's prompt refused ``overloaded``."""
-    settings = {"max_concurrent": 4, "max_connections_per_client": 2}
+    settings: dict[str, Any] = {"max_concurrent": 4, "max_connections_per_client": 2}
     async with running_server(ScriptedEngine(script), **settings) as url:
         outcomes: list[str] = []
         for n in range(TRIES):  # until refused five times running

@@ -14,7 +14,7 @@ from wschat.server.engine.local.loader import LoadedModel
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import TIMEOUT, closed_before_ready, raw_peer, running_server
 
-SMALL = {
+SMALL: dict[str, Any] = {
     "max_frame_bytes": 4096,
     "max_prompt_bytes": 200,
     "max_prompt_tokens": 150,
@@ -28,7 +28,7 @@ def words(n: int, delay_s: float = 0.0) -> Any:
 
 
 async def test_ready_reports_the_configured_limits() -> None:
-    overrides = {**SMALL, "frames_per_second": 7, "idle_timeout_s": 33.0}
+    overrides: dict[str, Any] = {**SMALL, "frames_per_second": 7, "idle_timeout_s": 33.0}
     async with (
         running_server(ScriptedEngine(context_tokens=512, images=True), **overrides) as url,
         raw_peer(url) as (_, ready),

@@ -12,6 +12,7 @@ import random
 import threading
 from collections import Counter
 from contextlib import AsyncExitStack
+from typing import Any
 
 import psutil
 from wschat.server.engine import GenerationRequest
@@ -30,7 +31,7 @@ def script(request: GenerationRequest) -> Script:
     return Script([f" w{i}" for i in range(n)], delay_s=0.002, end_with_eos=False)
 
 
-async def generate(peer: RawPeer, frame_id: str, n: int) -> dict:
+async def generate(peer: RawPeer, frame_id: str, n: int) -> dict[str, Any]:
     await peer.send(
         {"type": "prompt", "id": frame_id, "text": "load", "params": {"max_new_tokens": n}}
     )

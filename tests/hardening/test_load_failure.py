@@ -92,7 +92,7 @@ async def test_healthz_turns_503_once_the_load_has_failed() -> None:
         raise RuntimeError("no model here")
 
     async with (
-        running_server(refuse) as url,  # type: ignore[arg-type]
+        running_server(refuse) as url,
         httpx.AsyncClient(base_url=http_base(url), timeout=TIMEOUT) as http,
     ):
         async with asyncio.timeout(TIMEOUT):

@@ -50,7 +50,8 @@ async def metric(url: str, name: str) -> float:
 async def stored(store_url: str, key: str) -> bytes | None:
     client = aioredis.from_url(store_url)
     try:
-        value: bytes | None = await client.get(key)
+        value = await client.get(key)
+        assert value is None or isinstance(value, bytes)
         return value
     finally:
         await client.aclose()
@@ -129,7 +130,8 @@ async def test_a_claim_redis_runs_after_the_resume_gave_up_takes_nothing(tmp_pat
         async with raw_peer(f"{url}?resume=not-a-token"):
             pass  # Redis knows the claim's script from now on
         sleeper = aioredis.from_url(store.url)  # no socket timeout: it waits the sleep out
-        stall = asyncio.create_task(sleeper.execute_command("DEBUG", "SLEEP", STALL_S))
+        sleep = sleeper.execute_command("DEBUG", "SLEEP", STALL_S)  # type: ignore[no-untyped-call]
+        stall = asyncio.create_task(sleep)
         try:
             await redis_stalled(store.url)
             async with raw_peer(f"{url}?resume={ready['resume']}") as (_, during):

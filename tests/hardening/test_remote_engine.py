@@ -172,7 +172,7 @@ async def test_a_value_out_of_range_or_of_the_wrong_type_is_internal_then_done(
 ) -> None:
     word = tokenizer.tokenize_text(" a")
     what, value = bad.split(" ", 1)
-    wrong: dict[str, Any] = {
+    wrongs: dict[str, Any] = {
         "10**30": 10**30,
         "1e30": 1e30,
         "-1": -1,
@@ -183,7 +183,8 @@ async def test_a_value_out_of_range_or_of_the_wrong_type_is_internal_then_done(
         "1.5": 1.5,
         "a map": {"text": "a"},
         "a string": "abc",
-    }[value]
+    }
+    wrong = wrongs[value]
     if what == "cached":
         answer = reply(dialect, [(" a", word)], cached=wrong)
     elif what == "id":

@@ -9,6 +9,7 @@ import asyncio
 import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +20,7 @@ from tests.sessions.test_redis_replicas import REDIS_SERVER, redis_server, turn,
 from tests.support import TIMEOUT, RawPeer, http_base, raw_peer, running_server, server_process
 
 
-async def frames_until_closed(peer: RawPeer) -> tuple[list[dict], int | None]:
+async def frames_until_closed(peer: RawPeer) -> tuple[list[dict[str, Any]], int | None]:
     frames = []
     try:
         while True:

@@ -17,8 +17,14 @@ from websockets.asyncio.client import ClientConnection
 from wschat.protocol import Stats
 
 from tests.fakes.scripted import ScriptedEngine
-from tests.hardening.test_limits import closed_before_ready
-from tests.support import TIMEOUT, next_stats, running_server, server_process, stats_socket
+from tests.support import (
+    TIMEOUT,
+    closed_before_ready,
+    next_stats,
+    running_server,
+    server_process,
+    stats_socket,
+)
 
 SUBSCRIBERS = 200
 ROUNDS = 3

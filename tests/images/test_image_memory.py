@@ -134,5 +134,5 @@ async def test_a_refused_image_leaves_what_the_session_holds_unchanged(
 
 def test_an_image_is_kept_as_uint8_rgb_at_the_input_size(tiny_vision_engine: HFEngine) -> None:
     kept = tiny_vision_engine.prepare_image(PILImage.new("RGB", (640, 480), samples.GREEN))
-    assert (kept.shape, kept.dtype) == ((64, 64, 3), np.uint8)
+    assert kept.shape == (64, 64, 3) and kept.dtype == np.uint8
     assert (kept == samples.GREEN).all()

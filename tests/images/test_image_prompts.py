@@ -39,6 +39,7 @@ def test_placeholder_is_the_processors_expansion_of_one_image(
 ) -> None:
     placeholder = tiny_vision_engine.image_placeholder_ids()
     processor = tiny_vision_engine.loaded.processor
+    assert processor is not None
     expanded = processor(text=[processor.boi_token], images=[[samples.noise(64, 64)]])
     assert expanded["input_ids"][0] == [2, *placeholder]  # <bos>, then the image's run
     assert placeholder.count(IMAGE_TOKEN) == 16
@@ -74,7 +75,7 @@ async def test_follow_up_keeps_the_image_and_matches_a_full_reprefill(
         ("What was in the picture above?", None),
         ("And compare it with this one.", [samples.png(32, 32, samples.BLUE)]),
     ]
-    replies: dict[str, list[dict[str, Any]]] = {}
+    replies: dict[str, list[list[dict[str, Any]]]] = {}
     for name, engine in (("reusing", reusing), ("reprefilling", reprefilling)):
         async with running_server(engine) as url, raw_peer(url) as (peer, _):
             replies[name] = []

@@ -13,7 +13,7 @@ import base64
 import json
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,7 @@ def from_json(value: Any) -> Any:
     return value
 
 
-_TAGS = {
+_TAGS: dict[str, Callable[[Any], Any]] = {
     "$int": int,
     "$float": float,  # float("NaN"), float("Infinity") and float(-0.0) all do the right thing
     "$bin": base64.b64decode,

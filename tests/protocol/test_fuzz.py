@@ -133,7 +133,8 @@ def frame_shaped(draw: st.DrawFn) -> bytes:
     value.update(draw(st.dictionaries(field_names, wire_values, max_size=6)))
     if draw(st.booleans()):
         value["params"] = draw(st.dictionaries(param_names, wire_values, max_size=4))
-    return msgpack.packb(value, use_bin_type=True)
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    return packed
 
 
 @FUZZ

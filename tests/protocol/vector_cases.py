@@ -43,7 +43,8 @@ class Case:
 
 
 def pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    return packed
 
 
 def ping(t: Any) -> bytes:

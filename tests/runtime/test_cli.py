@@ -12,11 +12,16 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from starlette.types import Receive, Scope, Send
 from wschat.server.runtime.cli import HELP_HINT, build_parser, help_text, main, settings_from_args
 from wschat.server.runtime.serve import uvicorn_config
 from wschat.server.settings import Settings
 
 from tests.runtime.readme_options import OPTIONS, README, readme_table, table
+
+
+async def no_app(scope: Scope, receive: Receive, send: Send) -> None:
+    """The ASGI app a configuration is built for here; it never runs."""
 
 
 def option_help(name: str) -> str:
@@ -48,7 +53,7 @@ def value_other_than_default(action: argparse.Action) -> str:
     if action.dest in VALID_SAMPLES:
         return VALID_SAMPLES[action.dest]
     if action.choices:
-        return next(c for c in action.choices if c != action.default)
+        return str(next(c for c in action.choices if c != action.default))
     if action.type is int:
         return str(int(action.default) + 7)
     if action.type is float:
@@ -149,7 +154,7 @@ def test_proxies_and_host_names_come_from_repeated_or_comma_separated_options() 
     )
     assert settings.forwarded_allow_ips == ("10.0.0.1", "10.0.0.2", "192.168.0.0/16")
     assert settings.allowed_hosts == ("chat.example", "other.example")
-    config = uvicorn_config(settings, app=None)
+    config = uvicorn_config(settings, app=no_app)
     assert config.proxy_headers and config.forwarded_allow_ips == list(settings.forwarded_allow_ips)
 
 
@@ -157,7 +162,7 @@ def test_no_proxy_is_trusted_by_default(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("FORWARDED_ALLOW_IPS", "*")  # uvicorn's own variable changes nothing
     settings = settings_from_args([])
     assert settings.forwarded_allow_ips == () and settings.allowed_hosts == ()
-    assert uvicorn_config(settings, app=None).proxy_headers is False
+    assert uvicorn_config(settings, app=no_app).proxy_headers is False
 
 
 def test_the_environment_sets_proxies_and_host_names(monkeypatch: pytest.MonkeyPatch) -> None:

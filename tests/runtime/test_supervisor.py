@@ -57,7 +57,7 @@ def config(**overrides: Any) -> LlamaCppConfig:
 def gone(pid: int) -> bool:
     """No such process, or one that exited and waits for a parent to reap it."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        return bool(psutil.Process(pid).status() == psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return True
 

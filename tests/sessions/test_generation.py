@@ -5,6 +5,7 @@ however it ends, sends exactly one ``done``."""
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar
 
 from wschat.protocol import (
     Done,
@@ -33,6 +34,8 @@ from wschat.server.sessions.slots import GenerationSlots
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import TIMEOUT
 
+F = TypeVar("F", bound=Frame)
+
 WORDS = [f" w{i}" for i in range(20)]
 
 
@@ -50,7 +53,7 @@ async def drive(run: GenerationRun, chat: Chat, slots: GenerationSlots, send: Se
         await run.drive(chat, slots, send)
 
 
-def of_type(frames: list[Frame], kind: type) -> list:  # type: ignore[type-arg]
+def of_type(frames: list[Frame], kind: type[F]) -> list[F]:
     return [f for f in frames if isinstance(f, kind)]
 
 

@@ -332,7 +332,7 @@ async def reply_checkpoint(store: RedisProcess, session: str, at_least: int) -> 
         async with asyncio.timeout(TIMEOUT):
             while True:
                 data = await client.get(f"wschat:r:{session}")
-                if data and len(ids := unpack(data)["ids"]) >= at_least:
+                if isinstance(data, bytes) and data and len(ids := unpack(data)["ids"]) >= at_least:
                     return list(ids)
                 await asyncio.sleep(0.05)  # another process writes it: nothing to await
     finally:

@@ -222,7 +222,7 @@ async def test_engine_exception_becomes_error_then_done_error() -> None:
     session, rec = make_session(engine)
     await session.handle(Prompt("a", "x"))
     done = await done_of(rec, "a")
-    errors = [f for f in rec.frames if type(f).__name__ == "Error"]
+    errors = [f for f in rec.frames if isinstance(f, Error)]
     assert done.reason is FinishReason.ERROR and done.text == " a"
     assert [(e.code, e.id, e.message) for e in errors] == [
         (ErrorCode.INTERNAL, "a", "generation failed")
@@ -235,7 +235,7 @@ async def test_stalled_generation_is_cancelled_with_error() -> None:
     await session.handle(Prompt("a", "x"))
     done = await done_of(rec, "a")
     engine.unstall()
-    errors = [f for f in rec.frames if type(f).__name__ == "Error"]
+    errors = [f for f in rec.frames if isinstance(f, Error)]
     assert done.reason is FinishReason.ERROR
     assert errors[0].message == "generation made no progress and was stopped"
     await engine.aclose()

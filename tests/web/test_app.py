@@ -18,7 +18,7 @@ from websockets.exceptions import InvalidStatus
 from wschat.protocol import SESSION_HEADER
 
 from tests.fakes.scripted import ScriptedEngine
-from tests.support import TIMEOUT, RawPeer, http_base, running_server
+from tests.support import SUBPROTOCOL, TIMEOUT, RawPeer, http_base, running_server
 
 NO_CHAT_HERE = b"no chat endpoint at this path; the chat endpoint is /v1/chat\n"
 
@@ -27,7 +27,7 @@ NO_CHAT_HERE = b"no chat endpoint at this path; the chat endpoint is /v1/chat\n"
 async def opened(url: str) -> AsyncIterator[tuple[ClientConnection, dict[str, Any]]]:
     """The socket (its handshake response) and its ``ready``."""
     async with asyncio.timeout(TIMEOUT):
-        ws = await websockets.connect(url, subprotocols=["wschat.v1"])
+        ws = await websockets.connect(url, subprotocols=[SUBPROTOCOL])
     try:
         ready = await RawPeer(ws).recv()
         assert ready["type"] == "ready"
