@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from array import array
 from dataclasses import dataclass, field
 
 from wschat.protocol import (
@@ -31,11 +30,11 @@ from ..engine import (
     Finished,
     Generation,
     PreparedTurn,
-    TextPieces,
     TokenPiece,
 )
 from .error_boundary import Send, error_frame
 from .events import RunDone, RunEvent, RunListener, RunStarted, TokensSent
+from .relay import ReplyRecord
 from .slots import GenerationSlots, Ticket
 
 log = logging.getLogger("wschat.run")
@@ -51,9 +50,8 @@ class GenerationRun:
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     generation: Generation | None = None
     # What was sent, packed, so a long reply to a slow reader costs about its text and ids, not
-    # an object per frame.
-    text: TextPieces = field(default_factory=TextPieces)
-    ids: array[int] = field(default_factory=lambda: array("q"))  # a checkpoint's
+    # an object per frame; the relay reads it for a resume, a checkpoint its ids.
+    sent: ReplyRecord = field(default_factory=ReplyRecord)
     finished: Finished | None = None
     reason: FinishReason | None = None  # the done's, once sent
     completion_tokens: int = 0
@@ -139,12 +137,13 @@ class GenerationRun:
                 self.last_token_at = time.perf_counter()
                 if text and self.first_token_at is None:
                     self.first_token_at = self.last_token_at
-            self.ids.extend(ids)
             self.completion_tokens += len(ids)  # ids without text too: the next index jumps
-            if text:
+            if not text:
+                self.sent.add(ids, None)
+            else:
                 shown = ids if self.token_ids else None
                 frame = Token(self.id, text, self.completion_tokens, shown)
-                self.text.append(text)
+                self.sent.add(ids, frame)
                 self._notify(TokensSent(self, len(ids)))
                 await send(frame)
             if finished is not None:
@@ -215,7 +214,7 @@ class GenerationRun:
         generation = self.generation
         prompt_tokens = generation.prompt_tokens if generation else 0
         cached = generation.cached_tokens if generation else 0
-        return self.text.join(), Usage(prompt_tokens, self.completion_tokens, cached)
+        return self.sent.text.join(), Usage(prompt_tokens, self.completion_tokens, cached)
 
     @property
     def queued_ms(self) -> float:

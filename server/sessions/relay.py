@@ -1,13 +1,14 @@
 """``Relay``: a session's frames on their way to its connection, and what a resume needs of them.
 
 Every frame a session sends goes through its relay to the connection's outbox. The reply of the
-last prompt is recorded as it goes (its ``token`` frames, then its ``error`` and ``done``), so
-that a client whose connection dropped mid-reply and that resumes (PROTOCOL.md section 10) gets
-what it missed: one ``token`` frame with all the text after the index it names, then the rest,
-none of it twice. While no connection is attached (a drop mid-reply, for ``--resume-grace-s``)
-the reply's ``queued`` and ``start`` frames are held for the next one.
+last prompt is recorded as it goes (its ``token`` frames by its run, in the ``ReplyRecord`` the
+relay reads; its ``error`` and ``done`` here), so that a client whose connection dropped
+mid-reply and that resumes (PROTOCOL.md section 10) gets what it missed: one ``token`` frame
+with all the text after the index it names, then the rest, none of it twice. While no
+connection is attached (a drop mid-reply, for ``--resume-grace-s``) the reply's ``queued`` and
+``start`` frames are held for the next one.
 
-What is kept is bounded by one reply (its text and ids, and four integers per frame: a slow
+What is kept is bounded by one reply (its text and ids, and five integers per frame: a slow
 reader gets many frames), the next prompt's ``begin`` lets it go. A replay costs its frame, and
 one is in flight per session at most: a resume drops the connection it replaces (``drop_last``),
 which may still be flushing the last replay to a peer that never read it.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from wschat.protocol import Done, Error, Frame, Queued, Start, Token
@@ -35,43 +36,53 @@ class CatchUp:
     frames: list[Frame] = field(default_factory=list)
 
 
-class RecordedTokens:
-    """The ``token`` frames of one reply, packed: their text and ids, and where each frame ends."""
+class ReplyRecord:
+    """One reply as its run sent it, packed, kept once for all who need it: the text of its
+    ``token`` frames, every id generated (those that came without text too: a checkpoint's, for
+    a resume elsewhere), and where each frame ends, for the relay's catch-up."""
 
     def __init__(self) -> None:
-        self._text = TextPieces()
-        self._ids = array("q")
+        self.text = TextPieces()
+        self.ids = array("q")
         self._indexes = array("q")  # each frame's index
         self._text_ends = array("q")  # where each frame's text ends in the whole text
+        self._id_starts = array("q")  # each frame's ids, in ``ids``
         self._id_ends = array("q")
-        self._has_ids = False
+        self._shows_ids = False  # the frames carry their ids
 
-    def add(self, frame: Token) -> None:
-        self._text.append(frame.text)
-        if frame.ids is not None:
-            self._has_ids = True
-            self._ids.extend(frame.ids)
+    def add(self, ids: Sequence[int], frame: Token | None) -> None:
+        """Ids generated, and the frame that carries them (None: they came without text)."""
+        start = len(self.ids)
+        self.ids.extend(ids)
+        if frame is None:
+            return
+        self.text.append(frame.text)
+        self._shows_ids = frame.ids is not None
         self._indexes.append(frame.index)
         self._text_ends.append((self._text_ends[-1] if self._text_ends else 0) + len(frame.text))
-        self._id_ends.append(len(self._ids))
+        self._id_starts.append(start)
+        self._id_ends.append(len(self.ids))
 
     def after(self, reply: str, last: int) -> Token | None:
-        """One frame with every frame's text after index ``last``; None when there is none."""
+        """One frame with every frame's text (and ids) after index ``last``; None when there
+        is none."""
         first = bisect_right(self._indexes, last)
         if first == len(self._indexes):
             return None
         text_from = self._text_ends[first - 1] if first else 0
-        ids_from = self._id_ends[first - 1] if first else 0
-        ids = tuple(self._ids[ids_from:]) if self._has_ids else None
+        ids = None
+        if self._shows_ids:
+            spans = zip(self._id_starts[first:], self._id_ends[first:], strict=True)
+            ids = tuple(i for start, end in spans for i in self.ids[start:end])
         # the kept text itself from index 0 (a slice of all of a str is that str), else its tail
-        return Token(reply, self._text.join()[text_from:], self._indexes[-1], ids)
+        return Token(reply, self.text.join()[text_from:], self._indexes[-1], ids)
 
 
 class Relay:
     def __init__(self) -> None:
         self._target: Send | None = None  # the connection's outbox; None while detached
-        self.reply: str | None = None  # the id of the reply recorded: the last prompt's
-        self._tokens = RecordedTokens()  # its token frames
+        self.reply: str | None = None  # the id of the last prompt's reply
+        self._record = ReplyRecord()  # its token frames, as its run recorded them
         self._ending: list[Frame] = []  # its error and done frames
         # frames sent while no connection is attached mid-reply, for the next one (attach)
         self._held: list[Frame] = []
@@ -83,7 +94,8 @@ class Relay:
         self.drop_last: Callable[[], None] | None = None
 
     async def __call__(self, frame: Frame) -> None:
-        self._record(frame)
+        if isinstance(frame, Error | Done) and frame.id == self.reply:
+            self._ending.append(frame)
         target = self._target
         if target is None:
             if self.in_flight:  # else there is nobody to hold it for
@@ -91,18 +103,10 @@ class Relay:
             return
         await target(frame)
 
-    def _record(self, frame: Frame) -> None:
-        if getattr(frame, "id", None) != self.reply:
-            return
-        if isinstance(frame, Token):
-            self._tokens.add(frame)
-        elif isinstance(frame, Error | Done):
-            self._ending.append(frame)
-
-    def begin(self, reply: str) -> None:
-        """A prompt was accepted: its reply is the one recorded from now on."""
+    def begin(self, reply: str, record: ReplyRecord) -> None:
+        """A prompt was accepted: its reply is the one a resume gets, ``record`` its tokens."""
         self.reply, self._ending, self.in_flight = reply, [], False
-        self._tokens = RecordedTokens()
+        self._record = record
 
     def detach(self, mid_reply: bool) -> None:
         """The connection is gone; ``mid_reply``: a drop while the reply ran or waited (it goes
@@ -125,7 +129,7 @@ class Relay:
             return CatchUp()
         opening = [f for f in self._held if isinstance(f, Queued | Start)]
         self._held = []
-        after = self._tokens.after(self.reply, last or 0)
+        after = self._record.after(self.reply, last or 0)
         replay: list[Frame] = [after] if after else []
         return CatchUp(self.reply, [*opening, *replay, *self._ending])
 

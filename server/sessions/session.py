@@ -243,7 +243,6 @@ class Session:
         ticket = self.slots.enqueue(self.address)
         self._ids.add(frame.id)
         self._staged.clear()
-        self.relay.begin(frame.id)
         run = GenerationRun(
             frame.id,
             prepared,
@@ -252,6 +251,7 @@ class Session:
             self.settings.stall_timeout_s,
             listeners=list(self.listeners),
         )
+        self.relay.begin(run.id, run.sent)
         self.run = run
         self._change(Change.ACCEPTED)
         run.listeners.append(self._on_run_event)
@@ -365,7 +365,7 @@ class Session:
         run = self.run
         if run is None or run.generation is None:
             return None
-        return {"id": run.id, "ids": list(run.ids)}
+        return {"id": run.id, "ids": list(run.sent.ids)}
 
     def import_state(self, state: dict[str, Any], partial: dict[str, Any] | None = None) -> None:
         """An exported state; ``ValueError`` when it is not one (nothing is changed then). A

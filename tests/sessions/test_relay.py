@@ -16,7 +16,7 @@ from wschat.protocol import (
     Token,
     Usage,
 )
-from wschat.server.sessions.relay import Relay
+from wschat.server.sessions.relay import Relay, ReplyRecord
 
 
 class Sink:
@@ -31,20 +31,32 @@ def done(id: str, text: str, reason: FinishReason = FinishReason.STOP) -> Done:
     return Done(id, reason, text, Usage(3, 5, 0), Timing(0.0, None, 0.0, 1.0))
 
 
-async def attached() -> tuple[Relay, Sink]:
+class Run:
+    """What a generation run does with its reply's frames: records each token frame (and ids
+    that came without text), then sends it through the relay."""
+
+    def __init__(self, relay: Relay, reply: str) -> None:
+        self.relay, self.record = relay, ReplyRecord()
+        relay.begin(reply, self.record)
+
+    async def token(self, frame: Token) -> None:
+        self.record.add(frame.ids or (), frame)
+        await self.relay(frame)
+
+
+async def attached() -> tuple[Relay, Sink, Run]:
     relay, sink = Relay(), Sink()
     await relay.attach(sink)
-    relay.begin("r")
-    return relay, sink
+    return relay, sink, Run(relay, "r")
 
 
 async def test_a_resume_after_a_drop_mid_reply_gets_the_text_after_its_index_in_one_frame() -> None:
-    relay, sink = await attached()
+    relay, sink, run = await attached()
     await relay(Start("r", 3, 0, 0.0))
     for text, index in (("a", 1), ("bc", 3), ("d", 4)):
-        await relay(Token("r", text, index))
+        await run.token(Token("r", text, index))
     relay.detach(mid_reply=True)
-    await relay(Token("r", "e", 5))  # while detached: held
+    await run.token(Token("r", "e", 5))  # while detached: held
     assert len(sink.frames) == 4
     catch_up = relay.catch_up(1)
     assert catch_up.reply == "r"
@@ -54,9 +66,9 @@ async def test_a_resume_after_a_drop_mid_reply_gets_the_text_after_its_index_in_
 async def test_a_last_between_frames_counts_as_the_boundary_below_and_past_the_end_as_the_end() -> (
     None
 ):
-    relay, _ = await attached()
+    relay, _, run = await attached()
     for text, index in (("a", 1), ("bc", 3), ("d", 4)):
-        await relay(Token("r", text, index))
+        await run.token(Token("r", text, index))
     relay.detach(mid_reply=True)
     assert relay.catch_up(2).frames == [Token("r", "bcd", 4)]  # no frame ended at 2: from 1
     relay.detach(mid_reply=True)
@@ -66,19 +78,31 @@ async def test_a_last_between_frames_counts_as_the_boundary_below_and_past_the_e
 
 
 async def test_the_replayed_frame_carries_the_ids_of_the_frames_it_merges() -> None:
-    relay, _ = await attached()
-    await relay(Token("r", "a", 1, (10,)))
-    await relay(Token("r", "b", 3, (11, 12)))
+    relay, _, run = await attached()
+    await run.token(Token("r", "a", 1, (10,)))
+    await run.token(Token("r", "b", 3, (11, 12)))
     relay.detach(mid_reply=True)
     assert relay.catch_up(0).frames == [Token("r", "ab", 3, (10, 11, 12))]
 
 
+async def test_ids_that_came_without_text_are_checkpointed_but_never_replayed() -> None:
+    relay, _, run = await attached()
+    await run.token(Token("r", "a", 1, (10,)))
+    run.record.add((11,), None)  # no text: no frame, the next index jumps
+    await run.token(Token("r", "b", 3, (12,)))
+    run.record.add((1,), None)  # the token that ended the reply
+    relay.detach(mid_reply=True)
+    assert relay.catch_up(0).frames == [Token("r", "ab", 3, (10, 12))]  # as the frames were
+    assert list(run.record.ids) == [10, 11, 12, 1]  # the reply as generated
+    assert run.record.text.join() == "ab"
+
+
 async def test_frames_held_while_detached_open_the_catch_up_and_the_ending_closes_it() -> None:
-    relay, sink = await attached()
+    relay, sink, run = await attached()
     await relay(Queued("r", 1))
     relay.detach(mid_reply=True)
     await relay(Start("r", 3, 0, 1.0))
-    await relay(Token("r", "a", 1))
+    await run.token(Token("r", "a", 1))
     await relay(Error(ErrorCode.INTERNAL, "generation failed", "r"))
     await relay(done("r", "a", FinishReason.ERROR))
     assert sink.frames == [Queued("r", 1)]
@@ -87,11 +111,11 @@ async def test_frames_held_while_detached_open_the_catch_up_and_the_ending_close
 
 
 async def test_frames_sent_between_the_catch_up_and_attach_follow_it_in_order() -> None:
-    relay, _ = await attached()
-    await relay(Token("r", "a", 1))
+    relay, _, run = await attached()
+    await run.token(Token("r", "a", 1))
     relay.detach(mid_reply=True)
     catch_up = relay.catch_up(0)
-    await relay(Token("r", "b", 2))  # live, while the catch-up is being sent
+    await run.token(Token("r", "b", 2))  # live, while the catch-up is being sent
     await relay(done("r", "ab"))
     sink = Sink()
     await relay.attach(sink)
@@ -101,8 +125,8 @@ async def test_frames_sent_between_the_catch_up_and_attach_follow_it_in_order() 
 
 
 async def test_no_reply_in_flight_and_no_last_means_no_catch_up() -> None:
-    relay, _ = await attached()
-    await relay(Token("r", "a", 1))
+    relay, _, run = await attached()
+    await run.token(Token("r", "a", 1))
     await relay(done("r", "a"))
     relay.detach(mid_reply=False)
     assert relay.catch_up(None).reply is None
@@ -110,18 +134,18 @@ async def test_no_reply_in_flight_and_no_last_means_no_catch_up() -> None:
 
 
 async def test_a_client_that_names_its_last_index_gets_a_done_it_may_have_missed() -> None:
-    relay, _ = await attached()
-    await relay(Token("r", "a", 1))
-    await relay(Token("r", "b", 2))
+    relay, _, run = await attached()
+    await run.token(Token("r", "a", 1))
+    await run.token(Token("r", "b", 2))
     await relay(done("r", "ab"))  # sent, maybe lost in flight with the connection
     relay.detach(mid_reply=False)
     assert relay.catch_up(1).frames == [Token("r", "b", 2), done("r", "ab")]
 
 
 async def test_a_new_prompt_forgets_the_last_reply() -> None:
-    relay, _ = await attached()
-    await relay(Token("r", "a", 1))
-    relay.begin("s")
+    relay, _, run = await attached()
+    await run.token(Token("r", "a", 1))
+    Run(relay, "s")
     relay.detach(mid_reply=True)
     catch_up = relay.catch_up(0)
     assert (catch_up.reply, catch_up.frames) == ("s", [])
