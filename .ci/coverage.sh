@@ -1,10 +1,11 @@
 # The coverage gate, sourced by .ci/run and .ci/gates. What is measured: pyproject.toml's
-# [tool.coverage.run] (branch coverage of the protocol and the session core), only while their
-# own tests, COVERAGE_TESTS, run.
+# [tool.coverage.run] (branch coverage of the protocol and the session core: the session, its
+# generation, relay and connection, the error boundary), only while their own tests,
+# COVERAGE_TESTS, run.
 
-# Per cent of the gated modules' lines and branches, together: measured 95.4 to 95.5 when it was
-# set, 96.9 since (the hypothesis tests vary it a little from run to run).
-COVERAGE_FLOOR=93
+# Per cent of the gated modules' lines and branches, together, with room for the hypothesis
+# tests' run-to-run variation (the commit that sets it gives the figures).
+COVERAGE_FLOOR=94
 COVERAGE_TESTS=(tests/protocol tests/sessions)
 # The pytest options that measure it into .coverage.
 # -p msgpack: imported before coverage starts. Coverage finds a measured module by importing its
