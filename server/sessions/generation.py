@@ -180,6 +180,8 @@ class GenerationRun:
             self.reason = FinishReason.ERROR
             await self._told(send, Internal("generation failed"))
             await send(self._bare_done())
+        finally:
+            self.sent.settle()
 
     async def _told(self, send: Send, error: Exception) -> None:
         """Send ``error``'s frame; one that cannot be sent is logged (the done still follows)."""

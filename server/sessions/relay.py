@@ -63,6 +63,13 @@ class ReplyRecord:
         self._id_starts.append(start)
         self._id_ends.append(len(self.ids))
 
+    def settle(self) -> None:
+        """The reply is over: its ids served a checkpoint of the running reply, and a resume's
+        catch-up reads them only when its frames carried them; so kept only then, and an idle
+        session holds its last reply's text alone."""
+        if not self._shows_ids:
+            self.ids, self._id_starts, self._id_ends = array("q"), array("q"), array("q")
+
     def after(self, reply: str, last: int) -> Token | None:
         """One frame with every frame's text (and ids) after index ``last``; None when there
         is none."""

@@ -97,6 +97,16 @@ async def test_ids_that_came_without_text_are_checkpointed_but_never_replayed() 
     assert run.record.text.join() == "ab"
 
 
+def test_a_settled_reply_keeps_its_ids_only_where_its_frames_carried_them() -> None:
+    plain, shown = ReplyRecord(), ReplyRecord()
+    plain.add((10, 11), Token("r", "ab", 2, None))
+    shown.add((10, 11), Token("r", "ab", 2, (10, 11)))
+    plain.settle()
+    shown.settle()
+    assert list(plain.ids) == [] and plain.after("r", 0) == Token("r", "ab", 2, None)
+    assert list(shown.ids) == [10, 11] and shown.after("r", 0) == Token("r", "ab", 2, (10, 11))
+
+
 async def test_frames_held_while_detached_open_the_catch_up_and_the_ending_closes_it() -> None:
     relay, sink, run = await attached()
     await relay(Queued("r", 1))
