@@ -152,6 +152,8 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             WebSocketRoute(CHAT_PATH, chat),
+            # before the static mount, which would otherwise take the handshake and close it (403)
+            WebSocketRoute("/static/{path:path}", no_chat_here),
             *web_routes(hub, stats_feed),
             WebSocketRoute("/{path:path}", no_chat_here),  # last: what no other route serves
         ],

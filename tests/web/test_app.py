@@ -66,7 +66,7 @@ async def test_a_session_param_without_a_valid_token_gets_a_new_session() -> Non
                 assert ready["session"] == header(ws) != first["session"]
 
 
-@pytest.mark.parametrize("path", ["/chat", "/", "/v1/chat/", "/v1/stats/x"])
+@pytest.mark.parametrize("path", ["/chat", "/", "/v1/chat/", "/v1/stats/x", "/static/app.js"])
 async def test_a_websocket_handshake_on_an_unknown_path_gets_404_naming_the_chat_endpoint(
     path: str,
 ) -> None:
