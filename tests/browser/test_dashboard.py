@@ -87,13 +87,20 @@ async def test_dashboard_says_its_token_counts_are_per_session_and_the_kv_tile_i
             assert await lines(element) == 1, await element.text_content()
 
 
-async def test_dashboard_fits_a_phone_screen(new_page: NewPage) -> None:
+@pytest.mark.parametrize("width", [PHONE["width"], 320])
+async def test_dashboard_fits_a_phone_screen(new_page: NewPage, width: int) -> None:
     async with running_server(KeepingEngine(in_turn(words(5)))) as url:
-        dashboard = await new_page(viewport=PHONE, is_mobile=True)
+        dashboard = await new_page(viewport={**PHONE, "width": width}, is_mobile=True)
         await dashboard.goto(http_base(url) + "/dashboard")
         await expect(dashboard.locator("#t-kv")).to_contain_text("1,234,567 tokens")
-        assert await page_width(dashboard) <= PHONE["width"]
-        assert await shown_whole(dashboard.get_by_role("link", name="Metrics"))
+        wide = await dashboard.evaluate(
+            """(w) => [...document.querySelectorAll('body *')]
+                 .filter((e) => e.getBoundingClientRect().right > w + 0.5)
+                 .map((e) => e.tagName + '#' + e.id + '.' + e.className).slice(0, 8)""",
+            width,
+        )
+        assert await page_width(dashboard) <= width, wide
+        assert await shown_whole(dashboard.get_by_role("link", name="Metrics"), width)
 
 
 async def test_metrics_counters_move_after_a_generation(new_page: NewPage) -> None:

@@ -58,3 +58,20 @@ async def test_the_chat_page_fits_a_phone_screen(new_page: NewPage, screenshots:
         await expect(system).to_be_visible()
         await expect(page.get_by_label("Temperature")).to_be_visible()
         assert await page_width(page) <= PHONE["width"]
+
+
+async def test_the_chat_page_fits_the_narrowest_phone_with_its_links_whole(
+    new_page: NewPage,
+) -> None:
+    width = 320
+    lines_of_reply = [f"{line}\n" for line in REPLY.split("\n")[:-1]]
+    engine = ScriptedEngine(in_turn(Script(lines_of_reply)))
+    engine.info = dataclasses.replace(engine.info, model=MODEL)
+    async with running_server(engine) as url:
+        page = await new_page(viewport={**PHONE, "width": width}, is_mobile=True, has_touch=True)
+        chat = await ChatPage(page, http_base(url)).open()
+        assert await chat.finished(await chat.send("how do I reverse a list?")) == "stop"
+        await page.locator("summary", has_text="Settings").click()
+        await expect(page.get_by_label("Temperature")).to_be_visible()
+        assert await page_width(page) <= width
+        assert await shown_whole(page.get_by_role("link", name="Dashboard"), width)
