@@ -288,6 +288,8 @@ class LlamaCppServer:
 
     def _wait_healthy(self, child: _Child, deadline: float) -> None:
         headers = {"Authorization": f"Bearer {self.api_key}"}
+        # what a start that times out is told: how far the child got
+        last = "it never said where it listens"
         while True:
             if self._stopping.is_set():
                 raise LlamaCppError("the server is stopping")
@@ -296,13 +298,15 @@ class LlamaCppServer:
                 raise LlamaCppError(child.reason())
             if time.monotonic() > deadline:
                 raise LlamaCppError(
-                    f"llama.cpp's server was not ready within {self.config.start_timeout_s:.0f} s"
+                    f"llama.cpp's server was not ready within "
+                    f"{self.config.start_timeout_s:.0f} s ({last})"
                 )
             if child.url is None:
                 child.listening.wait(_POLL_S)
-            elif _healthy(f"{child.url}/health", headers):
+            elif (answer := _health(f"{child.url}/health", headers)) is None:
                 return
             else:
+                last = f"listening on {child.url}; /health {answer}"
                 time.sleep(_POLL_S)
 
     def _watch(self, on_url: Callable[[str], None]) -> None:
@@ -346,8 +350,10 @@ class LlamaCppServer:
         return None
 
 
-def _healthy(url: str, headers: dict[str, str]) -> bool:
+def _health(url: str, headers: dict[str, str]) -> str | None:
+    """None when the server is healthy, else what it answered."""
     try:
-        return httpx.get(url, headers=headers, timeout=2.0).status_code == 200
-    except httpx.HTTPError:
-        return False
+        status = httpx.get(url, headers=headers, timeout=2.0).status_code
+    except httpx.HTTPError as error:
+        return f"did not answer ({type(error).__name__})"
+    return None if status == 200 else f"answered {status}"

@@ -39,6 +39,8 @@ from tests.support import ROOT, TIMEOUT, http_base, raw_peer, running_server, wa
 
 LONG = "Write the numbers from 1 to 200 separated by spaces."
 STOP_TIMEOUT = 30.0
+# past the child's own start deadline, so that a start that fails says why (LlamaCppError)
+LAUNCH_TIMEOUT = START_TIMEOUT + 30.0
 
 
 def config(**overrides: Any) -> LlamaCppConfig:
@@ -75,7 +77,7 @@ def server_of(engine: OpenAIEngine) -> LlamaCppServer:
 @pytest.fixture
 async def llamacpp_engine() -> AsyncIterator[OpenAIEngine]:
     """``--engine llamacpp``'s engine on a fresh child; closed (the child stopped) after."""
-    async with asyncio.timeout(START_TIMEOUT):
+    async with asyncio.timeout(LAUNCH_TIMEOUT):
         engine = await asyncio.to_thread(launch, config(), tokenizer=None, prompt_format="auto")
     pid = server_of(engine).pid
     try:
@@ -96,7 +98,7 @@ async def test_a_started_server_serves_a_chat_logs_through_ours_and_stops_with_t
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="wschat.engine.llamacpp")
-    async with asyncio.timeout(START_TIMEOUT):
+    async with asyncio.timeout(LAUNCH_TIMEOUT):
         engine = await asyncio.to_thread(launch, config(), tokenizer=None, prompt_format="auto")
     child = server_of(engine)
     pid = child.pid
@@ -158,6 +160,49 @@ def test_a_port_it_cannot_bind_fails_the_start_with_llama_cpps_reason() -> None:
         with pytest.raises(LlamaCppError, match=f"couldn't bind HTTP server socket.*{port}"):
             server.start()
     assert server.pid is None  # no child kept, none restarting
+
+
+# A child that says where it listens and then answers /health with 503 until its stdin closes.
+UNHEALTHY_CHILD = """
+import http.server, os, sys, threading
+class Busy(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(503)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+httpd = http.server.HTTPServer(("127.0.0.1", 0), Busy)
+threading.Thread(target=httpd.serve_forever, daemon=True).start()
+print(f"listening on http://127.0.0.1:{httpd.server_port}", flush=True)
+while os.read(0, 4096):
+    pass
+"""
+SILENT_CHILD = "import os\nwhile os.read(0, 4096):\n    pass\n"
+
+
+class ScriptedChild(LlamaCppServer):
+    """A supervisor whose child is a Python script of the test's own."""
+
+    def __init__(self, script: str) -> None:
+        super().__init__(config(start_timeout_s=2.0))
+        self.script = script
+
+    def _command(self) -> list[str]:
+        return [sys.executable, "-c", self.script]
+
+
+@pytest.mark.parametrize(
+    ("script", "said"),
+    [
+        (UNHEALTHY_CHILD, r"\(listening on http://127\.0\.0\.1:\d+; /health answered 503\)"),
+        (SILENT_CHILD, r"\(it never said where it listens\)"),
+    ],
+)
+def test_a_start_that_times_out_says_how_far_the_child_got(script: str, said: str) -> None:
+    server = ScriptedChild(script)
+    with pytest.raises(LlamaCppError, match=r"not ready within 2 s " + said):
+        server.start()
+    assert server.pid is None  # the child was stopped, none restarting
 
 
 def test_a_file_that_is_not_a_gguf_is_refused_before_anything_starts(tmp_path: Path) -> None:
