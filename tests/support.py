@@ -411,13 +411,16 @@ def console_script(script: str, module: str, path: str | None = None) -> list[st
 
 async def run_ask(*args: str, env: dict[str, str], timeout: float) -> tuple[int, str, str]:
     """``wschat ask ARGS`` (the script on ``env``'s PATH) as a subprocess: status, out, err."""
+    command = console_script("wschat", "wschat.client", env.get("PATH"))
+    return await run_to_exit([*command, "ask", *args], env=env, timeout=timeout)
+
+
+async def run_to_exit(
+    command: list[str], *, timeout: float, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """``command`` as a subprocess, to its exit (killed past ``timeout``): status, out, err."""
     process = await asyncio.create_subprocess_exec(
-        *console_script("wschat", "wschat.client", env.get("PATH")),
-        "ask",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
+        *command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env
     )
     try:
         async with asyncio.timeout(timeout):

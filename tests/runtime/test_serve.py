@@ -16,7 +16,7 @@ from wschat.server.settings import Settings
 from wschat.server.web.app import build_app
 
 from tests.fakes.scripted import ScriptedEngine
-from tests.support import TIMEOUT, HeldLoad, command_until_ready, free_port, wait_until
+from tests.support import TIMEOUT, HeldLoad, command_until_ready, free_port, run_to_exit, wait_until
 
 # a process of its own imports torch and transformers, and loads the tiny model
 START_TIMEOUT = 120.0
@@ -57,18 +57,10 @@ async def test_listening_before_the_model_is_loaded_logs_not_ready_then_ready(
 
 async def run_server(*args: str, timeout: float) -> tuple[int, str]:
     """``wschat-server ARGS`` as a process of its own, to its exit: its status and stderr."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "wschat.server", *args, stderr=asyncio.subprocess.PIPE
+    status, _, err = await run_to_exit(
+        [sys.executable, "-m", "wschat.server", *args], timeout=timeout
     )
-    try:
-        async with asyncio.timeout(timeout):
-            _, err = await process.communicate()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode is not None
-    return process.returncode, err.decode()
+    return status, err
 
 
 async def test_a_port_in_use_is_said_in_one_line_and_the_model_is_never_loaded(
