@@ -56,6 +56,10 @@ STABLE_S = 60.0
 _POLL_S = 0.05
 _REASON_LINES = 3  # of llama.cpp's error lines, in a failure's reason
 _LISTENING = "listening on "
+# Where it listens: llama.cpp's own line (it comes first) or the launcher's; the launcher's
+# prints only once its call into llama.cpp returns, which under load has been seen not to
+# happen after llama.cpp had logged that it listened. /health then says whether it serves.
+_LISTENING_AT = re.compile(r"(?:^|\s)listening on (http://\S+)")
 # llama.cpp's log lines: "0.01.206.038 I srv          init: listening on ..."
 _LOG_LINE = re.compile(r"^\d+\.\d+\.\d+\.\d+ ([DIWE]) +(.*)$")
 _LEVELS = {"D": logging.DEBUG, "I": logging.DEBUG, "W": logging.WARNING, "E": logging.ERROR}
@@ -145,9 +149,10 @@ class _Child:
     def _read(self, stream: IO[bytes]) -> None:
         for raw in stream:
             line = raw.decode(errors="replace").rstrip()
-            if line.startswith(_LISTENING) and self.url is None:
-                self.url = line.removeprefix(_LISTENING).strip()
+            if self.url is None and (found := _LISTENING_AT.search(line)):
+                self.url = found[1]
                 self.listening.set()
+            if line.startswith(_LISTENING):
                 continue
             match = _LOG_LINE.match(line)
             level, text = (_LEVELS[match[1]], match[2]) if match else (logging.WARNING, line)

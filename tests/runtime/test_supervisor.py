@@ -177,6 +177,10 @@ print(f"listening on http://127.0.0.1:{httpd.server_port}", flush=True)
 while os.read(0, 4096):
     pass
 """
+# A child that says where it listens only in llama.cpp's own log line, then is healthy.
+HEALTHY_CHILD = UNHEALTHY_CHILD.replace("503", "200").replace(
+    'print(f"listening', 'print(f"0.01.339.042 listening'
+)
 SILENT_CHILD = "import os\nwhile os.read(0, 4096):\n    pass\n"
 
 
@@ -203,6 +207,16 @@ def test_a_start_that_times_out_says_how_far_the_child_got(script: str, said: st
     with pytest.raises(LlamaCppError, match=r"not ready within 2 s " + said):
         server.start()
     assert server.pid is None  # the child was stopped, none restarting
+
+
+def test_the_child_is_found_by_llama_cpps_own_listening_line() -> None:
+    server = ScriptedChild(HEALTHY_CHILD)
+    try:
+        server.start()
+        assert server.pid is not None
+    finally:
+        server.stop()
+    assert server.pid is None
 
 
 def test_a_file_that_is_not_a_gguf_is_refused_before_anything_starts(tmp_path: Path) -> None:
