@@ -31,11 +31,14 @@ class FrameType(StrEnum):
     RESET = "reset"
     PING = "ping"
     CONFIGURE = "configure"
+    REWIND = "rewind"
+    REGENERATE = "regenerate"
     # server -> client
     READY = "ready"
     CONFIGURED = "configured"
     IMAGE_OK = "image_ok"
     RESET_OK = "reset_ok"
+    REWOUND = "rewound"
     PONG = "pong"
     QUEUED = "queued"
     START = "start"
@@ -54,6 +57,8 @@ CLIENT_FRAME_TYPES = frozenset(
         FrameType.RESET,
         FrameType.PING,
         FrameType.CONFIGURE,
+        FrameType.REWIND,
+        FrameType.REGENERATE,
     }
 )
 

@@ -216,7 +216,33 @@ class Configure(Frame):
     params: GenerationParams | None = spec(optional(_params), default=None)
 
 
-ClientFrame = Prompt | Image | Cancel | Reset | Ping | Configure
+def _keep(value: object, key: str) -> int:
+    count = as_int(value, key, InvalidParams)
+    if count < 0:
+        raise InvalidParams(f"{key} must be 0 or more")
+    return count
+
+
+@dataclass(frozen=True, slots=True)
+class Rewind(Frame):
+    """Keep the first ``keep`` exchanges of the conversation, drop the rest (PROTOCOL.md
+    section 5); whether the conversation holds that many is the session's to say."""
+
+    TYPE = FrameType.REWIND
+    keep: int = spec(required(_keep))
+
+
+@dataclass(frozen=True, slots=True)
+class Regenerate(Frame):
+    """A new generation, ``id``, in place of the conversation's last exchange: its user turn
+    again, under ``params`` over the session's defaults (PROTOCOL.md section 5)."""
+
+    TYPE = FrameType.REGENERATE
+    id: str = spec(required(lambda v, k: as_id(v, k)))
+    params: GenerationParams | None = spec(optional(_params), default=None)
+
+
+ClientFrame = Prompt | Image | Cancel | Reset | Ping | Configure | Rewind | Regenerate
 
 # -- server frames -------------------------------------------------------------------------
 
@@ -245,10 +271,12 @@ class Limits(Record):
 class Resumed(Record):
     """What a resumed session's ``ready`` says (PROTOCOL.md section 10): the id of the last
     prompt whose exchange the conversation holds, and the reply whose frames follow (both nil
-    when there is none)."""
+    when there is none), and how many exchanges the conversation holds (absent from a server
+    older than ``rewind``)."""
 
     last_prompt: str | None = spec(optional(_str), keep_nil=True, default=None)
     reply: str | None = spec(optional(_str), keep_nil=True, default=None)
+    turns: int | None = spec(optional(_int), default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +309,12 @@ class ImageOk(Frame):
 @dataclass(frozen=True, slots=True)
 class ResetOk(Frame):
     TYPE = FrameType.RESET_OK
+
+
+@dataclass(frozen=True, slots=True)
+class Rewound(Frame):
+    TYPE = FrameType.REWOUND
+    turns: int = spec(required(_int))
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,6 +371,8 @@ class Done(Frame):
     text: str = spec(required(_str))
     usage: Usage = spec(required(_nested(Usage)))
     timing: Timing = spec(required(_nested(Timing)))
+    # the 1-based index of the exchange the reply is in the conversation; nil when not kept
+    turn: int | None = spec(optional(_int), keep_nil=True, default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +409,8 @@ class Stats(Frame):
     live: tuple[Any, ...] = spec(optional(_str_list, ()), default=())
     kv_bytes: int | None = spec(optional(_int), default=None)
     kv_budget_bytes: int | None = spec(optional(_int), default=None)
+    rewinds: int | None = spec(optional(_int), default=None)
+    regenerates: int | None = spec(optional(_int), default=None)
 
 
 ServerFrame = (
@@ -380,6 +418,7 @@ ServerFrame = (
     | Configured
     | ImageOk
     | ResetOk
+    | Rewound
     | Pong
     | Queued
     | Start
@@ -391,7 +430,7 @@ ServerFrame = (
 )
 
 CLIENT_FRAMES: dict[FrameType, type[ClientFrame]] = {
-    cls.TYPE: cls for cls in (Prompt, Image, Cancel, Reset, Ping, Configure)
+    cls.TYPE: cls for cls in (Prompt, Image, Cancel, Reset, Ping, Configure, Rewind, Regenerate)
 }
 SERVER_FRAMES: dict[FrameType, type[ServerFrame]] = {
     cls.TYPE: cls
@@ -400,6 +439,7 @@ SERVER_FRAMES: dict[FrameType, type[ServerFrame]] = {
         Configured,
         ImageOk,
         ResetOk,
+        Rewound,
         Pong,
         Queued,
         Start,

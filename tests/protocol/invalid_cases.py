@@ -201,6 +201,27 @@ def frame_layer() -> Iterator[Case]:
         pack({"type": "configure", "params": {"temp": 1}}),
         expect=PARAMS,
     )
+    yield Case("rewind_missing_keep", "a rewind without keep", pack({"type": "rewind"}), expect=BAD)
+    for name, description, keep in [
+        ("rewind_keep_negative", "keep -1", -1),
+        ("rewind_keep_bool", "a bool is not an int", True),
+        ("rewind_keep_float", "an int field takes no float, not even 1.0", 1.0),
+        ("rewind_keep_str", "keep as str", "1"),
+        ("rewind_keep_nil", "keep nil is not an int", None),
+    ]:
+        yield Case(name, description, pack({"type": "rewind", "keep": keep}), expect=PARAMS)
+    yield Case(
+        "regenerate_missing_id",
+        "a regenerate without id",
+        pack({"type": "regenerate"}),
+        expect=BAD,
+    )
+    yield Case(
+        "regenerate_params_unknown",
+        "an unknown param in regenerate (the error carries its id)",
+        pack({"type": "regenerate", "id": "r1", "params": {"temp": 1}}),
+        expect=PARAMS,
+    )
 
 
 def params() -> Iterator[Case]:

@@ -20,6 +20,7 @@ from wschat.protocol import (
     Ready,
     ResetOk,
     Resumed,
+    Rewound,
     Start,
     Stats,
     Timing,
@@ -66,6 +67,13 @@ def server_frames() -> Iterator[Case]:
         ),
     )
     yield server(
+        "ready_resumed_turns",
+        "ready of a resumed session holding 3 exchanges, the last p3's, no reply following",
+        Ready(
+            1, "s", "r", "m", Capabilities(False, 0), minimal_limits, resumed=Resumed("p3", None, 3)
+        ),
+    )
+    yield server(
         "ready_resumed_nil",
         "ready of a resumed session with no exchange yet and no reply: both fields nil",
         Ready(1, "s", "r", "m", Capabilities(False, 0), minimal_limits, resumed=Resumed()),
@@ -73,6 +81,7 @@ def server_frames() -> Iterator[Case]:
     yield server("configured", "configured", Configured())
     yield server("image_ok", "image_ok", ImageOk("i1", 640, 480))
     yield server("reset_ok", "reset_ok", ResetOk())
+    yield server("rewound", "rewound: 2 exchanges held", Rewound(2))
     yield server("pong_t", "pong echoing t", Pong([1, "x", {"k": b"\x00"}]))
     yield server("pong_no_t", "pong for a ping without t", Pong())
     yield server("pong_t_nil", "pong for a ping with t: nil", Pong(None))
@@ -89,18 +98,32 @@ def server_frames() -> Iterator[Case]:
     )
     usage, timing = Usage(37, 8, 12), Timing(0.3, 45.5, 28.25, 320.0)
     yield server(
-        "done_stop", "done, reason stop", Done("p1", FinishReason.STOP, "Hello!", usage, timing)
+        "done_stop",
+        "done, reason stop: the reply is exchange 3",
+        Done("p1", FinishReason.STOP, "Hello!", usage, timing, 3),
+    )
+    old_done = Done("p1", FinishReason.STOP, "Hi", usage, timing).to_wire()
+    del old_done["turn"]
+    yield Case(
+        "done_without_turn",
+        "done from a server older than rewind: no turn",
+        pack(old_done),
+        direction="server",
     )
     yield server(
-        "done_length", "done, reason length", Done("p1", FinishReason.LENGTH, "Hi", usage, timing)
+        "done_length",
+        "done, reason length: the reply is exchange 1",
+        Done("p1", FinishReason.LENGTH, "Hi", usage, timing, 1),
     )
     yield server(
         "done_cancelled_while_queued",
-        "done for a prompt cancelled in the queue: no tokens, ttft_ms nil",
+        "done for a prompt cancelled in the queue: no tokens, ttft_ms nil, turn nil (not kept)",
         Done("p2", FinishReason.CANCELLED, "", Usage(0, 0, 0), Timing(12.0, None, 0.0, 12.0)),
     )
     yield server(
-        "done_error", "done, reason error", Done("p3", FinishReason.ERROR, "He", usage, timing)
+        "done_error",
+        "done, reason error: turn nil (not kept)",
+        Done("p3", FinishReason.ERROR, "He", usage, timing),
     )
     for code in ErrorCode:
         yield server(
@@ -157,6 +180,9 @@ def server_layer() -> Iterator[Case]:
     yield server(
         "token_index_bool", "index true", {"type": "token", "id": "a", "text": "x", "index": True}
     )
+    yield server("rewound_missing_turns", "rewound without turns", {"type": "rewound"})
+    done = Done("a", FinishReason.STOP, "", Usage(1, 0, 0), Timing(0.0, None, 0.0, 0.0))
+    yield server("done_turn_float", "turn 1.0: an int field", {**done.to_wire(), "turn": 1.0})
     yield server(
         "error_unknown_code",
         "an error code outside the table",

@@ -30,8 +30,12 @@ from wschat.protocol import (
     Prompt,
     Queued,
     Ready,
+    Regenerate,
     Reset,
     ResetOk,
+    Resumed,
+    Rewind,
+    Rewound,
     Start,
     Stats,
     Timing,
@@ -69,13 +73,19 @@ CLIENT_SAMPLES: list[Frame] = [
     Ping({"nested": [1, -1.5, b"\x00", None, True, "s"]}),
     Configure(),
     Configure("", FULL_PARAMS),
+    Rewind(0),
+    Rewind(2**64 - 1),
+    Regenerate("r"),
+    Regenerate("r", FULL_PARAMS),
 ]
 SERVER_SAMPLES: list[Frame] = [
     Ready(1, "s", "r", "m", Capabilities(True, 4), LIMITS, "generate"),
     Ready(1, "s", "r", "m", Capabilities(False, 0), Limits(1, 2, 3, 4, 5)),
+    Ready(1, "s", "r", "m", Capabilities(False, 0), LIMITS, resumed=Resumed("p", None, 2)),
     Configured(),
     ImageOk("i", 1, 2),
     ResetOk(),
+    Rewound(0),
     Pong(),
     Pong(None),
     Pong([1, 2**64 - 1]),
@@ -87,9 +97,11 @@ SERVER_SAMPLES: list[Frame] = [
         Done("p", reason, "ab", Usage(1, 2, 3), Timing(0.5, None if i else 1.5, 2.0, 3.0))
         for i, reason in enumerate(FinishReason)
     ),
+    Done("p", FinishReason.STOP, "", Usage(1, 0, 0), Timing(0.0, None, 0.0, 0.0), 7),
     *(Error(code, "m", "p") for code in ErrorCode),
     Error(ErrorCode.BAD_FRAME, "m"),
     GoAway(0),
+    Stats(0, 0, 0, 0.0, None, None, 0, {}, None, "m", "cpu", 0.0, rewinds=2, regenerates=1),
     Stats(1, 2, 3, 4.5, None, 6.0, 7, {"busy": 1}, None, "m", "cpu", 8.0, ({"session": "x"},)),
     Stats(0, 0, 0, 0.0, 1.0, 2.0, 0, {}, 12, "m", "cuda:0", 0.0),
 ]
@@ -128,9 +140,10 @@ def test_ping_t_absent_and_nil_are_different_frames() -> None:
     assert decode_client_frame(encode(Ping(None))).t is None
 
 
-def test_nil_ttft_and_percentiles_are_sent_as_nil() -> None:
+def test_nil_ttft_turn_and_percentiles_are_sent_as_nil() -> None:
     done = Done("p", FinishReason.CANCELLED, "", Usage(0, 0, 0), Timing(1.0, None, 0.0, 1.0))
     assert msgpack.unpackb(encode(done))["timing"]["ttft_ms"] is None
+    assert msgpack.unpackb(encode(done))["turn"] is None  # not kept: nil, not absent
     stats = msgpack.unpackb(encode(SERVER_SAMPLES[-2]))
     assert stats["ttft_p50_ms"] is None and stats["kv_tokens"] is None
 
@@ -181,6 +194,8 @@ client_frames = st.one_of(
     st.just(Reset()),
     st.builds(Ping, plain),
     st.builds(Configure, st.none() | st.text(), st.none() | params),
+    st.builds(Rewind, u64),
+    st.builds(Regenerate, ids, st.none() | params),
 )
 server_frames = st.one_of(
     st.builds(Queued, ids, u64),
@@ -193,10 +208,12 @@ server_frames = st.one_of(
         st.text(),
         st.builds(Usage, u64, u64, u64),
         st.builds(Timing, finite, st.none() | finite, finite, finite),
+        st.none() | u64,
     ),
     st.builds(Error, st.sampled_from(ErrorCode), st.text(), st.none() | ids),
     st.builds(ImageOk, ids, u64, u64),
     st.builds(GoAway, u64),
+    st.builds(Rewound, u64),
     st.builds(Pong, plain),
 )
 

@@ -20,7 +20,9 @@ from wschat.protocol import (
     Image,
     Ping,
     Prompt,
+    Regenerate,
     Reset,
+    Rewind,
     encode,
 )
 
@@ -178,6 +180,14 @@ def client_frames() -> Iterator[Case]:
     )
     yield Case("configure_empty", "a configure with nothing in it", encode(Configure()))
     yield Case("configure_system_empty", "an empty system prompt clears it", encode(Configure("")))
+    yield Case("rewind", "keep the first 2 exchanges", encode(Rewind(2)))
+    yield Case("rewind_keep_0", "drop every exchange", encode(Rewind(0)))
+    yield Case("regenerate", "a new reply in place of the last", encode(Regenerate("r1")))
+    yield Case(
+        "regenerate_params",
+        "a regenerate with a new seed and temperature",
+        encode(Regenerate("r2", GenerationParams(temperature=0.8, seed=7))),
+    )
 
 
 def msgpack_types() -> Iterator[Case]:
