@@ -4,9 +4,14 @@ A ``Chat`` runs two tasks on its connection: a reader that decodes every server 
 it to the ``FrameRouter``, and a writer that sends queued frames in the order they were asked
 for, so an answer without ``id`` always matches the request registered with it.
 
-Concurrency: ``prompt`` returns at once (its frame is queued); every other request waits for the
-server's answer, at most ``timeout`` seconds (``TimeoutError``). One generation runs at a time per
-session: a second ``prompt`` while one runs raises ``BusyError`` from its reply.
+Concurrency: ``prompt`` and ``regenerate`` return at once (their frame is queued); every other
+request waits for the server's answer, at most ``timeout`` seconds (``TimeoutError``). One
+generation runs at a time per session: a second ``prompt`` while one runs raises ``BusyError``
+from its reply, and so do ``rewind`` and ``edit`` (PROTOCOL.md section 5).
+
+Exchanges (a user message and its reply) are numbered from 1 as the server numbers them
+(``done.turn``); ``turns`` is how many the conversation holds, so ``edit(k, ...)`` and
+``rewind(k - 1)`` name an exchange without counting.
 
 A dropped connection (no close frame from the server) is resumed when ``connect`` says so
 (PROTOCOL.md section 10): the reader opens the session again through ``reopen``, naming the last
@@ -45,15 +50,18 @@ from wschat.protocol import (
     Prompt,
     ProtocolError,
     Ready,
+    Regenerate,
     Reset,
     ResetOk,
+    Rewind,
+    Rewound,
     ServerFrame,
     decode_server_frame,
     encode,
 )
 
 from .connection import FrameRouter
-from .errors import ClientError, ConnectionClosedError
+from .errors import ClientError, ConnectionClosedError, InvalidParamsError
 from .images import ImageInput, image_bytes
 from .local import check_frame_size, check_image_size, check_prompt_id, local_params
 from .reply import Reply
@@ -66,6 +74,10 @@ DEFAULT_TIMEOUT = 30.0
 # (the ready of the session that dropped, the last token index of its reply in flight) -> the
 # connection resumed and its ready, or None when it could not be resumed
 Reopen = Callable[[Ready, int | None], Awaitable[tuple[ClientConnection, Ready] | None]]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class Chat:
@@ -90,7 +102,7 @@ class Chat:
         self._closing = False  # close() was called: an end is not a drop
         self._resuming = False  # the reader is opening the session again
         self._swapped = asyncio.Event()  # set by the reader on a new connection, or the end
-        self._router = FrameRouter(on_goaway)
+        self._router = FrameRouter(on_goaway, turns=ready.resumed.turns if ready.resumed else 0)
         # frames to send; a prompt's comes with its reply, which learns it was sent
         self._outbox: asyncio.Queue[bytes | tuple[bytes, Reply] | object] = asyncio.Queue()
         self._id_prefix = secrets.token_hex(3)  # ids stay unique across resumed connections
@@ -122,6 +134,13 @@ class Chat:
     @property
     def limits(self) -> Limits:
         return self.ready.limits
+
+    @property
+    def turns(self) -> int | None:
+        """How many exchanges the conversation holds, as the server's frames said (None when
+        its server does not say): after ``n`` kept replies, ``n``; exchange ``k`` is the
+        ``k``-th of them (a reply's ``turn``)."""
+        return self._router.turns
 
     @property
     def goaway(self) -> GoAway | None:
@@ -157,20 +176,66 @@ class Chat:
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, not {type(text).__name__}")
-        frame_id = check_prompt_id(id, self._router.replies) if id is not None else self._new_id()
+        frame_id = self._reply_id(id)
         if isinstance(images, str | bytes | os.PathLike):
             raise TypeError("images takes a list of images, not a single one")
         blobs = tuple(image_bytes(image)[0] for image in images or ())
         for blob in blobs:
             check_image_size(blob, self.limits)
-        data = encode(Prompt(frame_id, text, blobs, local_params(params)))
-        check_frame_size(data, self.limits)
-        self._raise_if_closed()
-        reply = Reply(frame_id, send_cancel=self._send_cancel, timeout=self.reply_timeout)
-        reply.prompt_frame = data
-        self._router.add_reply(reply)
-        self._outbox.put_nowait((data, reply))
-        return reply
+        return self._start_reply(Prompt(frame_id, text, blobs, local_params(params)))
+
+    def regenerate(self, *, id: str | None = None, **params: Any) -> Reply:
+        """A new reply in place of the conversation's last one, to the same user message and
+        images (the server keeps them); the returned ``Reply`` streams like ``prompt``'s.
+
+        ``params`` go over the session's defaults as a prompt's do (the replaced reply's own
+        are not reused): ``temperature=0.8, seed=7``; with no ``seed`` each try samples anew.
+        The old reply goes once the new one is kept; a regenerate that fails (``done`` reason
+        ``error``) or is cancelled while queued leaves it, and its ``done.turn`` is None. An
+        empty conversation raises ``InvalidParamsError`` from the reply.
+        """
+        frame_id = self._reply_id(id)
+        return self._start_reply(Regenerate(frame_id, local_params(params)))
+
+    async def edit(
+        self,
+        turn: int,
+        text: str,
+        *,
+        images: Iterable[ImageInput] | None = None,
+        id: str | None = None,
+        **params: Any,
+    ) -> Reply:
+        """Replace user message ``turn`` (1 = the first) with ``text``: the exchanges from
+        ``turn`` on go (``rewind(turn - 1)``), then ``text`` is prompted; its ``Reply``.
+
+        The old message's images are not kept: pass them again in ``images``. ``turn`` past the
+        conversation raises ``InvalidParamsError`` and changes nothing; a refused prompt leaves
+        the conversation rewound.
+        """
+        if not _is_int(turn):
+            raise TypeError(f"turn must be an int, not {type(turn).__name__}")
+        if self.turns == 0:
+            raise InvalidParamsError("the conversation holds no message to edit")
+        if turn < 1 or (self.turns is not None and turn > self.turns):
+            held = "" if self.turns is None else f"; the conversation holds {self.turns}"
+            raise InvalidParamsError(f"there is no message {turn} to edit{held}")
+        await self.rewind(turn - 1)
+        return self.prompt(text, images=images, id=id, **params)
+
+    async def rewind(self, keep: int) -> int:
+        """Keep the first ``keep`` exchanges of the conversation and drop the rest (0: all of
+        them); how many it holds now. The system prompt, default params and staged images
+        stay, and the next prompt reuses what the server cached of the kept ones.
+
+        ``keep`` over what it holds or below 0 raises ``InvalidParamsError``, and while a
+        generation runs or waits ``BusyError``; neither changes anything.
+        """
+        if not _is_int(keep):
+            raise TypeError(f"keep must be an int, not {type(keep).__name__}")
+        answer = await self._request(encode(Rewind(keep)), Rewound)
+        assert isinstance(answer, Rewound)
+        return answer.turns
 
     async def cancel(self, id: str | None = None) -> None:
         """Stop the running generation (the one named ``id``, or whichever runs).
@@ -197,6 +262,8 @@ class Chat:
         """Set the system prompt (starting the conversation afresh) and/or default params."""
         checked = local_params(params) if params else None
         await self._request(encode(Configure(system, checked)), Configured)
+        if system is not None:
+            self._router.turns = 0
 
     async def ping(self) -> float:
         """Round trip to the server and back through the session, in seconds."""
@@ -214,6 +281,20 @@ class Chat:
         return answer
 
     # -- plumbing ------------------------------------------------------------------------------
+
+    def _reply_id(self, id: str | None) -> str:
+        return check_prompt_id(id, self._router.replies) if id is not None else self._new_id()
+
+    def _start_reply(self, frame: Prompt | Regenerate) -> Reply:
+        """Queue a generation's frame; the reply it starts."""
+        data = encode(frame)
+        check_frame_size(data, self.limits)
+        self._raise_if_closed()
+        reply = Reply(frame.id, send_cancel=self._send_cancel, timeout=self.reply_timeout)
+        reply.prompt_frame = data
+        self._router.add_reply(reply)
+        self._outbox.put_nowait((data, reply))
+        return reply
 
     def _new_id(self) -> str:
         self._next_id += 1

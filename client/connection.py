@@ -1,10 +1,13 @@
 """``FrameRouter``: where each server frame goes, with no I/O of its own.
 
 The server handles a session's frames one at a time and answers in order (PROTOCOL.md "Server
-frames"), so answers that carry no ``id`` (``configured``, ``reset_ok``, ``pong`` and the
-``error`` that refuses a ``configure``) match the oldest request still waiting for one. Frames
-with an ``id`` go to the ``Reply`` of that generation, or to the ``image`` / ``cancel`` request
-that used it.
+frames"), so answers that carry no ``id`` (``configured``, ``reset_ok``, ``rewound``, ``pong``
+and the ``error`` that refuses a ``configure`` or a ``rewind``) match the oldest request still
+waiting for one. Frames with an ``id`` go to the ``Reply`` of that generation, or to the
+``image`` / ``cancel`` request that used it.
+
+It also follows how many exchanges the conversation holds (``turns``), from the frames that
+change it, so that exchanges can be named by their index without counting.
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from wschat.protocol import (
     Configured,
     Done,
     Error,
+    FinishReason,
     GoAway,
     ImageOk,
     Pong,
     Queued,
     ResetOk,
     Resumed,
+    Rewound,
     ServerFrame,
     Start,
     Token,
@@ -65,8 +70,13 @@ class Waiter:
 
 
 class FrameRouter:
-    def __init__(self, on_goaway: Callable[[GoAway], None] | None = None) -> None:
+    def __init__(
+        self, on_goaway: Callable[[GoAway], None] | None = None, turns: int | None = 0
+    ) -> None:
         self.replies: dict[str, Reply] = {}
+        # exchanges the conversation holds (PROTOCOL.md ``done.turn``); None: not known, as
+        # after a server that does not say
+        self.turns = turns
         self.goaway: GoAway | None = None
         self.closed: ConnectionClosedError | None = None
         # The last ``error`` that nothing claimed (e.g. a flood's ``overloaded`` before close 1008).
@@ -80,11 +90,12 @@ class FrameRouter:
             Token: self._to_reply,
             Start: self._to_reply,
             Queued: self._to_reply,
-            Done: self._to_reply,
+            Done: self._on_done,
             Error: self._on_error,
             ImageOk: self._on_image_ok,
             Configured: self._on_in_order,
-            ResetOk: self._on_in_order,
+            ResetOk: self._on_reset_ok,
+            Rewound: self._on_rewound,
             Pong: self._on_in_order,
             GoAway: self._on_goaway_frame,
         }
@@ -122,6 +133,28 @@ class FrameRouter:
         else:
             self._feed(reply, frame)
 
+    def _on_done(self, frame: Done) -> None:
+        if frame.turn is not None:
+            # a kept reply is the conversation's last exchange (only a suffix is ever dropped)
+            self.turns = frame.turn
+        elif frame.reason in (FinishReason.STOP, FinishReason.LENGTH) or (
+            frame.reason is FinishReason.CANCELLED and self._started(frame.id)
+        ):
+            self.turns = None  # kept, yet not numbered: a server older than ``rewind``
+        self._to_reply(frame)
+
+    def _started(self, id: str) -> bool:
+        reply = self.replies.get(id)
+        return reply is not None and reply.start is not None
+
+    def _on_reset_ok(self, frame: ResetOk) -> None:
+        self.turns = 0
+        self._on_in_order(frame)
+
+    def _on_rewound(self, frame: Rewound) -> None:
+        self.turns = frame.turns
+        self._on_in_order(frame)
+
     def _feed(self, reply: Reply, frame: ServerFrame) -> None:
         if reply._feed(frame):
             del self.replies[reply.id]
@@ -150,7 +183,8 @@ class FrameRouter:
             waiter.resolve(frame)
 
     def _on_in_order(self, frame: ServerFrame) -> None:
-        # configured, reset_ok and pong carry no id: each answers one request, in sending order.
+        # configured, reset_ok, rewound and pong carry no id: each answers one request, in
+        # sending order.
         for waiter in self._in_order:
             if waiter.expects is type(frame):
                 break
@@ -194,6 +228,7 @@ class FrameRouter:
         follow goes on; one the server had and does not resume is lost (its conversation keeps
         it as cancelled); one whose prompt never reached it is returned, to be sent again (its
         id is unused). Replies whose prompt is still to be sent are not touched."""
+        self.turns = resumed.turns if resumed else None
         coming = resumed.reply if resumed else None
         kept = resumed.last_prompt if resumed else None
         again: list[Reply] = []

@@ -84,6 +84,12 @@ class Reply:
         return self.tokens[-1].index if self.tokens else 0
 
     @property
+    def turn(self) -> int | None:
+        """The exchange this reply is in the conversation (1 = the first), once done and kept;
+        None before, or when it was not kept (it failed, or was cancelled while queued)."""
+        return self.done.turn if self.done is not None else None
+
+    @property
     def text(self) -> str:
         """The whole reply so far (``done.text`` once done)."""
         if self.done is not None:

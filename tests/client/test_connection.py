@@ -23,6 +23,7 @@ from wschat.protocol import (
     Queued,
     ResetOk,
     Resumed,
+    Rewound,
     Start,
     Timing,
     Token,
@@ -34,8 +35,10 @@ def reply(id: str = "r1") -> Reply:
     return Reply(id, send_cancel=lambda _: None)
 
 
-def done(id: str, text: str, reason: FinishReason = FinishReason.STOP) -> Done:
-    return Done(id, reason, text, Usage(3, 2, 0), Timing(0.0, 1.0, 10.0, 2.0))
+def done(
+    id: str, text: str, reason: FinishReason = FinishReason.STOP, turn: int | None = None
+) -> Done:
+    return Done(id, reason, text, Usage(3, 2, 0), Timing(0.0, 1.0, 10.0, 2.0), turn)
 
 
 async def test_frames_with_an_id_feed_their_reply_until_done() -> None:
@@ -154,3 +157,34 @@ async def test_a_token_frame_at_or_below_the_last_index_is_shown_once() -> None:
     for text, index in (("a", 1), ("b", 2), ("b", 2), ("c", 3)):
         router.route(Token("r1", text, index))
     assert r.text == "abc" and r.last_index == 3
+
+
+async def test_turns_follow_done_rewound_reset_and_a_resume() -> None:
+    router = FrameRouter()
+    for n in (1, 2, 3):
+        router.route(done(f"r{n}", " a", turn=n))
+    assert router.turns == 3
+    router.expect(Rewound)
+    router.route(Rewound(1))
+    assert router.turns == 1
+    router.route(done("failed", "", FinishReason.ERROR))  # not kept: nothing changes
+    router.route(done("waited", "", FinishReason.CANCELLED))  # cancelled while queued
+    assert router.turns == 1
+    router.route(done("again", " b", turn=1))  # a regenerate: the exchange it replaced
+    assert router.turns == 1
+    router.expect(ResetOk)
+    router.route(ResetOk())
+    assert router.turns == 0
+    router.resumed(Resumed("r9", None, 4))
+    assert router.turns == 4
+
+
+async def test_turns_are_unknown_after_a_kept_reply_a_server_did_not_number() -> None:
+    router = FrameRouter(turns=2)
+    started = reply("started")
+    router.add_reply(started)
+    router.route(Start("started", 3, 0, 1.0))
+    router.route(done("started", " a", FinishReason.CANCELLED))  # kept, yet no turn
+    assert router.turns is None
+    router.resumed(Resumed(None, None))  # a server older than ``rewind``
+    assert router.turns is None
