@@ -174,15 +174,7 @@ class Chat:
         ``images`` are paths, encoded bytes or PIL images; one over ``limits.max_image_bytes``
         raises ``TooLargeError`` (a text-only model answers ``UnsupportedError`` from the reply).
         """
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, not {type(text).__name__}")
-        frame_id = self._reply_id(id)
-        if isinstance(images, str | bytes | os.PathLike):
-            raise TypeError("images takes a list of images, not a single one")
-        blobs = tuple(image_bytes(image)[0] for image in images or ())
-        for blob in blobs:
-            check_image_size(blob, self.limits)
-        return self._start_reply(Prompt(frame_id, text, blobs, local_params(params)))
+        return self._start_reply(self._prompt_frame(text, images, id, params))
 
     def regenerate(self, *, id: str | None = None, **params: Any) -> Reply:
         """A new reply in place of the conversation's last one, to the same user message and
@@ -194,8 +186,8 @@ class Chat:
         ``error``) or is cancelled while queued leaves it, and its ``done.turn`` is None. An
         empty conversation raises ``InvalidParamsError`` from the reply.
         """
-        frame_id = self._reply_id(id)
-        return self._start_reply(Regenerate(frame_id, local_params(params)))
+        frame = Regenerate(self._reply_id(id), local_params(params))
+        return self._start_reply((frame.id, self._encoded(frame)))
 
     async def edit(
         self,
@@ -220,8 +212,9 @@ class Chat:
         if turn < 1 or (self.turns is not None and turn > self.turns):
             held = "" if self.turns is None else f"; the conversation holds {self.turns}"
             raise InvalidParamsError(f"there is no message {turn} to edit{held}")
+        prompt = self._prompt_frame(text, images, id, params)  # checked before it rewinds
         await self.rewind(turn - 1)
-        return self.prompt(text, images=images, id=id, **params)
+        return self._start_reply(prompt)
 
     async def rewind(self, keep: int) -> int:
         """Keep the first ``keep`` exchanges of the conversation and drop the rest (0: all of
@@ -285,12 +278,30 @@ class Chat:
     def _reply_id(self, id: str | None) -> str:
         return check_prompt_id(id, self._router.replies) if id is not None else self._new_id()
 
-    def _start_reply(self, frame: Prompt | Regenerate) -> Reply:
-        """Queue a generation's frame; the reply it starts."""
+    def _prompt_frame(
+        self, text: str, images: Iterable[ImageInput] | None, id: str | None, params: Any
+    ) -> tuple[str, bytes]:
+        """A prompt's id and frame, checked as the server would."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, not {type(text).__name__}")
+        frame_id = self._reply_id(id)
+        if isinstance(images, str | bytes | os.PathLike):
+            raise TypeError("images takes a list of images, not a single one")
+        blobs = tuple(image_bytes(image)[0] for image in images or ())
+        for blob in blobs:
+            check_image_size(blob, self.limits)
+        return frame_id, self._encoded(Prompt(frame_id, text, blobs, local_params(params)))
+
+    def _encoded(self, frame: Prompt | Regenerate) -> bytes:
         data = encode(frame)
         check_frame_size(data, self.limits)
+        return data
+
+    def _start_reply(self, frame: tuple[str, bytes]) -> Reply:
+        """Queue a generation's frame (its id and bytes); the reply it starts."""
+        frame_id, data = frame
         self._raise_if_closed()
-        reply = Reply(frame.id, send_cancel=self._send_cancel, timeout=self.reply_timeout)
+        reply = Reply(frame_id, send_cancel=self._send_cancel, timeout=self.reply_timeout)
         reply.prompt_frame = data
         self._router.add_reply(reply)
         self._outbox.put_nowait((data, reply))
