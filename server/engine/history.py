@@ -15,7 +15,7 @@ from typing import Any
 
 from wschat.protocol import FinishReason
 
-from .base import Engine, Finished, Generation, GenerationRequest, Message, Turn
+from .base import Engine, Finished, Generation, GenerationRequest, Message, SamplingParams, Turn
 from .errors import ConversationTooLong, PromptTooLong
 from .formats import Exchange, PromptFormat, UserTurn, _without_end
 
@@ -41,6 +41,10 @@ class Conversation:
 
     def clear(self) -> None:
         self.exchanges.clear()
+
+    def images_of(self, count: int) -> list[Any]:
+        """The images of its first ``count`` exchanges."""
+        return [image for exchange in self.exchanges[:count] for image in exchange.images]
 
     def export_state(self) -> dict[str, Any]:
         return {
@@ -82,14 +86,18 @@ class Conversation:
 
     @property
     def images(self) -> list[Any]:
-        return [image for exchange in self.exchanges for image in exchange.images]
+        return self.images_of(len(self.exchanges))
 
     @property
     def id_count(self) -> int:
-        """Its ids as ``IdBudget`` counts them: each exchange counts one more (its markup)."""
+        return self.id_count_of(len(self.exchanges))
+
+    def id_count_of(self, count: int) -> int:
+        """Its ids, with its first ``count`` exchanges only, as ``IdBudget`` counts them: each
+        exchange counts one more (its markup)."""
         return len(self._system_ids) + sum(
             1 + len(e.user_ids) + sum(map(len, e.image_ids)) + len(e.reply_ids)
-            for e in self.exchanges
+            for e in self.exchanges[:count]
         )
 
     @property
@@ -114,18 +122,23 @@ class Conversation:
         image_ids: Sequence[Sequence[int]] = (),
         *,
         fresh: bool = False,
+        history: int | None = None,
     ) -> list[int]:
-        """The whole conversation plus a new user turn, ending where the model's reply begins;
-        ``fresh``: as it would be after a reset (the system prompt and this turn alone)."""
-        history = [] if fresh else self.exchanges
+        """The whole conversation (``history``: its first that many exchanges) plus a new user
+        turn, ending where the model's reply begins; ``fresh``: as it would be after a reset
+        (the system prompt and this turn alone)."""
+        kept = [] if fresh else self.exchanges[:history]
         user = UserTurn(list(user_ids), image_ids)
-        return self.format.render(self._system_ids or None, history, user)
+        return self.format.render(self._system_ids or None, kept, user)
 
-    def messages(self, user_ids: Sequence[int], images: Sequence[Any]) -> list[Message]:
-        """The conversation plus a new user turn as messages: the ids ``prompt_ids`` renders,
-        turn by turn, and each user turn's images."""
+    def messages(
+        self, user_ids: Sequence[int], images: Sequence[Any], history: int | None = None
+    ) -> list[Message]:
+        """The conversation (``history``: its first that many exchanges) plus a new user turn
+        as messages: the ids ``prompt_ids`` renders, turn by turn, and each user turn's
+        images."""
         out = [Message("system", self._system_ids)] if self._system_ids else []
-        for e in self.exchanges:
+        for e in self.exchanges[:history]:
             out.append(Message("user", e.user_ids, e.images))
             out.append(Message("assistant", _without_end(e.reply_ids, self.format.end_ids)))
         out.append(Message("user", user_ids, images))
@@ -190,6 +203,15 @@ class PreparedTurn:
     image_ids: list[list[int]]  # one placeholder run per image
     prompt_ids: list[int]
     messages: list[Message]  # the same prompt as messages
+    # the exchanges it is prompted after: once kept, it is exchange ``history + 1`` and every
+    # later one is dropped (a regenerate replaces the last; a prompt adds one after them all)
+    history: int = 0
+    replaces: bool = False  # a regenerate: the exchange it follows up on is replaced
+
+    @property
+    def index(self) -> int:
+        """Its number in the conversation once kept, from 1 (``done.turn``)."""
+        return self.history + 1
 
 
 class Chat:
@@ -217,9 +239,11 @@ class Chat:
 
     @property
     def images(self) -> list[Any]:
-        """Every image it holds: its exchanges' and the running turn's."""
-        running = list(self._running[1].turn.images) if self._running else []
-        return [*self.conversation.images, *running]
+        """Every image it holds: its exchanges' and the running turn's (a regenerate's are the
+        last exchange's own)."""
+        running = self._running[1] if self._running else None
+        extra = list(running.turn.images) if running and not running.replaces else []
+        return [*self.conversation.images, *extra]
 
     async def set_system(self, text: str | None, *, min_turn_tokens: int) -> None:
         """A new system prompt (None or empty: none) starts the conversation afresh; raises
@@ -255,7 +279,33 @@ class Chat:
             raise PromptTooLong(f"prompt is over {max_user_tokens} tokens")
         placeholder = self._engine.image_placeholder_ids() if turn.images else []
         images = [list(placeholder) for _ in turn.images]
-        prompt = conversation.prompt_ids(user, images)
+        return self._fitted(turn, user, images, self.turns)
+
+    def prepare_regenerate(self, params: SamplingParams) -> PreparedTurn:
+        """The last exchange's user turn (its text and images, as they were prompted) again,
+        after the exchanges before it: ``ConversationTooLong`` when that does not fit the
+        context (``params`` may allow a longer reply). The old exchange stays until the new
+        reply is kept (``start``); a reply that fails, or never starts, leaves it. Changes
+        nothing; ``ValueError`` when there is no exchange."""
+        if not self.conversation.exchanges:
+            raise ValueError("the conversation holds no exchange to regenerate")
+        last = self.conversation.exchanges[-1]
+        turn = Turn("", params, list(last.images))  # the text is needed only as its ids
+        runs = [list(run) for run in last.image_ids]
+        return self._fitted(turn, list(last.user_ids), runs, self.turns - 1, replaces=True)
+
+    def _fitted(
+        self,
+        turn: Turn,
+        user: list[int],
+        images: list[list[int]],
+        history: int,
+        *,
+        replaces: bool = False,
+    ) -> PreparedTurn:
+        """The turn after the first ``history`` exchanges, if that fits the context."""
+        conversation = self.conversation
+        prompt = conversation.prompt_ids(user, images, history=history)
         context = self._engine.info.context_tokens
         if len(prompt) >= context:
             fresh = conversation.prompt_ids(user, images, fresh=True)
@@ -265,8 +315,10 @@ class Chat:
                 f"the conversation needs {len(prompt)} tokens; the context holds {context}"
                 f" ({advice})"
             )
-        messages = conversation.messages(user, turn.images)
-        return PreparedTurn(turn, len(user), len(prompt), user, images, prompt, messages)
+        messages = conversation.messages(user, turn.images, history)
+        return PreparedTurn(
+            turn, len(user), len(prompt), user, images, prompt, messages, history, replaces
+        )
 
     def start(self, prepared: PreparedTurn) -> Generation:
         """Begin the reply (on the event loop); the exchange joins the conversation when its
@@ -275,7 +327,7 @@ class Chat:
         request = GenerationRequest(
             prepared.prompt_ids,
             turn.params,
-            [*self.conversation.images, *turn.images],
+            [*self.conversation.images_of(prepared.history), *turn.images],
             self.key,
             new_images=len(turn.images),
             messages=prepared.messages,
@@ -293,12 +345,21 @@ class Chat:
         self._running = None
         if finished.reason is FinishReason.ERROR:
             return
+        del self.conversation.exchanges[prepared.history :]  # what a regenerate replaces
         self.conversation.add_exchange(
             prepared.user_ids,
             prepared.image_ids,
             list(prepared.turn.images),
             finished.completion_ids,
         )
+
+    def rewind(self, keep: int) -> None:
+        """Keep the first ``keep`` exchanges (0 .. ``turns``) and drop the rest; ``ValueError``
+        beyond them. What the engine caches for the session stays: the next prompt starts with
+        the kept exchanges, a prefix of what it cached, and the engine reuses that much."""
+        if not 0 <= keep <= self.turns:
+            raise ValueError(f"the conversation holds {self.turns} exchanges, not {keep}")
+        del self.conversation.exchanges[keep:]
 
     def reset(self) -> None:
         """Forget the exchanges (the system prompt stays)."""
@@ -329,19 +390,24 @@ class Chat:
             return None
         prepared = self._running[1]
         images = list(prepared.turn.images)
-        return {"user": prepared.user_ids, "image_ids": prepared.image_ids, "images": images}
+        running = {"user": prepared.user_ids, "image_ids": prepared.image_ids, "images": images}
+        return {**running, "replaces": True} if prepared.replaces else running
 
     def add_cancelled(self, running: dict[str, Any], reply_ids: Sequence[int]) -> None:
         """A turn ``export_running`` gave (maybe in another process) joins the conversation as
-        a cancelled exchange whose reply is ``reply_ids``; ``ValueError`` when it is not one."""
-        ids = self._id_budget(self.conversation.id_count)
+        a cancelled exchange whose reply is ``reply_ids`` (in place of the last, for a
+        regenerate's); ``ValueError`` when it is not one."""
+        exchanges = self.conversation.exchanges
+        history = len(exchanges) - 1 if running.get("replaces") and exchanges else len(exchanges)
+        ids = self._id_budget(self.conversation.id_count_of(history))
         try:
             exchange = ids.exchange(
                 running["user"], running["image_ids"], running["images"], list(reply_ids)
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"not an exported running turn: {e!r}") from e
-        self.conversation.exchanges.append(exchange)
+        del exchanges[history:]
+        exchanges.append(exchange)
 
     def _id_budget(self, used: int) -> IdBudget:
         """Twice the context: a live conversation holds at most its context and one reply."""

@@ -113,7 +113,8 @@ class Connection:
         """``ready``, what a resumed reply's client missed, then the session's frames live."""
         ready = self._ready(session, resume_token)
         if catch_up is not None:
-            ready = dataclasses.replace(ready, resumed=Resumed(session.last_prompt, catch_up.reply))
+            resumed = Resumed(session.last_prompt, catch_up.reply, session.chat.turns)
+            ready = dataclasses.replace(ready, resumed=resumed)
         await self.send(ready)
         for frame in catch_up.frames if catch_up else ():
             await self.send(frame)

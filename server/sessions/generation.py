@@ -196,6 +196,8 @@ class GenerationRun:
 
     def done_frame(self, reason: FinishReason) -> Done:
         now = time.perf_counter()
+        # kept (it started and did not fail): the chat holds it as this exchange
+        kept = self.generation is not None and reason is not FinishReason.ERROR
         return Done(
             self.id,
             reason,
@@ -206,6 +208,7 @@ class GenerationRun:
                 decode_tokens_per_s=self._decode_rate(),
                 total_ms=(now - self.received_at) * 1000,
             ),
+            self.prepared.index if kept else None,
         )
 
     def _reply(self) -> tuple[str, Usage]:

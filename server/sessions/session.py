@@ -50,8 +50,11 @@ from wschat.protocol import (
     Pong,
     Prompt,
     ProtocolError,
+    Regenerate,
     Reset,
     ResetOk,
+    Rewind,
+    Rewound,
     SessionMisuse,
     TooLarge,
     Unsupported,
@@ -60,7 +63,7 @@ from wschat.protocol import (
 from wschat.protocol.fields import as_id
 from wschat.protocol.frames import CLIENT_FRAMES
 
-from ..engine import Chat, Engine, SamplingParams, Turn
+from ..engine import Chat, Engine, PreparedTurn, SamplingParams, Turn
 from ..settings import Settings
 from .error_boundary import Send
 from .events import RunEvent, RunListener, RunStarted, TokensSent
@@ -133,7 +136,9 @@ class Session:
         self._task: asyncio.Task[None] | None = None
         self._staged: list[CheckedImage] = []
         self._ids: set[str] = set()  # every generation id this session has had
-        self.last_prompt: str | None = None  # the prompt of the conversation's last exchange
+        # the id of the prompt (or regenerate) of each exchange the conversation holds, in
+        # order; None where it is unknown (a state stored before they were kept)
+        self.turn_ids: list[str | None] = []
         self.relay = Relay()  # to the connection's outbox; keeps what a resume needs
         self.send: Send = self.relay
         # while detached mid-reply: cancels the reply once --resume-grace-s is over (set by
@@ -144,12 +149,21 @@ class Session:
         self.held: asyncio.Future[None] | None = None
         self.address = "unknown"  # its connection's client address: whose fair share it uses
         self.listeners: list[RunListener] = []
-        # called at each turn boundary (done, configure, reset, image_ok, a reply's start): the
-        # store saves; ``progress`` as the running reply grows: the store checkpoints it
+        # called at each turn boundary (done, configure, reset, rewound, image_ok, a reply's
+        # start): the store saves; ``progress`` as the running reply grows: the store
+        # checkpoints it
         self.boundary: Callable[[Session], None] = _ignore
         self.progress: Callable[[Session], None] = _ignore
+        # called once per rewind answered (False) and per regenerate accepted (True): the
+        # server's counters (``ServerStats.count_rewind``)
+        self.on_rewind: Callable[[bool], None] = _ignore_rewind
 
     RULES: ClassVar[dict[SessionState, dict[type[ClientFrame], Handler]]]
+
+    @property
+    def last_prompt(self) -> str | None:
+        """The id of the prompt (or regenerate) of the conversation's last exchange."""
+        return self.turn_ids[-1] if self.turn_ids else None
 
     async def handle(self, frame: ClientFrame) -> None:
         """Answer one frame as the table says for the current state."""
@@ -173,10 +187,10 @@ class Session:
     async def _on_ping(self, frame: Ping) -> None:
         await self.send(Pong(frame.t))
 
-    async def _refuse_busy(self, frame: Prompt | Configure) -> None:
+    async def _refuse_busy(self, frame: Prompt | Regenerate | Configure | Rewind) -> None:
         raise Busy(
             "a generation is already running in this session",
-            id=frame.id if isinstance(frame, Prompt) else None,
+            id=frame.id if isinstance(frame, Prompt | Regenerate) else None,
         )
 
     async def _drop(self, frame: ClientFrame) -> None:
@@ -191,7 +205,7 @@ class Session:
             # (PROTOCOL.md "configure": a refused configure changes nothing)
             # a refusal (too large) goes to the error boundary as the engine raised it
             await self.chat.set_system(frame.system, min_turn_tokens=MIN_TURN_TOKENS)
-            self.last_prompt = None  # the conversation starts afresh
+            self.turn_ids.clear()  # the conversation starts afresh
         if frame.params is not None:
             self.defaults = frame.params.merged_over(self.defaults)
         await self.send(Configured())
@@ -212,7 +226,7 @@ class Session:
     async def _on_reset(self, frame: Reset) -> None:
         await self.stop_generation()
         self.chat.reset()
-        self.last_prompt = None
+        self.turn_ids.clear()
         self._staged.clear()
         await self.send(ResetOk())
         self.boundary(self)
@@ -226,9 +240,32 @@ class Session:
         await self.send(ImageOk(frame.id, image.width, image.height))
         self.boundary(self)
 
+    async def _on_rewind(self, frame: Rewind) -> None:
+        held = self.chat.turns
+        if frame.keep > held:
+            raise InvalidParams(f"keep is {frame.keep}; the conversation holds {held} exchanges")
+        self.chat.rewind(frame.keep)
+        del self.turn_ids[frame.keep :]
+        self.on_rewind(False)
+        await self.send(Rewound(self.chat.turns))
+        self.boundary(self)
+
+    async def _on_regenerate(self, frame: Regenerate) -> None:
+        self._check_unused(frame.id)
+        if not self.chat.turns:
+            raise InvalidParams("the conversation holds no exchange to regenerate", id=frame.id)
+        merged = self._merged_params(frame)
+        # a refusal (context overflow) goes to the error boundary as it is
+        prepared = self.chat.prepare_regenerate(self._sampling(merged))
+        self._launch(frame.id, prepared, merged)
+        self.on_rewind(True)
+
+    def _check_unused(self, frame_id: str) -> None:
+        if frame_id in self._ids:
+            raise InvalidParams(f"id {frame_id!r} was already used in this session", id=frame_id)
+
     async def _on_prompt(self, frame: Prompt) -> None:
-        if frame.id in self._ids:
-            raise InvalidParams(f"id {frame.id!r} was already used in this session", id=frame.id)
+        self._check_unused(frame.id)
         if not frame.text and not frame.images and not self._staged:
             raise InvalidParams("a prompt needs text or images", id=frame.id)
         if len(frame.text.encode()) > self.settings.max_prompt_bytes:
@@ -240,11 +277,15 @@ class Session:
         turn = Turn(frame.text, self._sampling(merged), [i.image for i in images])
         # a refusal (too large, context overflow) goes to the error boundary as it is
         prepared = await self.chat.prepare(turn, max_user_tokens=self.settings.max_prompt_tokens)
-        ticket = self.slots.enqueue(self.address)
-        self._ids.add(frame.id)
+        self._launch(frame.id, prepared, merged)
         self._staged.clear()
+
+    def _launch(self, run_id: str, prepared: PreparedTurn, merged: GenerationParams) -> None:
+        """Queue the run (``overloaded`` when the queue is full), its id used from now on."""
+        ticket = self.slots.enqueue(self.address)
+        self._ids.add(run_id)
         run = GenerationRun(
-            frame.id,
+            run_id,
             prepared,
             ticket,
             bool(merged.token_ids),
@@ -272,8 +313,9 @@ class Session:
         finally:
             self.run = None
             self.last_active_at = time.monotonic()
-            if run.kept:
-                self.last_prompt = run.id
+            if run.kept:  # the chat holds its exchange: after the ones it was prompted after
+                del self.turn_ids[run.prepared.history :]
+                self.turn_ids.append(run.id)
             self._end_grace()
             self._change(Change.ENDED)
             self.boundary(self)
@@ -356,6 +398,7 @@ class Session:
             ],
             "ids": sorted(self._ids),
             "last_prompt": self.last_prompt,
+            "turn_ids": list(self.turn_ids),
             "engine": self.engine.info.fingerprint,  # whose token ids these are
         }
 
@@ -387,19 +430,25 @@ class Session:
             last_prompt = state.get("last_prompt")
             if last_prompt is not None:
                 last_prompt = as_id(last_prompt, "last_prompt")
+            turn_ids = _turn_ids(state.get("turn_ids"))
             chat_state = state["chat"]
             running = state.get("running")
-            if running:
-                last_prompt = as_id(running["id"])
+            running_id = as_id(running["id"]) if running else None
         except (KeyError, TypeError, BadFrame, InvalidParams) as e:
             raise ValueError(f"not an exported session: {e!r}") from e
         if len(staged) > self.max_images:
             raise ValueError(f"not an exported session: over {self.max_images} staged images")
         self.chat.import_state(chat_state)
+        held = self.chat.turns
+        if turn_ids is None or len(turn_ids) != held:
+            # a state stored before each exchange's id was kept: only the last one's is known
+            turn_ids = [*[None] * (held - 1), last_prompt] if held else []
         if running:
             self._keep_cancelled(running, partial)
+            del turn_ids[self.chat.turns - 1 :]  # a regenerate's replaced the last exchange
+            turn_ids.append(running_id)
         self.defaults, self._staged, self._ids = defaults, staged, ids
-        self.last_prompt = last_prompt
+        self.turn_ids = turn_ids
 
     def _keep_cancelled(self, running: dict[str, Any], partial: dict[str, Any] | None) -> None:
         reply = partial["ids"] if partial and partial.get("id") == running.get("id") else []
@@ -415,7 +464,7 @@ class Session:
         if params.max_new_tokens is not None and params.max_new_tokens > limit:
             raise InvalidParams(f"max_new_tokens must be at most {limit}")
 
-    def _merged_params(self, frame: Prompt) -> GenerationParams:
+    def _merged_params(self, frame: Prompt | Regenerate) -> GenerationParams:
         """The prompt's params over the session's defaults (the server's fill the rest)."""
         if frame.params is None:
             return self.defaults
@@ -496,6 +545,19 @@ def _ignore(session: Session) -> None:
     return None
 
 
+def _ignore_rewind(regenerate: bool) -> None:
+    return None
+
+
+def _turn_ids(stored: Any) -> list[str | None] | None:
+    """An exported state's ids of its exchanges (None: a state stored before they were kept)."""
+    if stored is None:
+        return None
+    if not isinstance(stored, list):
+        raise TypeError("turn_ids is not a list")
+    return [None if i is None else as_id(i, "turn_ids") for i in stored]
+
+
 # (state, frame type) -> handler: the session's rules, one row per state.
 Session.RULES = {
     IDLE: {
@@ -505,6 +567,8 @@ Session.RULES = {
         Reset: Session._on_reset,
         Ping: Session._on_ping,
         Configure: Session._on_configure,
+        Rewind: Session._on_rewind,
+        Regenerate: Session._on_regenerate,
     },
     QUEUED: {
         Prompt: Session._refuse_busy,
@@ -513,6 +577,8 @@ Session.RULES = {
         Reset: Session._on_reset,
         Ping: Session._on_ping,
         Configure: Session._refuse_busy,
+        Rewind: Session._refuse_busy,
+        Regenerate: Session._refuse_busy,
     },
     RUNNING: {
         Prompt: Session._refuse_busy,
@@ -521,15 +587,10 @@ Session.RULES = {
         Reset: Session._on_reset,
         Ping: Session._on_ping,
         Configure: Session._refuse_busy,
+        Rewind: Session._refuse_busy,
+        Regenerate: Session._refuse_busy,
     },
     # no connection feeds a detached session: a resume moves it back to RUNNING first
     RUNNING_DETACHED: dict.fromkeys(CLIENT_FRAMES.values(), Session._drop),
-    CLOSED: {
-        Prompt: Session._drop,
-        Image: Session._drop,
-        Cancel: Session._drop,
-        Reset: Session._drop,
-        Ping: Session._drop,
-        Configure: Session._drop,
-    },
+    CLOSED: dict.fromkeys(CLIENT_FRAMES.values(), Session._drop),
 }

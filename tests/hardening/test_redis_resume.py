@@ -94,7 +94,7 @@ async def test_a_reply_dropped_before_its_session_was_first_written_is_still_res
                 await asyncio.sleep(0.02)  # written, or the reply was let go
         async with raw_peer(resume_url(url, ready, got[-1]["index"])) as (peer, resumed):
             assert resumed["session"] == ready["session"]
-            assert resumed["resumed"] == {"last_prompt": None, "reply": "p1"}
+            assert resumed["resumed"] == {"last_prompt": None, "reply": "p1", "turns": 0}
             await peer.send({"type": "cancel", "id": "p1"})
             done = (await peer.recv_until("done"))[-1]
     assert done["reason"] == "cancelled"

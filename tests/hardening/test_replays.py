@@ -78,7 +78,7 @@ async def test_a_session_has_one_unread_replay_in_flight_however_often_it_is_res
         for _ in range(REPLAYS):
             resume = f"{url}?resume={token}&last=0"
             peer = await stack.enter_async_context(unread_replay(resume))
-            assert peer.ready["resumed"] == {"last_prompt": None, "reply": "b"}
+            assert peer.ready["resumed"] == {"last_prompt": None, "reply": "b", "turns": 0}
             rss.append(server.memory_info().rss)
             peers.append(peer)
             token = peer.ready["resume"]

@@ -112,7 +112,7 @@ async def test_a_reply_dropped_mid_stream_resumes_with_every_token_once(
         async with raw_peer(resume_url(url, ready, last)) as (peer, resumed):
             rest = await peer.recv_until("done")
     assert resumed["session"] == ready["session"]
-    assert resumed["resumed"] == {"last_prompt": None, "reply": "p1"}
+    assert resumed["resumed"] == {"last_prompt": None, "reply": "p1", "turns": 0}
     assert [f["type"] for f in rest][-1] == "done"
     indices = [f["index"] for f in [*got, *rest] if f["type"] == "token"]
     assert indices == sorted(set(indices))  # rising: nothing repeated
@@ -125,7 +125,7 @@ async def test_the_resumed_stream_is_the_missed_text_in_one_frame_then_live_fram
     async with running_server(engine) as url:
         ready, got = await left_mid_reply(url, 3)
         async with raw_peer(resume_url(url, ready, got[0]["index"])) as (peer, resumed):
-            assert resumed["resumed"] == {"last_prompt": None, "reply": "p1"}
+            assert resumed["resumed"] == {"last_prompt": None, "reply": "p1", "turns": 0}
             replay, *live = await tokens_until(peer, 4)
             await peer.send({"type": "cancel", "id": "p1"})
             tail = await peer.recv_until("done")
@@ -147,7 +147,7 @@ async def test_a_reply_that_ends_within_the_grace_is_replayed_with_its_done() ->
             rest = await peer.recv_until("done")
             await prompt(peer, "p2", "next")  # the session goes on from the finished exchange
             nxt = await peer.recv_until("done")
-    assert resumed["resumed"] == {"last_prompt": "p1", "reply": "p1"}
+    assert resumed["resumed"] == {"last_prompt": "p1", "reply": "p1", "turns": 1}
     assert [f["type"] for f in rest] == ["token", "done"]
     assert got[0]["text"] + rest[0]["text"] == rest[-1]["text"]
     assert rest[-1]["reason"] == FinishReason.STOP.value
@@ -164,7 +164,7 @@ async def test_past_the_grace_the_reply_is_cancelled_and_kept() -> None:
             start = (await peer.recv_until("start"))[-1]
             await peer.send({"type": "cancel"})
             await peer.recv_until("done")
-    assert resumed["resumed"] == {"last_prompt": "p1", "reply": "p1"}
+    assert resumed["resumed"] == {"last_prompt": "p1", "reply": "p1", "turns": 1}
     done = rest[-1]
     assert done["reason"] == FinishReason.CANCELLED.value
     assert got[0]["text"] + token_text(rest) == done["text"]
@@ -184,7 +184,7 @@ async def test_a_clean_close_mid_reply_cancels_at_once() -> None:
         async with raw_peer(resume_url(url, ready, None)) as (peer, resumed):
             await peer.send({"type": "ping", "t": 1})
             assert (await peer.recv())["type"] == "pong"  # nothing of p1 came first
-    assert resumed["resumed"] == {"last_prompt": "p1", "reply": None}
+    assert resumed["resumed"] == {"last_prompt": "p1", "reply": None, "turns": 1}
 
 
 async def test_a_close_frame_with_another_code_counts_as_a_drop() -> None:
@@ -195,7 +195,7 @@ async def test_a_close_frame_with_another_code_counts_as_a_drop() -> None:
             more = await tokens_until(peer, 2)
             await peer.send({"type": "cancel"})
             await peer.recv_until("done")
-    assert resumed["resumed"] == {"last_prompt": None, "reply": "p1"}
+    assert resumed["resumed"] == {"last_prompt": None, "reply": "p1", "turns": 0}
     assert more[0]["index"] > got[0]["index"]
 
 
@@ -206,7 +206,7 @@ async def test_with_no_grace_a_drop_cancels_at_once_as_before() -> None:
         async with raw_peer(resume_url(url, ready, got[0]["index"])) as (peer, resumed):
             rest = await peer.recv_until("done")
     # the client said it had a reply in flight: it gets the rest of what was sent, and done
-    assert resumed["resumed"] == {"last_prompt": "p1", "reply": "p1"}
+    assert resumed["resumed"] == {"last_prompt": "p1", "reply": "p1", "turns": 1}
     assert rest[-1]["reason"] == FinishReason.CANCELLED.value
     assert got[0]["text"] + token_text(rest) == rest[-1]["text"]
 
@@ -229,7 +229,7 @@ async def test_a_drop_while_queued_cancels_the_prompt_at_once() -> None:
             frames = await peer.recv_until("done")
         await hog.send({"type": "cancel"})
         await hog.recv_until("done")
-    assert resumed["resumed"] == {"last_prompt": None, "reply": "p1"}
+    assert resumed["resumed"] == {"last_prompt": None, "reply": "p1", "turns": 0}
     assert [f["type"] for f in frames] == ["done"]
     assert frames[-1]["reason"] == FinishReason.CANCELLED.value
     assert len(engine.requests) == 1  # p1 never reached the engine
@@ -245,7 +245,7 @@ async def test_a_drop_before_the_first_token_cancels_the_reply_at_once() -> None
             drop(peer)
         async with raw_peer(resume_url(url, ready, 0)) as (peer, resumed):
             frames = await peer.recv_until("done")  # held, it would go on for 100 s
-    assert resumed["resumed"] == {"last_prompt": "p1", "reply": "p1"}
+    assert resumed["resumed"] == {"last_prompt": "p1", "reply": "p1", "turns": 1}
     done = frames[-1]
     assert done["reason"] == FinishReason.CANCELLED.value
     assert done["usage"]["completion_tokens"] <= 1  # the one the engine had under way, if any

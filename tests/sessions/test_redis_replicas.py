@@ -369,7 +369,11 @@ async def test_a_replica_killed_mid_reply_leaves_its_partial_reply_as_a_cancelle
             cut = await turn(peer, "p2", LONG, max_new_tokens=len(partial))
             unbroken = await turn(peer, "p3", "and then?")
     assert resumed["session"] == ready["session"]
-    assert resumed["resumed"] == {"last_prompt": "p2", "reply": None}  # the reply was lost
+    assert resumed["resumed"] == {
+        "last_prompt": "p2",
+        "reply": None,
+        "turns": 2,
+    }  # the reply was lost
     assert (cut["reason"], cut["usage"]["completion_tokens"]) == ("length", len(partial))
     assert after["usage"]["prompt_tokens"] == unbroken["usage"]["prompt_tokens"]
     assert after["text"] == unbroken["text"]
@@ -398,9 +402,9 @@ async def test_a_reply_dropped_mid_stream_resumes_on_its_replica_and_elsewhere_i
     async with asyncio.timeout(TIMEOUT):
         while await generations_running(a):
             await asyncio.sleep(0.05)  # another process: nothing to await but its /metrics
-    assert again["resumed"] == {"last_prompt": None, "reply": "p1"}
+    assert again["resumed"] == {"last_prompt": None, "reply": "p1", "turns": 0}
     assert got[0]["text"] + token_text(rest) == rest[-1]["text"]
     assert rest[-1]["reason"] == "cancelled"
     assert elsewhere["session"] == ready["session"]
-    assert elsewhere["resumed"] == {"last_prompt": "p2", "reply": None}
+    assert elsewhere["resumed"] == {"last_prompt": "p2", "reply": None, "turns": 2}
     assert nxt["reason"] in ("length", "stop")

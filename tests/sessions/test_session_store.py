@@ -116,7 +116,8 @@ async def test_stopping_held_replies_cancels_a_reply_that_goes_on_without_a_conn
     held = hub.new_session()
     await hub.sessions.add(held)
     await held.handle(Prompt("p", "go"))
-    await wait_until(lambda: held.state is SessionState.RUNNING)
+    # a reply that has sent a token: one with none yet is cancelled at once by a drop
+    await wait_until(lambda: held.run is not None and held.run.first_token_at is not None)
     await held.disconnect(grace_s=600)  # dropped: the reply goes on
     await hub.end_connection(held)
     assert held.state is SessionState.RUNNING_DETACHED

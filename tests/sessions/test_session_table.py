@@ -18,13 +18,17 @@ from wschat.protocol import (
     FinishReason,
     Image,
     ImageOk,
+    InvalidParams,
     NotRunning,
     Ping,
     Pong,
     Prompt,
     ProtocolError,
+    Regenerate,
     Reset,
     ResetOk,
+    Rewind,
+    Rewound,
     SessionMisuse,
     Start,
     Token,
@@ -96,6 +100,9 @@ FRAMES: dict[str, ClientFrame] = {
     "reset": Reset(),
     "ping": Ping(7),
     "configure": Configure("be brief"),
+    "rewind": Rewind(0),
+    "rewind_past_the_start": Rewind(1),
+    "regenerate": Regenerate("r2"),
 }
 
 # (state, frame) -> what comes back: a frame type, an error class, or None (nothing)
@@ -107,6 +114,9 @@ EXPECTED: dict[tuple[SessionState, str], type[ProtocolError] | type | None] = {
     (IDLE, "reset"): ResetOk,
     (IDLE, "ping"): Pong,
     (IDLE, "configure"): Configured,
+    (IDLE, "rewind"): Rewound,
+    (IDLE, "rewind_past_the_start"): InvalidParams,  # a new session holds no exchange
+    (IDLE, "regenerate"): InvalidParams,  # nothing to regenerate
     **{
         (busy, name): answer
         for busy in (QUEUED, RUNNING)
@@ -118,6 +128,9 @@ EXPECTED: dict[tuple[SessionState, str], type[ProtocolError] | type | None] = {
             "reset": ResetOk,
             "ping": Pong,
             "configure": Busy,
+            "rewind": Busy,
+            "rewind_past_the_start": Busy,
+            "regenerate": Busy,
         }.items()
     },
     # nothing reaches a detached session (no connection feeds it); were it to, it is dropped
