@@ -32,6 +32,8 @@ class ServerStats:
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.generation_tokens = 0
+        self.rewinds = 0  # rewind frames answered ``rewound``
+        self.regenerates = 0  # regenerate frames accepted (queued)
         self._tokens: deque[list[int]] = deque()  # [bucket number, tokens in it], oldest first
         self._ttft: deque[tuple[float, float]] = deque(maxlen=_MAX_TTFT_SAMPLES)  # (time, ms)
         self.listeners: list[RunListener] = []
@@ -66,6 +68,13 @@ class ServerStats:
 
     def count_error(self, code: ErrorCode) -> None:
         self.errors[code.value] += 1
+
+    def count_rewind(self, regenerate: bool = False) -> None:
+        """A rewind the session answered, or a regenerate it accepted."""
+        if regenerate:
+            self.regenerates += 1
+        else:
+            self.rewinds += 1
 
     def tokens_per_s(self, window: float = TOKENS_WINDOW_S) -> float:
         now = self._clock()

@@ -112,6 +112,14 @@ class _HubCollector(Collector):
         yield _counter(
             "wschat_cancellations", "Generations that ended cancelled.", stats.cancellations
         )
+        rewinds = CounterMetricFamily(
+            "wschat_rewinds",
+            "Conversations cut back: rewind frames answered, regenerate frames accepted.",
+            labels=["kind"],
+        )
+        rewinds.add_metric(["rewind"], stats.rewinds)
+        rewinds.add_metric(["regenerate"], stats.regenerates)
+        yield rewinds
         errors = CounterMetricFamily(
             "wschat_errors", "Error frames sent, by code.", labels=["code"]
         )

@@ -72,6 +72,8 @@ def snapshot(hub: Hub) -> Stats:
         live=tuple(rows[:MAX_TABLE_ROWS]),
         kv_bytes=kv.bytes if kv else None,
         kv_budget_bytes=kv.budget_bytes if kv else None,
+        rewinds=stats.rewinds,
+        regenerates=stats.regenerates,
     )
 
 

@@ -84,3 +84,11 @@ def test_done_adds_usage_cancellations_and_reaches_listeners() -> None:
         (RunDone, FinishReason.CANCELLED),
     ]
     assert len(seen) == 2
+
+
+def test_rewinds_and_regenerates_are_counted_apart() -> None:
+    stats = ServerStats(Clock())
+    stats.count_rewind(False)
+    stats.count_rewind(True)
+    stats.count_rewind(False)
+    assert (stats.rewinds, stats.regenerates) == (2, 1)
