@@ -53,6 +53,7 @@ class Hub:
         assert self.engine is not None
         session = Session(key or secrets.token_hex(8), self.engine, self.slots, self.settings)
         session.listeners.append(self.stats.on_run_event)
+        session.on_rewind = self.stats.count_rewind
         session.boundary = self.sessions.checkpoint
         session.progress = self.sessions.progress
         return session
