@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from wschat.client import (
     BusyError,
+    Chat,
     ContextOverflowError,
     InternalError,
     InvalidParamsError,
@@ -17,9 +18,10 @@ from wschat.client import (
     connect,
 )
 from wschat.protocol import Done, FinishReason
+from wschat.server.engine import Engine
 
 from tests.client.engines import WAIT, failing_engine, is_sublist, slow_engine
-from tests.fakes.scripted import ScriptedEngine
+from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import running_server, wait_until
 
 
@@ -247,3 +249,165 @@ async def test_resume_token_picks_the_session_up_on_a_new_connection() -> None:
             await again.prompt("more").wait(WAIT)
         first, second = engine.requests
         assert second.prompt_ids[: len(first.prompt_ids)] == first.prompt_ids
+
+
+# -- rewind, regenerate, edit (PROTOCOL.md section 5) ----------------------------------------
+
+
+async def talk(chat: Chat, *texts: str, **params: Any) -> list[Done]:
+    """Prompt each text in turn, each reply to its end."""
+    return [await chat.prompt(text, **params).wait(WAIT) for text in texts]
+
+
+async def fresh_prompt_ids(url: str, engine: ScriptedEngine, *texts: str) -> list[int]:
+    """The prompt ids of the last of ``texts`` in a new session that said only ``texts``."""
+    async with connect(url, timeout=WAIT) as chat:
+        await talk(chat, *texts)
+    return engine.requests[-1].prompt_ids
+
+
+async def test_each_kept_reply_is_numbered_and_turns_counts_the_exchanges() -> None:
+    async with running_server(ScriptedEngine()) as url, connect(url, timeout=WAIT) as chat:
+        assert chat.turns == 0
+        turns = []
+        for text in ("a", "b", "c"):
+            reply = chat.prompt(text)
+            await reply.wait(WAIT)
+            turns.append(reply.turn)
+        assert turns == [1, 2, 3] and chat.turns == 3
+
+
+async def test_rewind_keeps_the_first_exchanges_and_the_next_prompt_follows_them() -> None:
+    engine = ScriptedEngine()
+    async with running_server(engine) as url:
+        async with connect(url, timeout=WAIT) as chat:
+            await talk(chat, "first", "second", "third")
+            assert await chat.rewind(1) == 1 and chat.turns == 1
+            done = await chat.prompt("other").wait(WAIT)
+            rewound = engine.requests[-1].prompt_ids
+        assert done.turn == 2
+        assert rewound == await fresh_prompt_ids(url, engine, "first", "other")
+
+
+async def test_rewind_to_what_the_conversation_holds_changes_nothing() -> None:
+    async with running_server(ScriptedEngine()) as url, connect(url, timeout=WAIT) as chat:
+        await talk(chat, "a", "b")
+        assert await chat.rewind(2) == 2 and chat.turns == 2
+        assert await chat.rewind(0) == 0 and chat.turns == 0
+
+
+async def test_edit_replaces_message_k_and_drops_the_exchanges_after_it() -> None:
+    engine = ScriptedEngine()
+    async with running_server(engine) as url:
+        async with connect(url, timeout=WAIT) as chat:
+            await talk(chat, "first", "second", "third")
+            reply = await chat.edit(2, "edited")
+            pieces = await rest(reply)
+            edited = engine.requests[-1].prompt_ids
+            assert "".join(pieces) == reply.text and reply.turn == 2 and chat.turns == 2
+        assert edited == await fresh_prompt_ids(url, engine, "first", "edited")
+
+
+async def test_regenerate_replaces_the_last_reply_answering_the_same_message() -> None:
+    engine = ScriptedEngine()
+    async with running_server(engine) as url:
+        async with connect(url, timeout=WAIT) as chat:
+            await talk(chat, "first", "second")
+            reply = chat.regenerate(max_new_tokens=3)
+            assert "".join(await rest(reply)) == " w0 w1 w2"
+            assert reply.turn == 2 and chat.turns == 2
+            assert engine.requests[-1].prompt_ids == engine.requests[-2].prompt_ids
+            await talk(chat, "third")
+            after = engine.requests[-1].prompt_ids
+        async with connect(url, timeout=WAIT) as fresh:
+            await talk(fresh, "first")
+            await talk(fresh, "second", max_new_tokens=3)
+            await talk(fresh, "third")
+        assert after == engine.requests[-1].prompt_ids  # the short reply, not the first one
+
+
+async def test_a_regenerate_that_fails_keeps_the_earlier_reply() -> None:
+    scripts = iter([Script([" kept"]), Script([" a"], fail_after=0), Script([" ok"])])
+    engine = ScriptedEngine(lambda request: next(scripts))
+    async with running_server(engine) as url, connect(url, timeout=WAIT) as chat:
+        await talk(chat, "hello")
+        reply = chat.regenerate()
+        with pytest.raises(InternalError):
+            await reply.wait(WAIT)
+        assert reply.done is not None and reply.turn is None and chat.turns == 1
+        assert (await chat.prompt("more").wait(WAIT)).turn == 2
+        hello = engine.requests[0].prompt_ids
+        assert engine.requests[-1].prompt_ids[: len(hello) + 1] == [*hello, 1000]  # " kept"
+
+
+async def test_rewind_or_edit_past_the_conversation_raises_invalid_params() -> None:
+    async with running_server(ScriptedEngine()) as url, connect(url, timeout=WAIT) as chat:
+        await talk(chat, "a")
+        with pytest.raises(InvalidParamsError) as refused:
+            await chat.rewind(2)
+        assert "1" in refused.value.message and refused.value.id is None
+        with pytest.raises(InvalidParamsError):
+            await chat.rewind(-1)
+        with pytest.raises(InvalidParamsError) as local:
+            await chat.edit(2, "no such message")
+        assert local.value.message == "there is no message 2 to edit; the conversation holds 1"
+        with pytest.raises(InvalidParamsError):  # checked before anything is rewound
+            await chat.edit(1, "bad params", temperature=3.0)
+        with pytest.raises(TypeError):
+            await chat.rewind(True)
+        assert chat.turns == 1 and await chat.rewind(1) == 1
+
+
+async def test_regenerate_in_an_empty_conversation_raises_invalid_params() -> None:
+    async with running_server(ScriptedEngine()) as url, connect(url, timeout=WAIT) as chat:
+        reply = chat.regenerate()
+        with pytest.raises(InvalidParamsError) as refused:
+            await reply.wait(WAIT)
+        assert refused.value.id == reply.id and reply.done is None
+        await talk(chat, "a")
+        await chat.reset()
+        assert chat.turns == 0
+        with pytest.raises(InvalidParamsError):
+            await chat.regenerate().wait(WAIT)
+
+
+async def test_rewind_regenerate_and_edit_while_a_reply_runs_raise_busy() -> None:
+    async with running_server(slow_engine()) as url, connect(url, timeout=WAIT) as chat:
+        await talk(chat, "a", max_new_tokens=2)
+        running = chat.prompt("go")
+        await first_piece(running)
+        with pytest.raises(BusyError):
+            await chat.rewind(0)
+        with pytest.raises(BusyError):
+            await chat.regenerate().wait(WAIT)
+        with pytest.raises(BusyError):
+            await chat.edit(1, "b")
+        assert not running.finished
+        running.cancel()
+        assert (await running.wait(WAIT)).turn == 2 and chat.turns == 2  # kept, cut short
+
+
+async def test_a_resumed_session_says_how_many_exchanges_it_holds() -> None:
+    engine = ScriptedEngine()
+    async with running_server(engine) as url:
+        async with connect(url, timeout=WAIT) as chat:
+            await talk(chat, "first", "second", "third")
+            await chat.rewind(2)
+            token = chat.resume_token
+        async with connect(url, timeout=WAIT, resume=token) as again:
+            assert again.turns == 2
+            assert (await (await again.edit(2, "edited")).wait(WAIT)).turn == 2
+            edited = engine.requests[-1].prompt_ids
+        assert edited == await fresh_prompt_ids(url, engine, "first", "edited")
+
+
+async def test_regenerate_with_the_same_seed_repeats_the_reply_and_another_seed_does_not(
+    tiny_text_engine: Engine,
+) -> None:
+    sampled: dict[str, Any] = {"temperature": 1.0, "max_new_tokens": 8}
+    async with running_server(tiny_text_engine) as url, connect(url, timeout=WAIT) as chat:
+        first = await chat.prompt("hello", seed=5, **sampled).wait(WAIT)
+        again = await chat.regenerate(seed=5, **sampled).wait(WAIT)
+        other = await chat.regenerate(seed=6, **sampled).wait(WAIT)
+    assert again.text == first.text != other.text
+    assert again.turn == other.turn == 1
