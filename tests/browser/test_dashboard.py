@@ -12,7 +12,7 @@ from wschat.server.engine.base import KVUsage
 
 from tests.fakes.scripted import ScriptedEngine
 from tests.prometheus import samples
-from tests.support import TIMEOUT, running_server
+from tests.support import TIMEOUT, raw_peer, running_server
 
 from .chat import ChatPage
 from .conftest import (
@@ -101,6 +101,25 @@ async def test_dashboard_fits_a_phone_screen(new_page: NewPage, width: int) -> N
         )
         assert await page_width(dashboard) <= width, wide
         assert await shown_whole(dashboard.get_by_role("link", name="Metrics"), width)
+        await expect(dashboard.locator("#t-rewinds")).to_have_text("0 / 0")
+        assert await shown_whole(dashboard.get_by_text("Rewinds / regens"), width)
+
+
+async def test_dashboard_counts_rewinds_and_regenerates(new_page: NewPage) -> None:
+    async with running_server(ScriptedEngine(in_turn(words(3)))) as url:
+        dashboard = await new_page()
+        await dashboard.goto(http_base(url) + "/dashboard")
+        tile = dashboard.locator("#t-rewinds")
+        await expect(tile).to_have_text("0 / 0")
+        async with raw_peer(url) as (peer, _):
+            for id in ("p1", "p2"):
+                await peer.send({"type": "prompt", "id": id, "text": "hi"})
+                await peer.recv_until("done")
+            await peer.send({"type": "rewind", "keep": 1})
+            await peer.recv_until("rewound")
+            await peer.send({"type": "regenerate", "id": "r1"})
+            await peer.recv_until("done")
+            await expect(tile).to_have_text("1 / 1")
 
 
 async def test_metrics_counters_move_after_a_generation(new_page: NewPage) -> None:

@@ -38,6 +38,12 @@ function kvText(stats) {
   return `${tokens} · ${ofBudget(stats.kv_bytes, stats.kv_budget_bytes)}`;
 }
 
+// Rewinds, then regenerates; servers before rewind send neither.
+function rewindsText(stats) {
+  if (stats.rewinds === undefined || stats.rewinds === null) return "–";
+  return `${stats.rewinds} / ${stats.regenerates ?? 0}`;
+}
+
 function show(stats) {
   $("model").textContent = stats.model;
   $("model").title = stats.device ? `${stats.model} on ${stats.device}` : stats.model;
@@ -48,6 +54,7 @@ function show(stats) {
   $("t-p50").textContent = ms(stats.ttft_p50_ms);
   $("t-p95").textContent = ms(stats.ttft_p95_ms);
   $("t-cancel").textContent = stats.cancellations;
+  $("t-rewinds").textContent = rewindsText(stats);
   const errors = Object.entries(stats.errors);
   $("t-errors").textContent = errors.length ? errors.map(([code, n]) => `${code}: ${n}`).join(", ") : "none";
   $("t-kv").textContent = kvText(stats);
