@@ -38,6 +38,13 @@ T = TypeVar("T")
 
 HELP = """\
 commands:
+  /retry [TEMP]   a new reply to your last message in place of the last reply
+                  (TEMP: its temperature, 0 to 2; at 0, greedy, it comes out the same)
+  /edit TEXT      replace your last message with TEXT; a new reply follows
+  /edit N TEXT    replace your message N with TEXT; the messages after it go
+                  (an edit sends text alone: /image again first to keep an image)
+  /back [N]       drop your last N messages (default 1) and their replies
+  /history        your messages in this conversation, by number
   /reset          forget the conversation (the system prompt stays)
   /system TEXT    set the system prompt and start afresh (/system alone clears it)
   /image PATH     attach an image to the next message
@@ -94,7 +101,13 @@ class Repl:
         self.reply: Reply | None = None  # the reply streaming now; Ctrl-C stops it
         self.stopping = False  # a cancel for ``reply`` is on its way
         self.quit = asyncio.Event()  # set by Ctrl-C at the prompt or a second Ctrl-C
+        # the user's message of each exchange the conversation holds (None: not sent from here)
+        self.messages: list[str | None] = []
         self.commands: dict[str, Command] = {
+            "/retry": self._retry,
+            "/edit": self._edit,
+            "/back": self._back,
+            "/history": self._history,
             "/reset": self._reset,
             "/system": self._system,
             "/image": self._image,
@@ -156,13 +169,27 @@ class Repl:
         return await self._ask(text.removeprefix("/") if text.startswith("//") else text)
 
     async def _ask(self, text: str) -> int | None:
-        self.reply, self.stopping = self.chat.prompt(text), False
-        finished = await self._unless_quit(self._stream(self.reply))
+        return await self._follow(self.chat.prompt(text), text)
+
+    async def _follow(self, reply: Reply, text: str | None = None) -> int | None:
+        """Stream ``reply`` (to the user's message ``text``, None: the same message again)."""
+        self.reply, self.stopping = reply, False
+        finished = await self._unless_quit(self._stream(reply))
         if finished is None:  # a second Ctrl-C: leave without waiting for the stop
             self.reply = None
             self._write("\n")
             return ExitStatus.OK
+        if reply.turn is not None and text is not None:
+            self._sync()
+            self.messages[reply.turn - 1] = text
         return None
+
+    def _sync(self) -> None:
+        """``messages`` as long as the conversation (the server's count decides)."""
+        held = self.chat.turns
+        if held is not None:
+            del self.messages[held:]
+            self.messages += [None] * (held - len(self.messages))
 
     async def _stream(self, reply: Reply) -> bool:
         wrote = False
@@ -185,12 +212,78 @@ class Repl:
             self._notice(length_notice(reply.done, self.chat.limits))
         return True
 
+    async def _retry(self, rest: str) -> int | None:
+        params: dict[str, Any] = {}
+        if rest:
+            try:
+                params["temperature"] = float(rest)
+            except ValueError:
+                self._notice("usage: /retry [TEMP]")
+                return None
+        turn = self.chat.turns
+        reply = self.chat.regenerate(**params)  # an empty conversation: refused by the server
+        if turn:
+            self._write(f"[a new reply to message {turn}]\n")
+        status = await self._follow(reply)
+        if turn and reply.turn is None and status is None:  # refused, failed or never started
+            self._write(f"[the earlier reply to message {turn} stays]\n")
+        return status
+
+    async def _edit(self, rest: str) -> int | None:
+        number, _, text = rest.partition(" ")
+        turn: int | None
+        if number.isdecimal() and text.strip():
+            turn, text = int(number), text.strip()
+        else:
+            turn, text = self.chat.turns, rest
+        if not text:
+            self._notice("usage: /edit TEXT or /edit N TEXT")
+            return None
+        if turn is None:
+            self._notice("error: usage: the messages are not numbered here: /edit N TEXT")
+            return None
+        held = self.chat.turns
+        reply = await self.chat.edit(turn, text)  # no such message: refused, nothing changes
+        later = "" if held is None or held <= turn else f"; {_span(turn + 1, held)} dropped"
+        self._write(f"[message {turn} replaced{later}]\n")
+        status = await self._follow(reply, text)
+        if not reply.accepted:  # refused: the rewind stays
+            self._write(f"[message {turn} dropped, not replaced]\n")
+        self._sync()
+        return status
+
+    async def _back(self, rest: str) -> None:
+        if rest and not rest.isdecimal():
+            self._notice("usage: /back [N]")
+            return
+        count, held = int(rest or 1), self.chat.turns
+        if held is None:
+            self._notice("error: usage: the messages are not numbered here: /reset starts afresh")
+            return
+        if count > held:
+            self._notice(f"error: usage: /back {count}: the conversation holds {held}")
+            return
+        kept = await self.chat.rewind(held - count)
+        self._sync()
+        went = _span(kept + 1, held)
+        self._write(f"[{went} dropped; {kept} left]\n" if count else "[nothing dropped]\n")
+
+    async def _history(self, rest: str) -> None:
+        self._sync()
+        if not self.messages:
+            self._write("[no messages yet]\n")
+        for number, text in enumerate(self.messages, 1):
+            shown = "(sent before this client)" if text is None else _one_line(text)
+            self._write(f"{number:>3}  {shown}\n")
+
     async def _reset(self, rest: str) -> None:
         await self.chat.reset()
+        self.messages.clear()
         self._write("[reset]\n")
 
     async def _system(self, rest: str) -> None:
         await self.chat.configure(system=rest)
+        self.messages.clear()
         self._write("[system prompt set]\n" if rest else "[system prompt cleared]\n")
 
     async def _image(self, rest: str) -> None:
@@ -218,6 +311,18 @@ class Repl:
 
     def _notice(self, text: str) -> None:
         print(text, file=self.err, flush=True)
+
+
+def _span(first: int, last: int) -> str:
+    """Messages ``first`` to ``last`` and their replies, in words."""
+    if first == last:
+        return f"message {first} and its reply"
+    return f"messages {first}-{last} and their replies"
+
+
+def _one_line(text: str, width: int = 72) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 3] + "..."
 
 
 async def chat_session(

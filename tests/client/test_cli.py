@@ -465,3 +465,66 @@ async def test_chat_waits_for_a_server_not_listening_yet_then_chats() -> None:
             )
             await chat.send("/quit")
             assert await chat.exit_status() == 0
+
+
+async def test_chat_retry_edit_back_and_history_keep_the_transcript_true() -> None:
+    engine = scripts_in_turn(*(Script([f" r{n}"]) for n in range(1, 7)))
+    async with running_server(engine) as url, cli("chat", "--url", url) as chat:
+        await chat.send("/help")
+        shown = await chat.read_until("beginning with /.\n")
+        for command in ("/retry [TEMP]", "/edit TEXT", "/edit N TEXT", "/back [N]", "/history"):
+            assert command in shown, command
+        for line, expected in [
+            ("one", " r1\n"),
+            ("two", " r2\n"),
+            ("/retry", "[a new reply to message 2]\n r3\n"),
+            ("/edit 1 uno", "[message 1 replaced; message 2 and its reply dropped]\n r4\n"),
+            ("three", " r5\n"),
+            ("/history", "  1  uno\n  2  three\n"),
+            ("/back", "[message 2 and its reply dropped; 1 left]\n"),
+            ("/edit eins", "[message 1 replaced]\n r6\n"),
+            ("/history", "  1  eins\n"),
+        ]:
+            await chat.send(line)
+            assert await chat.read_until(expected.splitlines()[-1] + "\n") == expected, line
+        await chat.send("/quit")
+        assert await chat.exit_status() == 0
+    assert engine.requests[2].prompt_ids == engine.requests[1].prompt_ids  # /retry: "two" again
+    last = engine.requests[-1].prompt_ids
+    assert is_sublist(engine.tokenize_text("eins"), last)
+    for gone in ("one", "uno", "three"):
+        assert not is_sublist(engine.tokenize_text(gone), last), gone
+    first, one = engine.requests[0].prompt_ids, engine.tokenize_text("one")
+    at = next(i for i in range(len(first)) if first[i : i + len(one)] == one)
+    assert last == [*first[:at], *engine.tokenize_text("eins"), *first[at + len(one) :]]
+
+
+async def test_chat_retry_edit_and_back_that_cannot_be_done_say_why_and_change_nothing() -> None:
+    engine = scripts_in_turn(Script([" r1"]), Script([" x"], fail_after=0), Script([" r2"]))
+    async with running_server(engine) as url, cli("chat", "--url", url) as chat:
+        assert (await chat.stderr_line()).startswith("connected to scripted")
+        for line in ("/retry", "/edit nothing yet"):
+            await chat.send(line)
+            assert (await chat.stderr_line()).startswith("error: invalid_params: "), line
+        await chat.send("one")
+        assert await chat.read_until("\n") == " r1\n"
+        await chat.send("/retry 9")
+        assert await chat.stderr_line() == "error: invalid_params: temperature must be in [0, 2]\n"
+        await chat.send("/retry")  # its reply fails: the earlier one stays
+        assert await chat.read_until("stays]\n") == (
+            "[a new reply to message 1]\n[the earlier reply to message 1 stays]\n"
+        )
+        assert await chat.stderr_line() == "error: internal: generation failed\n"
+        await chat.send("/back 2")
+        assert await chat.stderr_line() == "error: usage: /back 2: the conversation holds 1\n"
+        await chat.send("/edit 3 more")
+        assert await chat.stderr_line() == (
+            "error: invalid_params: there is no message 3 to edit; the conversation holds 1\n"
+        )
+        await chat.send("/history")
+        assert await chat.read_until("\n") == "  1  one\n"
+        await chat.send("two")
+        assert await chat.read_until("\n") == " r2\n"
+        await chat.send("/quit")
+        assert await chat.exit_status() == 0
+    assert is_sublist(engine.tokenize_text("one"), engine.requests[-1].prompt_ids)
