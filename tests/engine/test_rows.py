@@ -53,7 +53,7 @@ def make_row(
 
 
 def state_of(length: int) -> KVState:
-    return KVState(length, [(torch.zeros(1, length, 2),) * 2], [])
+    return KVState(length, [(torch.zeros(1, length, 2),) * 2], [], 0)
 
 
 @pytest.fixture

@@ -104,7 +104,7 @@ def test_full_buffers_grow_by_doubling_and_keep_what_they_held() -> None:
     forward(kv, [3, 1])  # row 0 reaches 6 columns
     assert kv.capacity == 8
     assert full(kv, 0) == list(range(6)) and full(kv, 1) == [1000, 1001, 1002]
-    kv.load(1, KVState(20, [(torch.zeros(1, 20, 1),) * 2], [(torch.zeros(1, 4, 1),) * 2]))
+    kv.load(1, KVState(20, [(torch.zeros(1, 20, 1),) * 2], [(torch.zeros(1, 4, 1),) * 2], 16))
     assert kv.capacity == 20  # more than double: exactly what is needed
     assert full(kv, 0) == list(range(6))
 
@@ -206,3 +206,50 @@ def test_swapping_two_rows_exchanges_their_columns_and_lengths() -> None:
     forward(kv, [1, 1, 1])  # each goes on from its own length, in its new row
     assert full(kv, 1) == [0, 1, 1002]  # row 1's marks: the key it wrote there
     assert kv.lengths == [7, 3, 2]
+
+
+def attended(read: dict[str, torch.Tensor], query: int) -> set[int]:
+    """The marks of the sliding keys row 0's ``query``-th new token reads."""
+    mask = read[f"{SLIDING}_mask"][0, 0, query]
+    return {int(k) for k, seen in zip(read[SLIDING][0], mask, strict=True) if seen}
+
+
+@pytest.mark.parametrize("length", [3, 4, 7, 9])  # under, at and past the window (4)
+def test_a_state_cut_back_is_kept_only_where_its_ring_holds_what_comes_next(length: int) -> None:
+    source = SlotKV(LAYOUT, rows=1)
+    source.add()
+    forward(source, [length])
+    state = source.save(0)
+    assert state.ring_from == max(0, length - WINDOW)
+    for kept in range(1, length + 1):
+        cut = state.cropped(kept, WINDOW)
+        # under the window every position has its column; past it the ring holds one more
+        # position than the next token reads: a cut of one token still leaves those
+        assert (cut is not None) == (length <= WINDOW or kept >= length - 1), kept
+        if cut is None:
+            continue
+        for tokens in (1, 3):  # a decode step, a prefill
+            kv = SlotKV(LAYOUT, rows=1)
+            kv.add(cut)
+            read = forward(kv, [tokens])
+            for t in range(tokens):
+                p = kept + t
+                assert attended(read, t) == set(range(max(0, p - WINDOW + 1), p + 1)), (kept, t)
+            assert full(kv, 0) == list(range(kept + tokens))
+
+
+def test_a_ring_lacking_a_column_says_so_until_a_forward_fills_it() -> None:
+    source = SlotKV(LAYOUT, rows=1)
+    source.add()
+    forward(source, [9])
+    cut = source.save(0).cropped(8, WINDOW)  # position 8's column: the next token's
+    assert cut is not None and cut.ring_from == 5
+    kv = SlotKV(LAYOUT, rows=2)
+    kv.add()
+    kv.add(cut)
+    kv.swap(0, 1)
+    assert kv.save(0).ring_from == 5  # saved as it came: not cut back again
+    assert kv.save(0).cropped(7, WINDOW) is None
+    forward(kv, [1], first=0)
+    assert kv.save(0).ring_from == 9 - WINDOW
+    assert kv.save(0).cropped(8, WINDOW) is not None

@@ -147,7 +147,9 @@ class BatchedEngine:
     def generate(self, request: GenerationRequest) -> Generation:
         key = request.session_key
         kinds = (KVState, Cache) if request.images else KVState
-        prefix = self.kv.take(key, request.prompt_ids, kinds) if key else None
+        prefix = self._reusable(
+            self.kv.take(key, request.prompt_ids, kinds) if key else None, request
+        )
         if request.images:
             if request.fresh_images or not self._holds_every_image(request, prefix):
                 self.image_turns["generate"] += 1
@@ -174,6 +176,19 @@ class BatchedEngine:
             # After the callbacks already due: prompts that arrived together start together.
             loop.call_soon(self._wake)
         return generation
+
+    def _reusable(
+        self, prefix: CachedPrefix | None, request: GenerationRequest
+    ) -> CachedPrefix | None:
+        """``prefix`` cut back to what the request reuses (``HFEngine.reusable_length``), in
+        the form it is in, or None where nothing is."""
+        if prefix is None or not isinstance(prefix.cache, KVState):
+            return self.single.reusable(prefix, request)
+        n = self.single.reusable_length(prefix.ids, request)
+        if n == len(prefix.ids):
+            return prefix
+        state = prefix.cache.cropped(n, self.runner.layout.window)
+        return None if state is None else CachedPrefix(state, prefix.ids[:n], state.nbytes)
 
     def _holds_every_image(self, request: GenerationRequest, prefix: CachedPrefix | None) -> bool:
         """Whether ``prefix`` holds the KV state of every image of the conversation: then the

@@ -10,8 +10,10 @@ Images (a model with a vision tower, loaded with its processor): each image take
 with images: a cached prefix covers whole earlier turns, so only the images of the uncached tail
 are encoded (their ``pixel_values``), while ``token_type_ids`` span the whole prompt because the
 bidirectional attention over each image's tokens is read by position. This gives the same logits
-as re-prefilling everything (tests/images check it); a prefix that would cut an image in two is
-not reused.
+as re-prefilling everything (tests/images check it). A prefix that would cut an image's
+placeholder run in two is cut back before the image, and so is one that would reach an image
+of this turn: every image has the same placeholder ids, so only the earlier turns' images are
+the ones the cache was made with.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from ..errors import ImagesUnsupported
 from ..formats import build_format
 from ..stopping import final_reason, token_budget
 from ..tokenizing import TextTokenizer
-from .kvstore import CachedPrefix, KVStore, held_bytes
+from .kvstore import CachedPrefix, KVStore, held_bytes, shared_length, window_holds
 from .loader import LoadedModel
 from .memory import give_back, out_of_memory
 from .sampling import penalize, tempered
@@ -155,14 +157,37 @@ class HFEngine:
     def generate(self, request: GenerationRequest) -> Generation:
         key = request.session_key
         prefix = self.kv.take(key, request.prompt_ids, Cache) if key else None
-        return self.generate_from(request, prefix)
+        return self.generate_from(request, self.reusable(prefix, request))
+
+    def reusable_length(self, ids: list[int], request: GenerationRequest) -> int:
+        """How many of a cache's tokens ``ids`` the request can reuse: those its prompt shares
+        (short of its last), cut back before an image they would cut in two or that is not one
+        of the earlier turns' (see the module docstring)."""
+        n = shared_length(ids, request.prompt_ids)
+        if self._images is None:
+            return n
+        earlier = len(request.images) - request.fresh_images
+        return self._images.reusable_length(request.prompt_ids, n, earlier)
+
+    def reusable(
+        self, prefix: CachedPrefix | None, request: GenerationRequest
+    ) -> CachedPrefix | None:
+        """``prefix`` (a transformers ``Cache``) cut back to what the request reuses, or None
+        where nothing is (``crop_cache``)."""
+        if prefix is None:
+            return None
+        n = self.reusable_length(prefix.ids, request)
+        if n == len(prefix.ids):
+            return prefix
+        if n == 0 or not crop_cache(prefix.cache, n):
+            return None
+        return CachedPrefix(prefix.cache, prefix.ids[:n], _cache_bytes(prefix.cache))
 
     def generate_from(self, request: GenerationRequest, prefix: CachedPrefix | None) -> Generation:
-        """Generate on top of ``prefix`` (a transformers ``Cache`` the prompt extends): only the
-        prompt's tail is prefilled, and only the images in it are encoded."""
+        """Generate on top of ``prefix`` (a transformers ``Cache`` the prompt extends, as
+        ``reusable`` gives it): only the prompt's tail is prefilled, and only the images in it
+        are encoded."""
         generation = Generation(prompt_tokens=len(request.prompt_ids))
-        if prefix and self._images and not self._images.whole_images_in(prefix.ids):
-            prefix = None
         generation.cached_tokens = len(prefix.ids) if prefix else 0
         bridge = LoopBridge(asyncio.get_running_loop(), generation)
         thread = threading.Thread(
@@ -299,6 +324,23 @@ class _SafeScores(LogitsProcessor):
         return scores
 
 
+def crop_cache(cache: Any, length: int) -> bool:
+    """Cut a transformers ``DynamicCache`` back to its first ``length`` positions in place, or
+    leave it and say False where a sliding layer no longer holds what position ``length`` reads
+    (``kvstore.window_holds``): its sliding layers keep the last ``window - 1`` positions, so
+    only a cache still under the window can be cut. Full layers become views of their tensors,
+    which the next forward's concatenation replaces."""
+    total = cache.get_seq_length()
+    if length == total:
+        return True
+    for layer in cache.layers:
+        sliding = getattr(layer, "is_sliding", False) and layer.is_initialized
+        if sliding and not window_holds(total - layer.keys.shape[-2], length, layer.sliding_window):
+            return False
+    cache.crop(length - total)  # a negative count: the tokens to drop
+    return True
+
+
 def _cache_bytes(cache: Any) -> int:
     layers = [layer for layer in cache.layers if layer.is_initialized]
     return held_bytes(t for layer in layers for t in (layer.keys, layer.values))
@@ -368,8 +410,22 @@ class _ImageLayout:
     def images_in(self, ids: list[int]) -> float:
         return ids.count(self.image_token_id) / self.tokens_per_image
 
-    def whole_images_in(self, ids: list[int]) -> bool:
-        return self.images_in(ids).is_integer()
+    def reusable_length(self, ids: list[int], length: int, images: int) -> int:
+        """The longest prefix of ``ids[:length]`` that cuts no image's placeholder run in two
+        and holds at most ``images`` images."""
+        lead = self.placeholder.index(self.image_token_id)  # run ids before its soft tokens
+        stop = min(len(ids), length + lead)  # a run that starts before length
+        held, at = 0, 0
+        while True:
+            try:
+                at = ids.index(self.image_token_id, at, stop)
+            except ValueError:
+                return length
+            start = at - lead
+            if held == images or start + len(self.placeholder) > length:
+                return start
+            held += 1
+            at += self.tokens_per_image
 
     def model_inputs(
         self, input_ids: torch.Tensor, images: Sequence[Any], cached: int, model: Any

@@ -1,17 +1,20 @@
 """Per-session KV caches kept between turns, under one byte budget across sessions and engines.
 
-A session's next prompt extends the token ids its cache holds, so prefill covers only the new
-tokens. Caches of sessions not generating sit here; when the bytes they hold exceed the budget
-the least recently used are evicted first (their sessions re-prefill on their next prompt). One
-store serves both transformers paths (the batch and ``generate``, batched.py): each entry keeps
-the form its engine made, and an engine that finds another's form drops it.
+A session's next prompt usually extends the token ids its cache holds, so prefill covers only
+the new tokens. After a rewind, a regenerate or an edited message it shares only a prefix with
+them: the engine cuts the cache back to that prefix (``shared_length``), where its sliding
+layers allow it (``window_holds``), and prefills the rest. Caches of sessions not generating
+sit here; when the bytes they hold exceed the budget the least recently used are evicted first
+(their sessions re-prefill on their next prompt). One store serves both transformers paths (the
+batch and ``generate``, batched.py): each entry keeps the form its engine made, and an engine
+that finds another's form drops it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +36,31 @@ def held_bytes(tensors: Iterable[torch.Tensor]) -> int:
     prefill) keeps all of its storage alive, so its own size would undercount."""
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())
+
+
+def shared_length(cached: Sequence[int], prompt: Sequence[int]) -> int:
+    """How many leading tokens ``prompt`` shares with ``cached``, short of the prompt's last:
+    a generation prefills at least that one, whose logits pick its first token."""
+    limit = min(len(cached), len(prompt) - 1)
+    if limit > 0 and cached[limit - 1] == prompt[limit - 1] and cached[:limit] == prompt[:limit]:
+        return limit  # the common case: the prompt extends the cache
+    n = 0
+    while n < limit and cached[n] == prompt[n]:
+        n += 1
+    return n
+
+
+def window_holds(first_held: int, length: int, window: int) -> bool:
+    """Whether a sliding layer that holds the positions from ``first_held`` on still holds
+    every one that position ``length`` reads, the ``window - 1`` before it: the rule for cutting
+    a cache back to its first ``length`` tokens.
+
+    Where it does not hold, the lost positions' keys are recomputed from the hidden states of
+    the layers below, whose sliding layers each reach another ``window - 1`` positions back:
+    all but the first ``length - layers * (window - 1)`` tokens, in practice the whole prompt.
+    So the cache is not reused at all.
+    """
+    return first_held <= max(0, length - window + 1)
 
 
 class KVStore:
@@ -62,14 +90,14 @@ class KVStore:
     def take(
         self, key: str, prompt_ids: list[int], kind: type | tuple[type, ...]
     ) -> CachedPrefix | None:
-        """The session's cache if it is of ``kind`` and the prompt extends what it holds; it
-        leaves the store either way."""
+        """The session's cache if it is of ``kind`` and the prompt starts with at least one of
+        its tokens; it leaves the store either way. It may hold more than the prompt shares:
+        the engine cuts it back (``shared_length``)."""
         with self._lock:
             entry = self._entries.pop(key, None)
         if entry is None or not isinstance(entry.cache, kind):
             return None
-        n = len(entry.ids)
-        if n == 0 or n >= len(prompt_ids) or prompt_ids[:n] != entry.ids:
+        if shared_length(entry.ids, prompt_ids) == 0:
             return None
         return entry
 

@@ -26,7 +26,7 @@ import torch
 
 from . import attention
 from .attention import FULL, MASKS, SLIDING, Keys, SlotBatch, offsets
-from .kvstore import held_bytes
+from .kvstore import held_bytes, window_holds
 
 
 @dataclass(slots=True)
@@ -36,6 +36,9 @@ class KVState:
     length: int
     full: list[tuple[torch.Tensor, torch.Tensor]]  # per full layer: [kv_heads, length, dim]
     ring: list[tuple[torch.Tensor, torch.Tensor]]  # per sliding layer: [kv_heads, <=window, dim]
+    # The first position the rings hold: ``length - window`` once past the window, one more
+    # where a column is empty (``of_cache``, or cut back by one: the next token's column).
+    ring_from: int
 
     @property
     def nbytes(self) -> int:
@@ -55,12 +58,14 @@ class KVState:
         full: list[tuple[torch.Tensor, torch.Tensor]] = []
         ring: list[tuple[torch.Tensor, torch.Tensor]] = []
         columns = min(length, layout.window)
+        ring_from = 0
         for kind, layer in zip(layout.kinds, cache.layers, strict=True):
             keys, values = layer.keys[0], layer.values[0]  # [kv_heads, held, dim]
             if kind == FULL:
                 full.append((keys, values))
                 continue
             held = keys.shape[1]
+            ring_from = max(ring_from, length - held)
             slots = torch.remainder(torch.arange(length - held, length), layout.window)
             pair = []
             for source in (keys, values):
@@ -68,7 +73,23 @@ class KVState:
                 target[:, slots.to(source.device)] = source
                 pair.append(target)
             ring.append((pair[0], pair[1]))
-        return cls(length, full, ring)
+        return cls(length, full, ring, ring_from)
+
+    def cropped(self, length: int, window: int) -> KVState | None:
+        """The state of its first ``length`` positions (views of its tensors), or None where its
+        rings no longer hold what position ``length`` reads (``kvstore.window_holds``).
+
+        Then ``length`` is under the window and every position is in its own column, or the
+        rings held at most one position past ``length - 1``: the column of position ``length``,
+        which the next token overwrites and, until then, attention reads as position
+        ``length - window``, out of the window.
+        """
+        if not 0 < length <= self.length or not window_holds(self.ring_from, length, window):
+            return None
+        full = [(k[:, :length], v[:, :length]) for k, v in self.full]
+        kept = min(length, window)
+        ring = [(k[:, :kept], v[:, :kept]) for k, v in self.ring]
+        return KVState(length, full, ring, self.ring_from)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +142,7 @@ class SlotKV:
         self.capacity = capacity
         self.count = 0
         self.lengths: list[int] = []
+        self.ring_from: list[int] = []  # each row's, as KVState.ring_from
         self._full: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._ring: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for i, kind in enumerate(layout.kinds):
@@ -143,6 +165,7 @@ class SlotKV:
         row = self.count
         self.count += 1
         self.lengths.append(0)
+        self.ring_from.append(0)
         if state is not None:
             self.load(row, state)
         return row
@@ -154,10 +177,12 @@ class SlotKV:
             self.transfer(self, last, row)
         self.count -= 1
         self.lengths.pop()
+        self.ring_from.pop()
 
     def clear(self) -> None:
         self.count = 0
         self.lengths.clear()
+        self.ring_from.clear()
 
     def load(self, row: int, state: KVState) -> None:
         self._reserve(state.length)
@@ -169,6 +194,7 @@ class SlotKV:
             bk[row, :, :kept] = k
             bv[row, :, :kept] = v
         self.lengths[row] = n
+        self.ring_from[row] = state.ring_from
 
     def save(self, row: int) -> KVState:
         n = self.lengths[row]
@@ -177,7 +203,7 @@ class SlotKV:
         ring = [
             (k[row, :, :kept].clone(), v[row, :, :kept].clone()) for k, v in self._ring.values()
         ]
-        return KVState(n, full, ring)
+        return KVState(n, full, ring, self.ring_from[row])
 
     def transfer(self, source: SlotKV, src: int, dst: int) -> None:
         """Copy row ``src`` of ``source`` (this one or another) into row ``dst`` of this one."""
@@ -191,6 +217,7 @@ class SlotKV:
             dk[dst, :, :kept] = sk[src, :, :kept]
             dv[dst, :, :kept] = sv[src, :, :kept]
         self.lengths[dst] = n
+        self.ring_from[dst] = source.ring_from[src]
 
     def swap(self, a: int, b: int) -> None:
         """Exchange rows ``a`` and ``b`` (their columns in use and their lengths)."""
@@ -205,6 +232,7 @@ class SlotKV:
                     buffer[a, :, :columns] = buffer[b, :, :columns]
                     buffer[b, :, :columns] = held
         self.lengths[a], self.lengths[b] = self.lengths[b], self.lengths[a]
+        self.ring_from[a], self.ring_from[b] = self.ring_from[b], self.ring_from[a]
 
     def _reserve(self, columns: int) -> None:
         """Grow the full layers' buffers (doubling) so every row can hold ``columns``."""
@@ -341,11 +369,14 @@ class SlotKV:
         return mask | (own & ~new_valid[:, :, None])
 
     def advance(self) -> None:
-        """After the forward: each row holds its real new tokens."""
+        """After the forward: each row holds its real new tokens, and a whole ring (the first
+        new token went to the column a ring may lack)."""
         assert self._plan is not None
         first = self._plan.first
         for b, n in enumerate(self._plan.real):
             self.lengths[first + b] += n
+            if n:
+                self.ring_from[first + b] = max(0, self.lengths[first + b] - self.layout.window)
         self._plan = None
         self.batch = None
 
