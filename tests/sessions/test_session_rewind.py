@@ -32,6 +32,7 @@ from wschat.server.sessions.snapshot import pack, unpack
 
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.protocol.vector_cases import PNG_1X1
+from tests.support import RawPeer, raw_peer, running_server
 
 from .test_session import Recorder, done_of, make_session, slow
 
@@ -352,3 +353,30 @@ async def test_a_regenerate_exported_mid_reply_comes_back_in_place_of_the_last_e
     rebuilt.import_state(state, partial)
     assert (rebuilt.chat.turns, rebuilt.turn_ids) == (2, ["p1", "r"])
     assert rebuilt.chat.export_state()["exchanges"][-1]["reply"] == partial["ids"]
+
+
+# -- through a server ------------------------------------------------------------------------
+
+
+async def test_a_session_resumed_after_a_rewind_goes_on_from_the_rewound_conversation() -> None:
+    async def exchange(peer: RawPeer, gen_id: str, text: str) -> dict[str, Any]:
+        await peer.send({"type": "prompt", "id": gen_id, "text": text})
+        return (await peer.recv_until("done"))[-1]
+
+    async with running_server(ScriptedEngine()) as url:
+        async with raw_peer(url) as (peer, ready):
+            for i, text in enumerate(("one", "two", "three"), 1):
+                await exchange(peer, f"p{i}", text)
+            await peer.send({"type": "rewind", "keep": 2})
+            assert await peer.recv() == {"type": "rewound", "turns": 2}
+        resume = f"{url}?session={ready['session']}&resume={ready['resume']}"
+        async with raw_peer(resume) as (peer, resumed):
+            after = await exchange(peer, "p4", "four")
+        async with raw_peer(url) as (peer, _):
+            for i, text in enumerate(("one", "two"), 1):
+                await exchange(peer, f"p{i}", text)
+            fresh = await exchange(peer, "p3", "four")
+    assert resumed["session"] == ready["session"]
+    assert resumed["resumed"] == {"last_prompt": "p2", "reply": None, "turns": 2}
+    assert after["turn"] == fresh["turn"] == 3
+    assert after["usage"]["prompt_tokens"] == fresh["usage"]["prompt_tokens"]
