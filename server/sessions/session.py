@@ -524,7 +524,8 @@ class Session:
 
         held = self.chat.images
         run = self.run
-        if run is not None and run.generation is None:  # queued: the chat has not seen it
+        # queued: the chat has not seen it (a regenerate's are the last exchange's own)
+        if run is not None and run.generation is None and not run.prepared.replaces:
             held = [*held, *run.prepared.turn.images]
         return sum(image_bytes(i) for i in [*held, *(c.image for c in self._staged)])
 

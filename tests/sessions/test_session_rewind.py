@@ -203,6 +203,29 @@ async def test_regenerate_leaves_staged_images_staged() -> None:
     assert engine.requests[-1].new_images == 1
 
 
+async def test_a_regenerate_holds_the_images_of_the_exchange_it_replaces_once() -> None:
+    slots = GenerationSlots(1, 4)
+    engine = ScriptedEngine(
+        lambda r: Script([f" t{i}" for i in range(50)], delay_s=0.02), images=True
+    )
+    (busy, _), (session, rec) = make_session(engine, slots), make_session(engine, slots)
+    await session.handle(
+        Prompt("p1", "this?", images=(PNG_1X1,), params=GenerationParams(max_new_tokens=2))
+    )
+    await done_of(rec, "p1")
+    held = session.image_bytes
+    assert held > 0
+    await busy.handle(Prompt("a", "hog the slot"))
+    await session.handle(Regenerate("r"))
+    assert session.state is SessionState.QUEUED and session.image_bytes == held
+    await busy.close()
+    await rec.wait_for(lambda f: isinstance(f, Start) and f.id == "r")
+    assert session.image_bytes == held
+    await session.handle(Cancel())
+    await done_of(rec, "r")
+    assert session.image_bytes == held
+
+
 async def test_regenerate_with_nothing_to_regenerate_is_invalid_params_with_its_id() -> None:
     session, _ = make_session(ScriptedEngine())
     with pytest.raises(ProtocolError) as raised:
