@@ -30,6 +30,7 @@ from ..sessions.connection import Connection
 from ..sessions.hub import Hub
 from ..settings import Settings
 from .admission import Accept, serve_admitted
+from .openai_api import OpenAIApi
 from .pages import web_routes
 from .stats_feed import StatsFeed
 
@@ -154,6 +155,7 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
             WebSocketRoute(CHAT_PATH, chat),
             # before the static mount, which would otherwise take the handshake and close it (403)
             WebSocketRoute("/static/{path:path}", no_chat_here),
+            *OpenAIApi(hub).routes(),  # the OpenAI-compatible HTTP API (openai_api/)
             *web_routes(hub, stats_feed),
             WebSocketRoute("/{path:path}", no_chat_here),  # last: what no other route serves
         ],

@@ -1,0 +1,159 @@
+"""An API request as a session: the conversation it sends, rebuilt as a ``Chat`` turn by turn,
+then its last user message run as a ``prompt`` frame, so that it takes the same checks, slots,
+engine path and events as a WebSocket prompt.
+
+A reply the API gave comes back as text in the next request of its conversation; ``ReplyIds``
+remembers the ids it was generated as, so the conversation renders exactly as a session holding
+it would (same prompt ids, and a prefix the engine's KV state still matches). A text it never
+gave is tokenized as a user's text is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from wschat.protocol import Prompt, TooLarge, Unsupported
+
+from ...engine import (
+    Chat,
+    ConversationTooLong,
+    Engine,
+    Message,
+    PreparedTurn,
+    PromptTooLong,
+    Turn,
+)
+from ...sessions.session import Session
+from ...sessions.slots import GenerationSlots
+from ...sessions.stats import ServerStats
+from ...settings import Settings
+from .requests import ChatBody, Part
+
+# Ids of replies remembered, all together (4 bytes each)
+MAX_REPLY_IDS = 1 << 20
+
+
+class ReplyIds:
+    """The ids of recent replies by their text, least recently used forgotten first."""
+
+    def __init__(self, max_ids: int = MAX_REPLY_IDS) -> None:
+        self.max_ids = max_ids
+        self._held = 0
+        self._replies: OrderedDict[str, array[int]] = OrderedDict()
+
+    def remember(self, text: str, ids: Sequence[int]) -> None:
+        if not text or len(ids) > self.max_ids:
+            return
+        old = self._replies.pop(text, None)
+        self._held -= len(old) if old is not None else 0
+        self._replies[text] = array("i", ids)
+        self._held += len(ids)
+        while self._held > self.max_ids:
+            _, dropped = self._replies.popitem(last=False)
+            self._held -= len(dropped)
+
+    def get(self, text: str) -> list[int] | None:
+        ids = self._replies.get(text)
+        if ids is None:
+            return None
+        self._replies.move_to_end(text)
+        return list(ids)
+
+
+def api_session(
+    engine: Engine, settings: Settings, stats: ServerStats, slots: GenerationSlots
+) -> Session:
+    """A session of its own for one request: never in the session store, never resumed."""
+    session = Session(f"api-{secrets.token_hex(8)}", engine, slots, settings)
+    session.listeners.append(stats.on_run_event)
+    return session
+
+
+def new_prompt_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+async def load_chat(
+    session: Session, body: ChatBody, replies: ReplyIds, settings: Settings
+) -> Prompt:
+    """Rebuild the request's conversation in ``session``'s chat; the prompt frame of its last
+    user message (refusals as the session's: too large, unsupported, bad image)."""
+    engine = session.engine
+    conversation = session.chat.conversation
+    tokenize = engine.text_tokenizer.tokenize
+    if body.system:
+        _check_text(body.system, settings)
+        conversation.set_system(
+            body.system, await tokenize(conversation.tokenize_system, body.system)
+        )
+    for user, assistant in body.exchanges:
+        _check_text(user.text, settings)
+        _check_text(assistant.text, settings)
+        user_ids = await tokenize(conversation.tokenize_user, user.text)
+        images = await _images(session, user, settings)
+        placeholder = engine.image_placeholder_ids() if images else []
+        reply = replies.get(assistant.text)
+        if reply is None:
+            reply = await tokenize(conversation.tokenize_user, assistant.text)
+        conversation.add_exchange(user_ids, [list(placeholder) for _ in images], images, reply)
+    return Prompt(
+        new_prompt_id("chatcmpl"),
+        body.user.text,
+        tuple(body.user.images),
+        body.sampling.params,
+    )
+
+
+def _check_text(text: str, settings: Settings) -> None:
+    if len(text.encode()) > settings.max_prompt_bytes:
+        raise TooLarge(f"a message's text is over {settings.max_prompt_bytes} bytes")
+
+
+async def _images(session: Session, part: Part, settings: Settings) -> list[object]:
+    """An earlier turn's images as the session keeps them, checked as a prompt's are."""
+    if not part.images:
+        return []
+    from ...sessions.images import ImageLimits, check_image, image_bytes
+
+    engine = session.engine
+    if not engine.info.images:
+        raise Unsupported(f"the model {engine.info.model!r} does not read images")
+    if len(part.images) > session.max_images:
+        raise TooLarge(f"{len(part.images)} images; at most {session.max_images} per message")
+    limits = ImageLimits(settings.max_image_bytes, settings.max_image_pixels)
+    fit = engine.prepare_image
+    checked = await asyncio.to_thread(lambda: [check_image(b, limits, fit) for b in part.images])
+    held = session.image_bytes + sum(image_bytes(c.image) for c in checked)
+    if held > settings.max_session_image_bytes:
+        raise TooLarge(
+            f"the conversation's images would hold {held} bytes; max_session_image_bytes is"
+            f" {settings.max_session_image_bytes}"
+        )
+    return [c.image for c in checked]
+
+
+class CompletionChat(Chat):
+    """A raw completion: the prompt is the request's ids (or its text tokenized as text, no
+    markup added), not a conversation rendered in the prompt format."""
+
+    def __init__(self, engine: Engine, key: str, ids: list[int] | None) -> None:
+        super().__init__(engine, key)
+        self._ids = ids
+
+    async def prepare(self, turn: Turn, *, max_user_tokens: int) -> PreparedTurn:
+        ids = self._ids
+        if ids is None:
+            tokenize = self.conversation.tokenize_system  # text as text, in every format
+            ids = await self._engine.text_tokenizer.tokenize(tokenize, turn.text)
+        if len(ids) > max_user_tokens:
+            raise PromptTooLong(f"prompt is over {max_user_tokens} tokens")
+        context = self._engine.info.context_tokens
+        if len(ids) >= context:
+            raise ConversationTooLong(
+                f"the prompt needs {len(ids)} tokens; the context holds {context}"
+            )
+        return PreparedTurn(turn, len(ids), len(ids), ids, [], ids, [Message("user", ids)])

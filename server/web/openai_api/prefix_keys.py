@@ -1,0 +1,91 @@
+"""``CacheKeys``: the session keys API requests run under, so that a conversation resent whole
+finds the KV state its last request left.
+
+An HTTP request has no session: each one runs under one of a bounded set of engine session keys,
+the one whose last request's ids (its prompt and reply: what the engine keeps for that key) share
+the longest prefix with the new prompt. The engine's KV store holds the state under its one
+budget (``--kv-budget-mib``), evicting the least recently used across sessions and these keys
+alike; this index only says which key to try. A key serves one request at a time, and only
+requests of the same owner (the bearer token): whether a prefix is cached says something about
+what another client sent.
+"""
+
+from __future__ import annotations
+
+import secrets
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+_BLOCK = 256
+# Keys kept: each remembers at most a context of ids (4 bytes each)
+MAX_KEYS = 128
+
+
+@dataclass(slots=True)
+class _Entry:
+    owner: str
+    ids: array[int] = field(default_factory=lambda: array("i"))
+    busy: bool = False
+
+
+def common_prefix(a: array[int], b: array[int]) -> int:
+    """How many ids ``a`` and ``b`` share from the start: blocks compared in C, then one by one."""
+    n = min(len(a), len(b))
+    i = 0
+    while i + _BLOCK <= n and a[i : i + _BLOCK] == b[i : i + _BLOCK]:
+        i += _BLOCK
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class CacheKeys:
+    def __init__(self, forget: Callable[[str], None], max_keys: int = MAX_KEYS) -> None:
+        self._forget = forget  # the engine's: drop what it keeps for a key
+        self.max_keys = max_keys
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def acquire(self, owner: str, prompt_ids: Sequence[int]) -> str:
+        """The free key of ``owner`` whose ids share the longest prefix with ``prompt_ids`` (at
+        least one id), else a new key; it is busy until ``release``."""
+        prompt = array("i", prompt_ids)
+        best, best_len = None, 0
+        for key, entry in self._entries.items():
+            if entry.owner == owner and not entry.busy:
+                n = common_prefix(entry.ids, prompt)
+                if n > best_len:
+                    best, best_len = key, n
+        if best is None:
+            best = self._new_key(owner)
+        entry = self._entries[best]
+        entry.busy = True
+        self._entries.move_to_end(best)
+        return best
+
+    def release(self, key: str, ids: Sequence[int] | None) -> None:
+        """The request under ``key`` is over: the engine now keeps ``ids`` for it (None: nothing
+        worth keeping, a failed reply)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        entry.busy = False
+        if ids is None:
+            self._entries.pop(key)
+            self._forget(key)
+        else:
+            entry.ids = array("i", ids)
+
+    def _new_key(self, owner: str) -> str:
+        if len(self._entries) >= self.max_keys:
+            idle = next((k for k, e in self._entries.items() if not e.busy), None)
+            if idle is not None:  # the least recently used; all busy: one more for a while
+                self._entries.pop(idle)
+                self._forget(idle)
+        key = f"api-{secrets.token_hex(8)}"
+        self._entries[key] = _Entry(owner)
+        return key

@@ -1,0 +1,229 @@
+"""OpenAI request bodies read into ours: a conversation of texts and images, and the sampling
+params of a ``prompt`` frame. Pure: no I/O, a refusal is an ``ApiError`` naming the field.
+
+Mapped: ``temperature``, ``top_p``, ``max_completion_tokens`` (or ``max_tokens``), ``stop``,
+``seed``, and the extensions ``top_k`` and ``repetition_penalty`` (vLLM's spelling). Refused
+unless neutral: ``n`` > 1, ``logprobs``/``top_logprobs``, tools and functions, ``logit_bias``,
+a ``response_format`` other than text, ``frequency_penalty``/``presence_penalty`` other than 0,
+and for completions ``echo``, ``suffix``, ``best_of`` > 1 and more than one prompt. Any other
+field (``user``, ``metadata``, ``store``, ...) is ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from wschat.protocol import GenerationParams, InvalidParams, parse_params
+
+from .errors import ApiError, invalid, unsupported
+
+# OpenAI's field -> ours; the checks are the prompt frame's (protocol/params.py)
+_SAMPLING = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "max_tokens": "max_new_tokens",
+    "max_completion_tokens": "max_new_tokens",
+    "seed": "seed",
+    "stop": "stop",
+    "top_k": "top_k",
+    "repetition_penalty": "repetition_penalty",
+}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+@dataclass(slots=True)
+class Part:
+    """One message's text and images (the raw bytes of each data URI), in a role."""
+
+    role: str
+    text: str = ""
+    images: list[bytes] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Sampling:
+    params: GenerationParams
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(slots=True)
+class ChatBody:
+    """A chat completion: the system text, the finished exchanges (user, assistant) and the new
+    user turn."""
+
+    sampling: Sampling
+    system: str | None
+    exchanges: list[tuple[Part, Part]]
+    user: Part
+
+
+@dataclass(slots=True)
+class CompletionBody:
+    """A completion: a prompt as text or as token ids."""
+
+    sampling: Sampling
+    text: str | None
+    ids: list[int] | None
+
+
+def chat_body(body: Any) -> ChatBody:
+    body = _object(body)
+    _refuse_unsupported(body)
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise unsupported(f"{name} are not supported", name)
+    if body.get("tool_choice") not in (None, "none"):
+        raise unsupported("tool_choice is not supported", "tool_choice")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise unsupported("logprobs are not supported", "logprobs")
+    format_ = body.get("response_format")
+    if format_ is not None and (not isinstance(format_, Mapping) or format_.get("type") != "text"):
+        raise unsupported("response_format other than text is not supported", "response_format")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages must be a non-empty list", "messages")
+    system, turns = _turns([_message(m, n) for n, m in enumerate(messages)])
+    if not turns or turns[-1].role != "user":
+        raise invalid("the last message must be a user message", "messages")
+    exchanges = list(zip(turns[:-1:2], turns[1:-1:2], strict=True))
+    return ChatBody(_sampling(body), system, exchanges, turns[-1])
+
+
+def completion_body(body: Any) -> CompletionBody:
+    body = _object(body)
+    _refuse_unsupported(body)
+    if body.get("logprobs") is not None:
+        raise unsupported("logprobs are not supported", "logprobs")
+    if body.get("echo"):
+        raise unsupported("echo is not supported", "echo")
+    if body.get("suffix"):
+        raise unsupported("suffix is not supported", "suffix")
+    if body.get("best_of") not in (None, 1):
+        raise unsupported("best_of other than 1 is not supported", "best_of")
+    prompt = body.get("prompt")
+    # one prompt in a list of one is still one prompt
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise invalid("prompt must not be empty", "prompt")
+        return CompletionBody(_sampling(body), prompt, None)
+    if isinstance(prompt, list) and prompt and all(type(i) is int and i >= 0 for i in prompt):
+        return CompletionBody(_sampling(body), None, list(prompt))
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        raise unsupported("one prompt per request: several are not supported", "prompt")
+    raise invalid("prompt must be a string or a list of token ids", "prompt")
+
+
+def _object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise invalid("model must be a string", "model")
+    return body
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    n = body.get("n")
+    if n is not None and (type(n) is not int or n != 1):
+        raise unsupported("n other than 1 is not supported", "n")
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = body.get(name)
+        if value is not None and value != 0:
+            raise unsupported(f"{name} is not supported (only 0)", name)
+    if body.get("logit_bias"):
+        raise unsupported("logit_bias is not supported", "logit_bias")
+
+
+def _sampling(body: dict[str, Any]) -> Sampling:
+    ours: dict[str, Any] = {}
+    for name, our_name in _SAMPLING.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if name == "stop" and isinstance(value, str):
+            value = [value]
+        if name == "max_tokens" and body.get("max_completion_tokens") is not None:
+            continue  # the newer name wins
+        try:
+            parse_params({our_name: value})
+        except InvalidParams as e:
+            raise ApiError.of(e, name) from None
+        ours[our_name] = value
+    stream = body.get("stream")
+    if stream is not None and type(stream) is not bool:
+        raise invalid("stream must be a boolean", "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise invalid("stream_options must be an object", "stream_options")
+    include_usage = bool(options and options.get("include_usage"))
+    return Sampling(parse_params(ours), bool(stream), include_usage)
+
+
+def _message(message: Any, n: int) -> Part:
+    param = f"messages[{n}]"
+    if not isinstance(message, Mapping):
+        raise invalid("each message must be an object", param)
+    role = _ROLES.get(message.get("role"))  # type: ignore[arg-type]
+    if role is None:
+        raise unsupported(f"role {message.get('role')!r} is not supported", f"{param}.role")
+    if message.get("tool_calls") or message.get("function_call"):
+        raise unsupported("tool calls are not supported", f"{param}.tool_calls")
+    content = message.get("content")
+    if isinstance(content, str):
+        return Part(role, content)
+    if not isinstance(content, list):
+        raise invalid("content must be a string or a list of parts", f"{param}.content")
+    part = Part(role)
+    texts: list[str] = []
+    for k, item in enumerate(content):
+        where = f"{param}.content[{k}]"
+        kind = item.get("type") if isinstance(item, Mapping) else None
+        if kind == "text" and isinstance(item.get("text"), str):
+            texts.append(item["text"])
+        elif kind == "image_url" and role == "user":
+            part.images.append(_data_uri(item.get("image_url"), where))
+        else:
+            raise unsupported(f"a content part of type {kind!r} is not supported here", where)
+    part.text = "\n".join(texts)
+    return part
+
+
+def _data_uri(value: Any, where: str) -> bytes:
+    url = value.get("url") if isinstance(value, Mapping) else value
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise unsupported("an image must be a data URI (data:image/...;base64,...)", where)
+    header, _, data = url.partition(",")
+    if not header.endswith(";base64"):
+        raise invalid("an image data URI must be base64", where)
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError("the image is not valid base64", param=where, code="bad_image") from None
+
+
+def _turns(parts: list[Part]) -> tuple[str | None, list[Part]]:
+    """The system text (leading system messages) and the turns after it, each run of messages
+    of one role joined (texts by a blank line): user, assistant, user, ..."""
+    systems: list[str] = []
+    while parts and parts[0].role == "system":
+        systems.append(parts.pop(0).text)
+    turns: list[Part] = []
+    for part in parts:
+        if part.role == "system":
+            raise invalid("system messages must come before the conversation", "messages")
+        if turns and turns[-1].role == part.role:
+            turns[-1].text = "\n\n".join(t for t in (turns[-1].text, part.text) if t)
+            turns[-1].images += part.images
+        else:
+            turns.append(part)
+    if turns and turns[0].role != "user":
+        raise invalid("the conversation must start with a user message", "messages")
+    system = "\n\n".join(s for s in systems if s) or None
+    return system, turns

@@ -1,0 +1,393 @@
+"""The OpenAI-compatible routes: ``GET /v1/models``, ``POST /v1/chat/completions`` and
+``POST /v1/completions``, streamed as server-sent events or answered whole.
+
+Each request becomes a session of its own (conversation.py) whose frames come here through a
+``FrameChannel`` instead of a socket: ``queued`` while it waits for a slot (the same slots and
+queue as WebSocket prompts), ``start``, ``token``s, then ``done``. Headers go out at ``start``,
+so a refusal that comes while queued (the queue full, a fair share) is still an HTTP error with
+its status; one after that is an ``error`` event in the stream. A client that goes away cancels
+the reply as a WebSocket ``cancel`` does: the engine stops within a decode step and the slot is
+free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+from wschat.protocol import (
+    Done,
+    Error,
+    FinishReason,
+    Frame,
+    Prompt,
+    ProtocolError,
+    Start,
+)
+from wschat.protocol import Token as TokenFrame
+
+from ...engine import EngineError
+from ...sessions.generation import GenerationRun
+from ...sessions.hub import Hub
+from ...sessions.session import Session
+from ..access import offered_tokens, refusal
+from .conversation import CompletionChat, ReplyIds, api_session, load_chat, new_prompt_id
+from .errors import ApiError, refusal_error
+from .prefix_keys import CacheKeys
+from .requests import Sampling, chat_body, completion_body
+
+log = logging.getLogger("wschat.openai_api")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+
+
+class FrameChannel:
+    """A session's ``send`` for one HTTP request: each frame waits until the request has taken
+    it, so while the client reads slowly the generation merges its tokens, as for a slow socket.
+    Once closed (the client is gone) frames are dropped."""
+
+    def __init__(self) -> None:
+        self._frames: deque[Frame] = deque()
+        self._changed = asyncio.Event()
+        self.closed = False
+
+    async def __call__(self, frame: Frame) -> None:
+        if self.closed:
+            return
+        self._frames.append(frame)
+        self._changed.set()
+        while self._frames and not self.closed:
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def next(self) -> Frame | None:
+        """The next frame; None once closed."""
+        while not self._frames:
+            if self.closed:
+                return None
+            self._changed.clear()
+            await self._changed.wait()
+        frame = self._frames.popleft()
+        self._changed.set()
+        return frame
+
+    def close(self) -> None:
+        self.closed = True
+        self._frames.clear()
+        self._changed.set()
+
+
+class Reply:
+    """One request's run: its session, its frames, the cache key it runs under."""
+
+    def __init__(self, api: OpenAIApi, session: Session, request: Request, kind: str) -> None:
+        self.api = api
+        self.session = session
+        self.kind = kind  # "chat" or "completion"
+        self.frames = FrameChannel()
+        session.send = self.frames
+        self.run: GenerationRun | None = None
+        self.key = ""
+        self.created = int(time.time())
+        self._request = request
+        self._watch: asyncio.Task[None] | None = None
+
+    async def begin(self, prompt: Prompt, owner: str) -> None:
+        """Queue the prompt as a session would (its refusals raised as they are)."""
+        await self.session.handle(prompt)
+        run = self.session.run
+        assert run is not None  # an accepted prompt has its run until it ends
+        self.run = run
+        # before the run starts (its task has not run yet): the key its engine state is under
+        self.key = self.api.keys.acquire(owner, run.prepared.prompt_ids)
+        self.session.chat.key = self.key
+        task = self.session.generation_task
+        assert task is not None
+        task.add_done_callback(lambda _: self._ended())
+        self._watch = asyncio.create_task(self._until_disconnected())
+
+    def _ended(self) -> None:
+        """The run is over: the key keeps what the engine holds now; a reply remembered."""
+        run = self.run
+        assert run is not None
+        if self._watch is not None:
+            self._watch.cancel()
+        finished = run.finished
+        if not run.kept or finished is None:
+            self.api.keys.release(self.key, None)
+            return
+        ids = finished.completion_ids
+        self.api.keys.release(self.key, [*run.prepared.prompt_ids, *ids])
+        if self.kind == "chat" and finished.reason in _FINISH:
+            self.api.replies.remember(finished.text, ids)
+
+    async def _until_disconnected(self) -> None:
+        with contextlib.suppress(Exception):
+            while (await self._request.receive())["type"] != "http.disconnect":
+                pass
+        self.cancel()
+
+    def cancel(self) -> None:
+        if self.run is not None:
+            self.run.cancel()
+        self.frames.close()
+
+    async def first(self) -> Start | ApiError:
+        """``start``, or the error that ended the request before it (the run drained)."""
+        while True:
+            frame = await self.frames.next()
+            if isinstance(frame, Start):
+                return frame
+            if isinstance(frame, Error):
+                await self._drain()
+                return ApiError.of_frame(frame)
+            if frame is None or isinstance(frame, Done):
+                # cancelled while queued: the client is gone, nobody reads this
+                return ApiError("the request was cancelled", status=499, code="cancelled")
+
+    async def _drain(self) -> None:
+        while not isinstance(await self.frames.next(), Done | None):
+            pass
+
+    async def whole(self) -> tuple[Done, ApiError | None] | None:
+        """The reply's ``done`` and its error, if it failed; None once the client is gone."""
+        error: ApiError | None = None
+        while True:
+            frame = await self.frames.next()
+            if frame is None:
+                return None  # the client is gone
+            if isinstance(frame, Error):
+                error = ApiError.of_frame(frame)
+            elif isinstance(frame, Done):
+                return frame, error
+
+    async def events(self, sampling: Sampling, start: Start) -> AsyncIterator[bytes]:
+        """The reply as server-sent events, ``data: [DONE]`` last."""
+        try:
+            if self.kind == "chat":
+                yield self._event(self._chunk({"role": "assistant", "content": ""}, None, sampling))
+            while (frame := await self.frames.next()) is not None:
+                if isinstance(frame, TokenFrame):
+                    yield self._event(self._chunk(self._delta(frame.text), None, sampling))
+                elif isinstance(frame, Error):
+                    yield self._event(ApiError.of_frame(frame).body())
+                elif isinstance(frame, Done):
+                    reason = _FINISH.get(frame.reason)
+                    if reason is not None:
+                        yield self._event(self._chunk(self._delta(""), reason, sampling))
+                    if sampling.include_usage:
+                        yield self._event(self._usage_chunk(frame))
+                    yield b"data: [DONE]\n\n"
+                    return
+        finally:
+            self.cancel()  # nothing if it ended; else the client went away mid-stream
+
+    def _delta(self, text: str) -> dict[str, Any]:
+        return {"content": text} if self.kind == "chat" else {"text": text}
+
+    def _chunk(
+        self, delta: dict[str, Any], finish: str | None, sampling: Sampling
+    ) -> dict[str, Any]:
+        if self.kind == "chat":
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, **delta, "logprobs": None, "finish_reason": finish}
+        chunk = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        chunk["choices"] = [choice]
+        if sampling.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _usage_chunk(self, done: Done) -> dict[str, Any]:
+        chunk = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        chunk["choices"] = []
+        chunk["usage"] = usage(done)
+        return chunk
+
+    def body(self, done: Done) -> dict[str, Any]:
+        reason = _FINISH.get(done.reason, "stop")
+        if self.kind == "chat":
+            message = {"role": "assistant", "content": done.text}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+            body = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": reason}
+            body = self._head("text_completion")
+        body["choices"] = [choice]
+        body["usage"] = usage(done)
+        return body
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        assert self.run is not None
+        info = self.session.engine.info
+        return {
+            "id": self.run.id,
+            "object": kind,
+            "created": self.created,
+            "model": info.model,
+            "system_fingerprint": info.fingerprint or None,
+        }
+
+    @staticmethod
+    def _event(data: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def usage(done: Done) -> dict[str, Any]:
+    u = done.usage
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
+
+
+class OpenAIApi:
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.replies = ReplyIds()
+        self._keys: CacheKeys | None = None
+
+    @property
+    def keys(self) -> CacheKeys:
+        engine = self.hub.engine
+        assert engine is not None
+        if self._keys is None:
+            self._keys = CacheKeys(engine.forget)
+        return self._keys
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ]
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self._admit(request)
+        except ApiError as e:
+            return e.response()
+        engine = self.hub.engine
+        data = []
+        if engine is not None:
+            created = int(time.time() - self.hub.stats.uptime_s)
+            data.append(
+                {
+                    "id": engine.info.model,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "wschat",
+                }
+            )
+        return JSONResponse({"object": "list", "data": data})
+
+    async def chat(self, request: Request) -> Response:
+        return await self._answer(request, "chat")
+
+    async def completions(self, request: Request) -> Response:
+        return await self._answer(request, "completion")
+
+    async def _answer(self, request: Request, kind: str) -> Response:
+        reply: Reply | None = None
+        try:
+            self._admit(request)
+            engine = self.hub.engine
+            assert engine is not None
+            body = await _json(request, self.hub.settings.max_frame_bytes)
+            hub = self.hub
+            session = api_session(engine, hub.settings, hub.stats, hub.slots)
+            session.address = request.client.host if request.client else "unknown"
+            reply = Reply(self, session, request, kind)
+            if kind == "chat":
+                parsed = chat_body(body)
+                prompt = await load_chat(session, parsed, self.replies, hub.settings)
+                sampling = parsed.sampling
+            else:
+                completion = completion_body(body)
+                self._check_ids(completion.ids)
+                session.chat = CompletionChat(engine, session.key, completion.ids)
+                # the text is the prompt's (its size checked as a prompt's); ids need none
+                text = completion.text if completion.text is not None else "ids"
+                prompt = Prompt(new_prompt_id("cmpl"), text, (), completion.sampling.params)
+                sampling = completion.sampling
+            await reply.begin(prompt, _owner(request))
+        except (ApiError, ProtocolError, EngineError) as e:
+            return self._refused(ApiError.of(e))
+        first = await reply.first()
+        if isinstance(first, ApiError):
+            return self._refused(first)
+        if sampling.stream:
+            events = reply.events(sampling, first)
+            return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        try:
+            ended = await reply.whole()
+        finally:
+            reply.cancel()
+        if ended is None:
+            return Response(status_code=499)  # nobody reads it
+        done, error = ended
+        if error is not None:
+            return self._refused(error)
+        return JSONResponse(reply.body(done))
+
+    def _admit(self, request: Request) -> None:
+        """Refused (401, 403, 503), or the request may go on."""
+        why = refusal(request, self.hub.settings)
+        if why is not None:
+            raise refusal_error(why)
+        hub = self.hub
+        if hub.engine is None:
+            message = "the model failed to load" if hub.load_error else "the model is loading"
+            raise ApiError(message, status=503, code="overloaded")
+        if hub.shutting_down:
+            raise ApiError("the server is shutting down", status=503, code="overloaded")
+
+    def _check_ids(self, ids: list[int] | None) -> None:
+        engine = self.hub.engine
+        assert engine is not None
+        limit = engine.info.vocab_size or 1 << 31
+        if ids is not None and max(ids) >= limit:
+            raise ApiError(
+                f"token ids must be below {limit}", param="prompt", code="invalid_params"
+            )
+
+    def _refused(self, error: ApiError) -> Response:
+        if error.wire is not None:
+            self.hub.stats.count_error(error.wire)
+        return error.response()
+
+
+def _owner(request: Request) -> str:
+    """Whose cached prefixes a request may use: its bearer token's."""
+    tokens = offered_tokens(request)
+    return tokens[0] if tokens else ""
+
+
+async def _json(request: Request, limit: int) -> Any:
+    declared = request.headers.get("content-length", "")
+    too_large = ApiError(f"the request body is over {limit} bytes", status=413, code="too_large")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError("the request body is not JSON", code="invalid_params") from None

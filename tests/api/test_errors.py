@@ -1,0 +1,158 @@
+"""Every refusal of the API in OpenAI's error shape (web/openai_api/errors.py, requests.py):
+``{"error": {"message", "type", "param", "code"}}``, with the status its code calls for: the
+peer's fault 400, over a size limit 413, capacity 429; the code is the WebSocket's for the same
+refusal (``context_length_exceeded`` for the context, as OpenAI spells it)."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.api.support import assistant, user
+from tests.fakes.scripted import ScriptedEngine
+from tests.images import samples
+from tests.support import TIMEOUT, http_base, running_server
+
+LIMITS: dict[str, Any] = {
+    "max_new_tokens": 64,
+    "max_image_bytes": 2000,
+    "max_frame_bytes": 100_000,
+    "max_prompt_bytes": 1000,
+}
+
+
+def image_part(data: bytes) -> dict[str, Any]:
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "any", "messages": [user("Hi")], **fields}
+
+
+CHAT_REFUSALS = [
+    (chat(n=2), 400, "unsupported", "n"),
+    (chat(logprobs=True), 400, "unsupported", "logprobs"),
+    (chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "unsupported", "tools"),
+    (chat(tool_choice="auto"), 400, "unsupported", "tool_choice"),
+    (chat(frequency_penalty=0.5), 400, "unsupported", "frequency_penalty"),
+    (chat(presence_penalty=1), 400, "unsupported", "presence_penalty"),
+    (chat(logit_bias={"1": 5}), 400, "unsupported", "logit_bias"),
+    (chat(response_format={"type": "json_object"}), 400, "unsupported", "response_format"),
+    (chat(temperature=3), 400, "invalid_params", "temperature"),
+    (chat(max_tokens=65), 400, "invalid_params", None),
+    (chat(max_completion_tokens=0), 400, "invalid_params", "max_completion_tokens"),
+    (chat(stop=[""]), 400, "invalid_params", "stop"),
+    (chat(stream="yes"), 400, "invalid_params", "stream"),
+    ({"messages": [user("Hi")]}, 400, "invalid_params", "model"),
+    (chat(messages=[]), 400, "invalid_params", "messages"),
+    (chat(messages=[user("Hi"), assistant("Yes")]), 400, "invalid_params", "messages"),
+    (chat(messages=[assistant("Yes"), user("Hi")]), 400, "invalid_params", "messages"),
+    (chat(messages=[{"role": "tool", "content": "x"}]), 400, "unsupported", "messages[0].role"),
+    (
+        chat(messages=[user(""), {"role": "system", "content": "late"}, user("x")]),
+        400,
+        "invalid_params",
+        "messages",
+    ),
+    (chat(messages=[user("x" * 1001)]), 413, "too_large", None),
+    (chat(messages=[user("w" * 300)]), 400, "context_length_exceeded", None),
+    (
+        chat(messages=[{"role": "user", "content": [image_part(samples.png())]}]),
+        400,
+        "unsupported",
+        None,
+    ),
+    (
+        chat(messages=[{"role": "user", "content": [{"type": "input_audio"}]}]),
+        400,
+        "unsupported",
+        "messages[0].content[0]",
+    ),
+]
+
+
+COMPLETION_REFUSALS = [
+    ({"model": "m", "prompt": ["a", "b"]}, 400, "unsupported", "prompt"),
+    ({"model": "m", "prompt": "a", "echo": True}, 400, "unsupported", "echo"),
+    ({"model": "m", "prompt": "a", "logprobs": 2}, 400, "unsupported", "logprobs"),
+    ({"model": "m", "prompt": "a", "best_of": 3}, 400, "unsupported", "best_of"),
+    ({"model": "m", "prompt": "a", "suffix": "z"}, 400, "unsupported", "suffix"),
+    ({"model": "m", "prompt": ""}, 400, "invalid_params", "prompt"),
+    ({"model": "m", "prompt": [1, -2]}, 400, "invalid_params", "prompt"),
+    ({"model": "m", "prompt": [1, 1 << 40]}, 400, "invalid_params", "prompt"),
+    ({"model": "m", "prompt": list(range(300))}, 400, "context_length_exceeded", None),
+]
+
+
+REFUSALS = [
+    *(("/v1/chat/completions", *refusal) for refusal in CHAT_REFUSALS),
+    *(("/v1/completions", *refusal) for refusal in COMPLETION_REFUSALS),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "code", "param"), REFUSALS)
+async def test_a_refused_request_gets_the_error_shape_and_runs_nothing(
+    path: str, body: dict[str, Any], status: int, code: str, param: str | None
+) -> None:
+    engine = ScriptedEngine(context_tokens=256)
+    async with running_server(engine, **LIMITS) as url:
+        refused = await post(url, path, json=body)
+    assert_refused(refused, status, code, param)
+    assert engine.requests == []
+
+
+async def test_a_body_over_the_frame_limit_is_413_and_one_not_json_is_400() -> None:
+    async with running_server(ScriptedEngine(), **LIMITS) as url:
+        large = await post(url, "/v1/chat/completions", content=b"{" + b" " * 100_000 + b"}")
+        garbled = await post(url, "/v1/chat/completions", content=b"{not json")
+    assert_refused(large, 413, "too_large", None)
+    assert_refused(garbled, 400, "invalid_params", None)
+
+
+async def test_images_over_the_byte_limit_are_413_and_undecodable_ones_400() -> None:
+    engine = ScriptedEngine(images=True)
+    big = samples.encoded(samples.noise(64, 64), "PNG")
+    assert len(big) > LIMITS["max_image_bytes"]
+    async with running_server(engine, **LIMITS) as url:
+        over = await post(
+            url,
+            "/v1/chat/completions",
+            json=chat(messages=[{"role": "user", "content": [image_part(big)]}]),
+        )
+        earlier = await post(
+            url,
+            "/v1/chat/completions",
+            json=chat(
+                messages=[
+                    {"role": "user", "content": [image_part(big)]},
+                    assistant("ok"),
+                    user("and?"),
+                ]
+            ),
+        )
+        junk = await post(
+            url,
+            "/v1/chat/completions",
+            json=chat(messages=[{"role": "user", "content": [image_part(b"not an image")]}]),
+        )
+    assert_refused(over, 413, "too_large", None)
+    assert_refused(earlier, 413, "too_large", None)
+    assert_refused(junk, 400, "bad_image", None)
+
+
+async def post(url: str, path: str, **kwargs: Any) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+        return await http.post(f"{http_base(url)}{path}", **kwargs)
+
+
+def assert_refused(response: httpx.Response, status: int, code: str, param: str | None) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["code"], error["param"]) == (code, param), error
+    assert error["type"] == ("invalid_request_error" if status < 429 else "rate_limit_error")
+    assert isinstance(error["message"], str) and error["message"]

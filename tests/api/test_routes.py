@@ -1,0 +1,186 @@
+"""The API's routes against a real uvicorn (web/openai_api/routes.py): the wire format of a
+stream (read raw, without the SDK), completions from text or ids, the model list, bearer tokens,
+and a request's life in the shared slots: a client that leaves frees its slot, a full queue is
+429 with ``Retry-After``, a reply that fails mid-stream ends with an error event."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import openai
+import pytest
+
+from tests.api.support import async_client, user
+from tests.fakes.scripted import Script, ScriptedEngine
+from tests.support import (
+    TIMEOUT,
+    http_base,
+    next_stats,
+    running_server,
+    stats_socket,
+    wait_until,
+)
+
+if TYPE_CHECKING:
+    from wschat.server.engine import GenerationRequest
+    from wschat.server.engine.local.hf import HFEngine
+
+LONG = 1000  # max_tokens that asks the scripted engine for a reply slower than any test
+
+
+def slow_when_long(request: GenerationRequest) -> Script:
+    """A reply of 4 words, or, for ``LONG`` tokens, one that runs for minutes unless cancelled."""
+    n = request.params.max_new_tokens
+    if n >= LONG:
+        return Script([f" w{i}" for i in range(n)], delay_s=0.2)
+    return Script([f" w{i}" for i in range(4)])
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    return {"model": "any", "messages": [user("Hi")], **fields}
+
+
+async def metric(base: str, name: str) -> float:
+    async with httpx.AsyncClient(timeout=TIMEOUT) as client:
+        text = (await client.get(f"{base}/metrics")).text
+    values = [line.split()[-1] for line in text.splitlines() if line.startswith(name + " ")]
+    return float(values[0]) if values else 0.0
+
+
+async def slots_reach(url: str, *, running: int, queued: int) -> None:
+    """Until ``/v1/stats`` says the slots hold that many (a frame a second)."""
+    async with stats_socket(url) as ws, asyncio.timeout(TIMEOUT):
+        while True:
+            stats = await next_stats(ws)
+            if (stats.running, stats.queued) == (running, queued):
+                return
+
+
+async def test_a_raw_stream_is_data_lines_of_chunks_then_done() -> None:
+    async with running_server(ScriptedEngine()) as url, httpx.AsyncClient(timeout=TIMEOUT) as http:
+        payload = body(stream=True, stream_options={"include_usage": True})
+        async with http.stream("POST", f"{http_base(url)}/v1/chat/completions", json=payload) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            raw = (await r.aread()).decode()
+    events = raw.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    assert all(e.startswith("data: ") and "\n" not in e for e in events[:-1])
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:-1])
+    assert text == " w0 w1 w2 w3 w4 w5 w6 w7"
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+async def test_completions_take_a_prompt_string_or_token_ids(tiny_engine: HFEngine) -> None:
+    async with running_server(tiny_engine) as url, async_client(url) as client:
+        from_text = await client.completions.create(model="any", prompt="Once upon", max_tokens=6)
+        ids = tiny_engine.prompt_format.tokenize_system("Once upon")
+        from_ids = await client.completions.create(model="any", prompt=ids, max_tokens=6)
+        stream = await client.completions.create(model="any", prompt=ids, max_tokens=6, stream=True)
+        streamed = "".join([c.choices[0].text async for c in stream if c.choices])
+    assert from_text.object == "text_completion"
+    assert from_text.choices[0].text == from_ids.choices[0].text == streamed != ""
+    assert from_ids.usage is not None and from_ids.usage.prompt_tokens == len(ids)
+    assert from_ids.choices[0].finish_reason == "length"
+
+
+async def test_the_model_list_names_the_model_served() -> None:
+    async with running_server(ScriptedEngine()) as url, async_client(url) as client:
+        models = await client.models.list()
+    assert [m.id for m in models.data] == ["scripted"]
+
+
+async def test_a_request_without_the_bearer_token_is_401_in_the_api_shape() -> None:
+    async with running_server(ScriptedEngine(), tokens=("secret",)) as url:
+        async with async_client(url, "wrong") as client:
+            with pytest.raises(openai.AuthenticationError) as refused:
+                await client.chat.completions.create(model="any", messages=[user("Hi")])
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            bare = await http.get(f"{http_base(url)}/v1/models")
+        async with async_client(url, "secret") as client:
+            reply = await client.chat.completions.create(model="any", messages=[user("Hi")])
+    assert refused.value.status_code == 401
+    assert refused.value.body == {
+        "message": "the bearer token is not one this server accepts",
+        "type": "authentication_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
+    assert bare.status_code == 401 and bare.headers["www-authenticate"] == "Bearer"
+    assert bare.json()["error"]["code"] == "invalid_api_key"
+    assert reply.choices[0].message.content == " w0 w1 w2 w3 w4 w5 w6 w7"
+
+
+async def test_a_client_that_leaves_mid_stream_frees_its_slot() -> None:
+    engine = ScriptedEngine(slow_when_long)
+    async with running_server(engine, max_concurrent=1) as url:
+        base = http_base(url)
+        async with async_client(url) as client:
+            stream = await client.chat.completions.create(
+                model="any", messages=[user("Hi")], max_tokens=LONG, stream=True
+            )
+            async with asyncio.timeout(TIMEOUT):
+                async for chunk in stream:
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        break  # a token came: it runs, in the one slot
+            await stream.close()
+            # would wait for the long reply's slot for minutes, were it not freed
+            reply = await client.chat.completions.create(model="any", messages=[user("Hi")])
+        assert reply.choices[0].message.content == " w0 w1 w2 w3"
+        assert await metric(base, "wschat_cancellations_total") == 1
+        assert await metric(base, "wschat_generations_running") == 0
+    assert not engine.threads
+
+
+async def test_a_full_queue_is_429_with_retry_after() -> None:
+    engine = ScriptedEngine(slow_when_long)
+    async with running_server(engine, max_concurrent=1, max_queue=1) as url:
+        base = http_base(url)
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            endpoint = f"{base}/v1/chat/completions"
+            running = asyncio.create_task(http.post(endpoint, json=body(max_tokens=LONG)))
+            await wait_until(lambda: engine.requests)
+            queued = asyncio.create_task(http.post(endpoint, json=body(max_tokens=LONG)))
+            await slots_reach(url, running=1, queued=1)
+            refused = await http.post(endpoint, json=body())
+            for task in (running, queued):
+                task.cancel()
+            await asyncio.gather(running, queued, return_exceptions=True)
+        assert refused.status_code == 429
+        assert refused.headers["retry-after"] == "1"
+        assert refused.json() == {
+            "error": {
+                "message": "the server is at capacity (1 prompts already waiting)",
+                "type": "rate_limit_error",
+                "param": None,
+                "code": "overloaded",
+            }
+        }
+        await slots_reach(url, running=0, queued=0)  # both cancelled as their clients left
+
+
+async def test_a_reply_that_fails_mid_stream_ends_with_an_error_event() -> None:
+    engine = ScriptedEngine(lambda _: Script([" a", " b", " c"], fail_after=2))
+    async with running_server(engine) as url, async_client(url) as client:
+        stream = await client.chat.completions.create(
+            model="any", messages=[user("Hi")], stream=True
+        )
+        texts = []
+        with pytest.raises(openai.APIError) as failed:
+            async for chunk in stream:
+                texts += [c.delta.content or "" for c in chunk.choices]
+    assert "".join(texts) == " a b"
+    assert failed.value.body == {
+        "message": "generation failed",
+        "type": "server_error",
+        "param": None,
+        "code": "internal",
+    }
