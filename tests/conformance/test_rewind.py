@@ -82,3 +82,19 @@ async def test_rewind_and_regenerate_are_refused_as_the_spec_says(chat_url: str)
     assert busy == [("busy", None), ("busy", "r")]
     assert (frames[-1]["reason"], frames[-1]["turn"]) == ("cancelled", 1)
     assert after == {"type": "rewound", "turns": 0}
+
+
+async def test_a_regenerate_with_the_same_seed_gives_the_same_sampled_reply_another_seed_not(
+    chat_url: str,
+) -> None:
+    sampled = {"max_new_tokens": 8, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    replies = []
+    async with raw_peer(chat_url) as (peer, _):
+        await turns(peer, "Tell me a word.")
+        for i, seed in enumerate((1, 1, 2)):
+            params = {**sampled, "seed": seed}
+            await peer.send({"type": "regenerate", "id": f"r{i}", "params": params})
+            replies.append((await peer.recv_until("done"))[-1])
+    same, again, other = (r["text"] for r in replies)
+    assert [r["turn"] for r in replies] == [1, 1, 1]
+    assert same == again and other != same
