@@ -54,6 +54,13 @@ async def test_the_chat_page_fits_a_phone_screen(new_page: NewPage, screenshots:
         assert await page_width(page) <= PHONE["width"]
         await page.screenshot(path=screenshots / "chat-mobile.png")
 
+        # the inline editor of a message fits too, its buttons whole
+        await chat.messages.first.get_by_role("button", name="Edit").click()
+        await expect(page.get_by_role("textbox", name="Edit message 1")).to_be_focused()
+        assert await page_width(page) <= PHONE["width"]
+        assert await shown_whole(page.get_by_role("button", name="Save"))
+        await page.keyboard.press("Escape")
+
         await page.locator("summary", has_text="Settings").click()
         await expect(system).to_be_visible()
         await expect(page.get_by_label("Temperature")).to_be_visible()

@@ -32,7 +32,8 @@ const state = {
   session: null,
   resume: null,
   reply: null, // the Reply being generated
-  promptFrame: null, // its prompt, until the server took it (sent again if a drop lost it)
+  rewind: null, // an edit's rewind, until `rewound`: {exchange, text, keep}
+  promptFrame: null, // its prompt or regenerate, until the server took it (sent again if a drop lost it)
   resumeUntil: 0, // while resuming a dropped reply: when to give up (ms since the epoch)
   resumeBackoff: new Backoff(100, 2000),
   appliedSystem: "",
@@ -43,7 +44,10 @@ const state = {
   waitForUser: false, // reconnect on the next user action rather than on a timer
 };
 
-const transcript = new Transcript($("scroller"), $("transcript"), $("jump"));
+const transcript = new Transcript($("scroller"), $("transcript"), $("jump"), {
+  edit: (exchange, text) => editExchange(exchange, text),
+  regenerate: (exchange) => regenerate(exchange),
+});
 const attachments = new Attachments($("attachments"), {
   send: (frame) => send(frame),
   limits: () => state.ready && state.ready.limits,
@@ -73,11 +77,12 @@ function send(frame) {
 }
 
 function updateControls() {
-  const busy = state.reply !== null;
+  const busy = state.reply !== null || state.rewind !== null;
   const hasContent = ui.input.value.trim() !== "" || attachments.stagedCount > 0;
   ui.send.disabled = !connected() || busy || !hasContent || attachments.checking;
-  ui.stop.disabled = !connected() || !busy;
+  ui.stop.disabled = !connected() || state.reply === null;
   ui.reset.disabled = !connected();
+  transcript.setSteerable(connected() && !busy, busy);
 }
 
 // -- connection -----------------------------------------------------------------------------
@@ -219,6 +224,53 @@ function askForToken(message) {
   ui.token.focus();
 }
 
+// -- the conversation -----------------------------------------------------------------------
+
+// A reply's place in the conversation is known (PROTOCOL.md "done": `turn`, null when it is not
+// kept): a regenerate's new reply stays only when kept, else the old one comes back, as the
+// server kept it.
+function settle(reply, turn) {
+  const exchange = reply.exchange;
+  if (exchange.replaced) {
+    const undone = exchange.settleRegenerate(turn);
+    if (undone) {
+      const why = undone.errorText ? `: ${undone.errorText}` : "";
+      notice(`The new reply was not kept${why}. The earlier reply stays.`, "warn");
+    }
+  } else exchange.setTurn(turn);
+  transcript.refresh();
+}
+
+// After a resume (PROTOCOL.md section 10): a reply that ended while the connection was away is in
+// the conversation exactly when it is `resumed.last_prompt`; an edit's rewind took effect when
+// the conversation holds `keep` exchanges. Then the page holds what the server holds
+// (`resumed.turns`), or what it shows above stops being editable.
+function settleConversation(resumed) {
+  for (const x of transcript.exchanges) {
+    if (x.reply === state.reply || (x.turn !== undefined && !x.replaced)) continue;
+    const kept = x.reply.id === resumed.last_prompt;
+    settle(x.reply, kept ? resumed.turns : null);
+  }
+  if (state.rewind && resumed.turns === state.rewind.keep) {
+    handlers.rewound({ turns: resumed.turns });
+    return;
+  }
+  dropRewind("The edit did not reach the server. Edit the message again.");
+  // a new exchange whose frames follow counts already when it ended while the page was away
+  const reply = state.reply;
+  const ended = reply && !reply.exchange.replaced && resumed.last_prompt === reply.id ? 1 : 0;
+  if (transcript.keptCount + ended !== resumed.turns) {
+    transcript.detach(resumed.turns);
+    transcript.addDivider("The server's conversation no longer matches the messages above.");
+  }
+}
+
+function dropRewind(why) {
+  if (!state.rewind) return;
+  state.rewind = null;
+  notice(why, "warn");
+}
+
 // -- frames ---------------------------------------------------------------------------------
 
 const handlers = {
@@ -237,11 +289,15 @@ const handlers = {
     ui.tokenForm.hidden = true;
     setConnection(ui.conn, "connected", "Connected");
     applyLimits(f);
-    if (resumed) notice("Reconnected: the conversation was kept.");
-    else if (restarted) {
+    if (resumed) {
+      notice("Reconnected: the conversation was kept.");
+      settleConversation(f.resumed || {});
+    } else if (restarted) {
       attachments.dropStaged();
+      transcript.detach(0);
       if (!transcript.empty) transcript.addDivider("New session: the server did not keep the conversation above.");
       notice("Reconnected to a new session.", "warn");
+      dropRewind("The edit was not sent: the server started a new session.");
       if (state.appliedSystem) send({ type: "configure", system: state.appliedSystem });
     } else clearNotice();
     updateControls();
@@ -276,17 +332,39 @@ const handlers = {
   },
   done(f) {
     if (!state.reply || state.reply.id !== f.id) return;
-    state.reply.finish(f);
+    const reply = state.reply;
+    reply.finish(f);
     state.reply = null;
     state.promptFrame = null;
+    settle(reply, f.turn ?? null);
+    updateControls();
+  },
+  rewound(f) {
+    const rewind = state.rewind;
+    state.rewind = null;
+    if (rewind) {
+      transcript.dropFrom(rewind.exchange);
+      sendTurn(rewind.text, rewind.exchange.images);
+    }
     updateControls();
   },
   error(f) {
     const message = ERROR_HINTS[f.code] ? `${f.message}. ${ERROR_HINTS[f.code]}` : f.message;
     if (f.id && attachments.has(f.id)) attachments.refuse(f.id, f.message);
     else if (f.id && state.reply && state.reply.id === f.id) {
-      state.reply.error(message);
-      if (state.reply.finished) state.reply = state.promptFrame = null;
+      const reply = state.reply;
+      reply.error(message);
+      if (reply.finished) {
+        state.reply = state.promptFrame = null;
+        settle(reply, null); // refused: it changed nothing
+      }
+    } else if (!f.id && state.rewind) {
+      // the rewind was refused and changed nothing: the edit opens again as it was
+      const rewind = state.rewind;
+      state.rewind = null;
+      notice(message, "error");
+      updateControls();
+      rewind.exchange.edit(rewind.text);
     } else notice(message, "error");
     updateControls();
   },
@@ -325,30 +403,71 @@ function params() {
   return Object.values(p).some((v) => v !== undefined) ? p : undefined;
 }
 
+// The settings as they stand are valid; else the settings open on the first invalid one.
+function paramsValid() {
+  const invalid = [ui.temperature, ui.topP, ui.maxNew].find((i) => !i.checkValidity());
+  if (!invalid) return true;
+  ui.settingsPanel.open = true;
+  notice(`${invalid.labels[0].firstChild.textContent.trim()}: ${invalid.validationMessage}`, "error");
+  return false;
+}
+
+function newId() {
+  return `p-${Date.now().toString(36)}-${++state.counter}`;
+}
+
+// A generation's frame goes out with the page's params; its reply is the one in flight.
+function startGeneration(frame, reply) {
+  const p = params();
+  if (p) frame.params = p;
+  send(frame);
+  state.reply = reply;
+  state.promptFrame = frame;
+  clearNotice();
+  updateControls();
+}
+
+// A prompt takes the staged images (the server uses them first), then sends `images` inline:
+// an edited message's own, sent again.
+function sendTurn(text, images) {
+  const id = newId();
+  const frame = { type: "prompt", id, text };
+  if (images.length) frame.images = images.map((image) => image.data);
+  const exchange = transcript.addExchange(text, [...attachments.takeStaged(), ...images], id);
+  startGeneration(frame, exchange.reply);
+}
+
 function sendPrompt() {
   if (!connected()) {
     if (state.waitForUser) connect();
     return;
   }
-  if (state.reply || ui.send.disabled) return;
-  const invalid = [ui.temperature, ui.topP, ui.maxNew].find((i) => !i.checkValidity());
-  if (invalid) {
-    ui.settingsPanel.open = true;
-    notice(`${invalid.labels[0].firstChild.textContent.trim()}: ${invalid.validationMessage}`, "error");
-    return;
-  }
+  if (state.reply || state.rewind || ui.send.disabled || !paramsValid()) return;
   const text = ui.input.value.trim();
-  const id = `p-${Date.now().toString(36)}-${++state.counter}`;
-  const frame = { type: "prompt", id, text };
-  const p = params();
-  if (p) frame.params = p;
-  send(frame);
-  transcript.addUser(text, attachments.takeStaged());
-  state.reply = transcript.addReply(id);
-  state.promptFrame = frame;
   ui.input.value = "";
+  sendTurn(text, []);
+}
+
+// Edit (PROTOCOL.md "rewind"): the conversation goes back to before the exchange, and once the
+// server says `rewound` the edited text goes as a new prompt, with the message's images.
+function editExchange(exchange, text) {
+  if (!connected() || state.reply || state.rewind || !paramsValid()) return false;
+  const keep = transcript.keptBefore(exchange);
+  if (!send({ type: "rewind", keep })) return false;
+  state.rewind = { exchange, text, keep };
   clearNotice();
   updateControls();
+  ui.input.focus();
+  return true;
+}
+
+// Regenerate (PROTOCOL.md "regenerate"): the last exchange's reply again, with the page's params
+// (without a seed: a sampled reply is drawn afresh); it streams in the old reply's place.
+function regenerate(exchange) {
+  if (!connected() || state.reply || state.rewind || !paramsValid()) return;
+  const id = newId();
+  startGeneration({ type: "regenerate", id }, exchange.regenerate(id));
+  ui.input.focus();
 }
 
 function stop() {
@@ -376,10 +495,14 @@ document.addEventListener("keydown", (e) => {
   }
 });
 ui.stop.addEventListener("click", stop);
-ui.reset.addEventListener("click", () => send({ type: "reset" }));
+ui.reset.addEventListener("click", () => {
+  if (!send({ type: "reset" })) return;
+  state.rewind = null; // the reset comes first: nothing to edit
+  updateControls();
+});
 ui.systemForm.addEventListener("submit", (e) => {
   e.preventDefault();
-  if (state.reply) return notice(ERROR_HINTS.busy, "error");
+  if (state.reply || state.rewind) return notice(ERROR_HINTS.busy, "error");
   state.appliedSystem = ui.system.value.trim();
   if (send({ type: "configure", system: state.appliedSystem })) transcript.clear();
 });

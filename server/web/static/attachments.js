@@ -25,6 +25,7 @@ export class Attachments {
       return;
     }
     const data = new Uint8Array(await file.arrayBuffer());
+    item.data = data;
     const frame = { type: "image", id, data };
     if (MIME_TYPES.has(file.type)) frame.mime = file.type;
     if (!this.send(frame)) this.refuse(id, "not connected: attach it again once connected");
@@ -97,17 +98,18 @@ export class Attachments {
     return [...this.items.values()].filter((i) => i.state === "ok").length;
   }
 
-  // The staged images leave the tray with the prompt; their thumbnails move into the message.
+  // The staged images leave the tray with the prompt; their thumbnails move into the message,
+  // with their bytes (an edited message sends them again).
   takeStaged() {
-    const urls = [];
+    const images = [];
     for (const [id, item] of this.items) {
       if (item.state !== "ok") continue;
-      urls.push(item.url);
+      images.push({ url: item.url, data: item.data });
       item.li.remove();
       this.items.delete(id);
     }
     this.onChange();
-    return urls;
+    return images;
   }
 
   // The server dropped what it had staged (reset, or a session it no longer had).
