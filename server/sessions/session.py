@@ -4,7 +4,7 @@ The rules are two tables, read top to bottom: ``TRANSITIONS`` (what moves the st
 end of this module, ``Session.RULES`` (which handler each frame type gets in each state). Whether
 the session is busy is its state and nothing else.
 
-    IDLE --prompt accepted--> QUEUED --slot granted--> RUNNING --run ended--> IDLE
+    IDLE --prompt (or regenerate) accepted--> QUEUED --slot granted--> RUNNING --run ended--> IDLE
     QUEUED --run ended (cancelled while queued)--> IDLE
     RUNNING --dropped--> RUNNING_DETACHED --resumed--> RUNNING
     RUNNING_DETACHED --run ended (or the grace ran out: cancelled)--> IDLE
@@ -93,7 +93,7 @@ class SessionState(Enum):
 class Change(Enum):
     """What moves a session from one state to another."""
 
-    ACCEPTED = "prompt accepted"
+    ACCEPTED = "prompt or regenerate accepted"
     STARTED = "slot granted"
     ENDED = "run ended"
     DROPPED = "dropped mid-reply"
