@@ -259,3 +259,27 @@ async def test_an_edited_message_sends_its_images_again(new_page: NewPage) -> No
     assert [m.role for m in messages] == ["user"]
     assert [image.size for image in messages[0].images] == [(64, 48)]
     await assert_page_is_the_conversation(chat, engine)
+
+
+async def test_a_regenerate_stopped_while_it_waits_leaves_the_old_reply(
+    new_page: NewPage,
+) -> None:
+    engine = ScriptedEngine(in_turn(words(2, stem="a"), words(400, delay_s=0.02, stem="b")))
+    async with running_server(engine, max_concurrent=1, max_queue=1) as url:
+        chat = await open_recorded(await new_page(), url)
+        await converse(chat, "hi")
+        other = await ChatPage(await new_page(), http_base(url)).open()
+        running = await other.send("a long one")  # takes the only slot
+        await expect(other.text(running)).to_contain_text("b2")
+        await chat.page.get_by_role("button", name="Regenerate").click()
+        waiting = chat.replies.first
+        await expect(waiting.locator(".meta")).to_have_text("Waiting for a free slot (position 1)…")
+        await chat.page.get_by_role("button", name="Stop").click()
+        await expect(chat.notices).to_contain_text("The new reply was not kept")
+        await expect(chat.text(chat.replies.first)).to_have_text(" a0 a1")
+        await expect(chat.page.get_by_role("button", name="Regenerate")).to_be_enabled()
+        await other.page.get_by_role("button", name="Stop").click()
+        assert await other.finished(running) == "cancelled"
+    done = [(f["reason"], f["turn"]) for f in await frames(chat.page) if f["type"] == "done"]
+    assert done == [("stop", 1), ("cancelled", None)]
+    assert await shown_conversation(chat.page) == ["a0 a1"]
