@@ -21,3 +21,13 @@ async def tiny_engine(tiny_text_loaded: LoadedModel) -> AsyncIterator[HFEngine]:
     engine = HFEngine(tiny_text_loaded, threads=ThreadPolicy(1))
     yield engine
     await engine.aclose()
+
+
+@pytest.fixture
+async def tiny_vision(tiny_vision_loaded: LoadedModel) -> AsyncIterator[HFEngine]:
+    from wschat.server.engine.local.hf import HFEngine
+    from wschat.server.engine.local.threads import ThreadPolicy
+
+    engine = HFEngine(tiny_vision_loaded, threads=ThreadPolicy(1))
+    yield engine
+    await engine.aclose()

@@ -1,0 +1,39 @@
+"""The API with ``--engine openai`` in front of llama.cpp (the ``llama`` fixture): we are then a
+gateway that adds tokens, limits and metrics in front of another server's engine, and a
+request still runs as a session's prompt does, with its usage and the remote cache's count."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tests.api.support import assistant, async_client, user
+from tests.support import running_server
+
+if TYPE_CHECKING:
+    from wschat.server.engine.openai import OpenAIEngine
+
+
+async def test_a_streamed_conversation_through_the_gateway_reuses_the_remote_prefix(
+    openai_engine: OpenAIEngine,
+) -> None:
+    async with running_server(openai_engine) as url, async_client(url) as client:
+        first = await client.chat.completions.create(
+            model="any", messages=[user("What is the capital of Italy?")], max_tokens=16
+        )
+        reply = first.choices[0].message.content or ""
+        stream = await client.chat.completions.create(
+            model="any",
+            messages=[user("What is the capital of Italy?"), assistant(reply), user("And Spain?")],
+            max_tokens=16,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+    text = "".join(c.delta.content or "" for chunk in chunks for c in chunk.choices)
+    usage = chunks[-1].usage
+    assert reply and text
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert first.usage is not None
+    assert usage.prompt_tokens > first.usage.prompt_tokens
+    # the first request's prompt was the remote engine's to keep: the second starts with it
+    assert (usage.prompt_tokens_details.cached_tokens or 0) >= first.usage.prompt_tokens - 1

@@ -1,0 +1,85 @@
+"""KV reuse between requests of one conversation (web/openai_api/prefix_keys.py): a client that
+resends the whole conversation each turn, as OpenAI clients do, runs under the engine session
+key whose kept ids share the longest prefix with its prompt, and ``cached_tokens`` says so; the
+keys are bounded, busy while a request runs on them, and never shared between tokens."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from openai.types.chat import ChatCompletionMessageParam
+from wschat.server.web.openai_api.prefix_keys import CacheKeys
+
+from tests.api.support import assistant, async_client, user
+from tests.support import running_server
+
+if TYPE_CHECKING:
+    from wschat.server.engine.local.hf import HFEngine
+
+
+async def test_a_conversation_resent_whole_gets_its_prefix_from_cache(
+    tiny_engine: HFEngine,
+) -> None:
+    async with running_server(tiny_engine, tokens=("a", "b")) as url:
+        conversation: list[ChatCompletionMessageParam] = []
+        cached: list[int] = []
+        prompts: list[int] = []
+        async with async_client(url, "a") as client:
+            for turn in range(4):
+                conversation.append(user(f"Turn {turn}, go on"))
+                reply = await client.chat.completions.create(
+                    model="any", messages=conversation, max_tokens=8
+                )
+                conversation.append(assistant(reply.choices[0].message.content or ""))
+                assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+                cached.append(reply.usage.prompt_tokens_details.cached_tokens or 0)
+                prompts.append(reply.usage.prompt_tokens)
+        async with async_client(url, "b") as other:
+            stranger = await other.chat.completions.create(
+                model="any", messages=conversation[:-1], max_tokens=8
+            )
+    assert cached[0] == 0
+    # each turn reads the last one's prompt and reply from cache: only its new turn is prefilled
+    for n in range(1, 4):
+        assert prompts[n - 1] < cached[n] < prompts[n], (cached, prompts)
+    assert stranger.usage is not None and stranger.usage.prompt_tokens_details is not None
+    assert stranger.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_a_key_is_found_by_the_longest_common_prefix_of_its_owner() -> None:
+    forgotten: list[str] = []
+    keys = CacheKeys(forgotten.append)
+    first = keys.acquire("a", [1, 2, 3])
+    keys.release(first, [1, 2, 3, 4, 5])
+    second = keys.acquire("a", [9, 9])
+    keys.release(second, [9, 9, 8])
+    assert keys.acquire("a", [1, 2, 3, 4, 5, 6]) == first
+    assert keys.acquire("a", [9, 9, 8, 7]) == second
+    assert keys.acquire("b", [1, 2, 3, 4, 5, 6]) not in (first, second)
+    assert forgotten == []
+
+
+def test_a_busy_key_is_not_shared_and_a_failed_one_is_forgotten() -> None:
+    forgotten: list[str] = []
+    keys = CacheKeys(forgotten.append)
+    key = keys.acquire("a", [1, 2])
+    keys.release(key, [1, 2, 3])
+    busy = keys.acquire("a", [1, 2, 3, 4])
+    assert busy == key
+    assert keys.acquire("a", [1, 2, 3, 4]) != key  # the same conversation twice at once
+    keys.release(key, None)
+    assert forgotten == [key]
+    assert keys.acquire("a", [1, 2, 3, 4]) != key
+
+
+def test_the_keys_are_bounded_the_least_recently_used_idle_one_forgotten() -> None:
+    forgotten: list[str] = []
+    keys = CacheKeys(forgotten.append, max_keys=2)
+    old = keys.acquire("a", [1])
+    keys.release(old, [1, 1])
+    recent = keys.acquire("a", [2])
+    keys.release(recent, [2, 2])
+    newest = keys.acquire("a", [3])
+    assert forgotten == [old]
+    assert len(keys) == 2
+    assert keys.acquire("a", [2, 2, 2]) == recent != newest
