@@ -29,6 +29,8 @@ class Hub:
     stats: ServerStats = field(init=False)
     caps: ConnectionCaps = field(init=False)
     connections: set[Connection] = field(default_factory=set)
+    # the sessions of HTTP API requests running or waiting (web/openai_api): never in the store
+    requests: set[Session] = field(default_factory=set)
     load_error: BaseException | None = None  # set once, when the engine factory raised
     shutting_down: bool = False
 

@@ -20,6 +20,10 @@ TOKENS_WINDOW_S = 10.0
 TTFT_WINDOW_S = 60.0
 _BUCKET_S = 0.1
 _MAX_TTFT_SAMPLES = 10_000
+# The APIs a generation is asked for by (the ``api`` label of ``wschat_generations_total``)
+WEBSOCKET = "websocket"
+OPENAI_API = "openai"
+APIS = (WEBSOCKET, OPENAI_API)
 
 
 class ServerStats:
@@ -34,16 +38,19 @@ class ServerStats:
         self.generation_tokens = 0
         self.rewinds = 0  # rewind frames answered ``rewound``
         self.regenerates = 0  # regenerate frames accepted (queued)
+        # generations ended, by the API that asked: WEBSOCKET or OPENAI_API (web/openai_api)
+        self.generations_by_api: Counter[str] = Counter()
         self._tokens: deque[list[int]] = deque()  # [bucket number, tokens in it], oldest first
         self._ttft: deque[tuple[float, float]] = deque(maxlen=_MAX_TTFT_SAMPLES)  # (time, ms)
         self.listeners: list[RunListener] = []
 
-    def on_run_event(self, event: RunEvent) -> None:
+    def on_run_event(self, event: RunEvent, api: str = WEBSOCKET) -> None:
         now = self._clock()
         if isinstance(event, TokensSent):
             self._add_tokens(now, event.count)
         elif isinstance(event, RunDone):
             self._on_done(now, event.done)
+            self.generations_by_api[api] += 1
         for listener in self.listeners:
             listener(event)
 

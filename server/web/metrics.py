@@ -21,6 +21,7 @@ from wschat.protocol import Done
 
 from ..sessions.events import RunDone, RunEvent, RunStarted, TokensSent
 from ..sessions.generation import GenerationRun
+from ..sessions.stats import APIS
 
 if TYPE_CHECKING:
     from ..sessions.hub import Hub
@@ -120,6 +121,14 @@ class _HubCollector(Collector):
         rewinds.add_metric(["rewind"], stats.rewinds)
         rewinds.add_metric(["regenerate"], stats.regenerates)
         yield rewinds
+        generations = CounterMetricFamily(
+            "wschat_generations",
+            "Generations that ended, by the API that asked (websocket or openai).",
+            labels=["api"],
+        )
+        for api in APIS:
+            generations.add_metric([api], stats.generations_by_api[api])
+        yield generations
         errors = CounterMetricFamily(
             "wschat_errors", "Error frames sent, by code.", labels=["code"]
         )

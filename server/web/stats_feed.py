@@ -19,6 +19,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from wschat.protocol import CloseCode, Stats, encode
 
 from ..sessions.session import Session
+from ..sessions.stats import OPENAI_API, WEBSOCKET
 
 if TYPE_CHECKING:
     from ..sessions.hub import Hub
@@ -31,9 +32,9 @@ def anonymous_id(session_key: str) -> str:
     return hashlib.sha256(session_key.encode()).hexdigest()[:10]
 
 
-def session_row(session: Session) -> dict[str, Any]:
+def session_row(session: Session, api: str = WEBSOCKET) -> dict[str, Any]:
     """One row of the dashboard's table: tokens generated in the conversation so far, and of
-    them the reply in flight's (nil when none is)."""
+    them the reply in flight's (nil when none is); the API the session came by."""
     chat = session.chat
     run = session.run
     reply = run.completion_tokens if run is not None else None
@@ -43,6 +44,7 @@ def session_row(session: Session) -> dict[str, Any]:
         "tokens": chat.generated_tokens + (reply or 0),
         "turns": chat.turns,
         "reply": reply,
+        "api": api,
     }
 
 
@@ -50,7 +52,10 @@ def snapshot(hub: Hub) -> Stats:
     stats = hub.stats
     p50, p95 = stats.ttft_percentiles()
     rows = sorted(
-        (session_row(s) for s in list(hub.sessions.live.values())),
+        [
+            *(session_row(s) for s in list(hub.sessions.live.values())),
+            *(session_row(s, OPENAI_API) for s in list(hub.requests)),
+        ],
         key=lambda r: (_STATE_ORDER.get(r["state"], 9), -r["tokens"]),
     )
     info = hub.engine.info if hub.engine is not None else None

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.api.support import async_client, user
+from tests.api.support import async_client, user, websocket_replies
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import (
     TIMEOUT,
@@ -184,3 +184,24 @@ async def test_a_reply_that_fails_mid_stream_ends_with_an_error_event() -> None:
         "param": None,
         "code": "internal",
     }
+
+
+async def test_generations_are_counted_by_api_and_a_running_request_is_a_stats_row() -> None:
+    engine = ScriptedEngine(slow_when_long)
+    async with running_server(engine) as url, async_client(url) as client:
+        await websocket_replies(url, ["Hi"])
+        await client.chat.completions.create(model="any", messages=[user("Hi")])
+        stream = await client.chat.completions.create(
+            model="any", messages=[user("Hi")], max_tokens=LONG, stream=True
+        )
+        async with stats_socket(url) as ws, asyncio.timeout(TIMEOUT):
+            rows: tuple[Any, ...] = ()
+            while not rows:
+                rows = (await next_stats(ws)).live
+        await stream.close()
+        await slots_reach(url, running=0, queued=0)
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            scraped = (await http.get(f"{http_base(url)}/metrics")).text
+    assert [(row["api"], row["state"]) for row in rows] == [("openai", "running")]
+    assert 'wschat_generations_total{api="websocket"} 1.0' in scraped
+    assert 'wschat_generations_total{api="openai"} 2.0' in scraped

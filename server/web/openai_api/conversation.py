@@ -11,6 +11,7 @@ gave is tokenized as a user's text is.
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 from array import array
 from collections import OrderedDict
@@ -29,7 +30,7 @@ from ...engine import (
 )
 from ...sessions.session import Session
 from ...sessions.slots import GenerationSlots
-from ...sessions.stats import ServerStats
+from ...sessions.stats import OPENAI_API, ServerStats
 from ...settings import Settings
 from .requests import ChatBody, Part
 
@@ -69,7 +70,7 @@ def api_session(
 ) -> Session:
     """A session of its own for one request: never in the session store, never resumed."""
     session = Session(f"api-{secrets.token_hex(8)}", engine, slots, settings)
-    session.listeners.append(stats.on_run_event)
+    session.listeners.append(functools.partial(stats.on_run_event, api=OPENAI_API))
     return session
 
 

@@ -114,6 +114,7 @@ class Reply:
         task = self.session.generation_task
         assert task is not None
         task.add_done_callback(lambda _: self._ended())
+        self.api.hub.requests.add(self.session)  # in /v1/stats while it runs or waits
         self._watch = asyncio.create_task(self._until_disconnected())
 
     def _ended(self) -> None:
@@ -122,6 +123,7 @@ class Reply:
         assert run is not None
         if self._watch is not None:
             self._watch.cancel()
+        self.api.hub.requests.discard(self.session)
         finished = run.finished
         if not run.kept or finished is None:
             self.api.keys.release(self.key, None)
