@@ -83,3 +83,15 @@ def test_the_keys_are_bounded_the_least_recently_used_idle_one_forgotten() -> No
     assert forgotten == [old]
     assert len(keys) == 2
     assert keys.acquire("a", [2, 2, 2]) == recent != newest
+
+
+def test_two_conversations_with_one_beginning_keep_a_key_each() -> None:
+    keys = CacheKeys(lambda key: None)
+    system = [2, 7, 7, 7]
+    first = keys.acquire("a", [*system, 10, 11])
+    keys.release(first, [*system, 10, 11, 12, 13])
+    second = keys.acquire("a", [*system, 20, 21])  # shares the system prompt alone
+    keys.release(second, [*system, 20, 21, 22, 23])
+    assert second != first
+    assert keys.acquire("a", [*system, 10, 11, 12, 13, 14]) == first
+    assert keys.acquire("a", [*system, 20, 21, 22, 23, 24]) == second

@@ -51,14 +51,17 @@ class CacheKeys:
         return len(self._entries)
 
     def acquire(self, owner: str, prompt_ids: Sequence[int]) -> str:
-        """The free key of ``owner`` whose ids share the longest prefix with ``prompt_ids`` (at
-        least one id), else a new key; it is busy until ``release``."""
+        """The free key of ``owner`` whose ids share the longest prefix with ``prompt_ids``, at
+        more than half of them, else a new key; it is busy until ``release``."""
         prompt = array("i", prompt_ids)
         best, best_len = None, 0
         for key, entry in self._entries.items():
             if entry.owner == owner and not entry.busy:
                 n = common_prefix(entry.ids, prompt)
-                if n > best_len:
+                # another conversation that shares a beginning (a system prompt) would cut this
+                # one's state back to it: a key is taken only by a prompt that goes on from
+                # most of what it holds (a next turn, a regenerate, a late edit)
+                if n > best_len and 2 * n > len(entry.ids):
                     best, best_len = key, n
         if best is None:
             best = self._new_key(owner)
