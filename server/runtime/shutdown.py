@@ -45,7 +45,8 @@ async def drain(hub: Hub, stats_feed: StatsFeed, grace_s: float) -> None:
     log.info("shutting down: %d connections, %.1f s grace", len(connections), grace_s)
     # each goaway on its own: a peer that does not read delays no one else's grace period
     notices = [asyncio.create_task(c.send(GoAway(int(grace_s * 1000)))) for c in connections]
-    sessions = [c.session for c in connections if getattr(c, "session", None)]
+    # the chats' sessions, and the HTTP API's requests (web/openai_api), which have no socket
+    sessions = [*(c.session for c in connections if getattr(c, "session", None)), *hub.requests]
     for session in sessions:
         if session.state is SessionState.QUEUED and session.run is not None:
             session.run.cancel()  # it would start after the deadline anyway
@@ -60,6 +61,7 @@ async def drain(hub: Hub, stats_feed: StatsFeed, grace_s: float) -> None:
     keep = hub.sessions.shared
     await asyncio.gather(
         *(_end(c, keep) for c in connections),
+        *(session.stop_generation() for session in list(hub.requests)),
         stats_feed.close_all(CloseCode.GOING_AWAY, "server shutting down"),
     )
     for notice in notices:

@@ -29,6 +29,7 @@ from wschat.protocol import (
     Error,
     FinishReason,
     Frame,
+    Overloaded,
     Prompt,
     ProtocolError,
     Start,
@@ -49,6 +50,9 @@ log = logging.getLogger("wschat.openai_api")
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+# A reply cancelled while its client still reads: only a shutdown does that (a client that
+# leaves has nobody left to tell)
+CUT_SHORT = ApiError.of(Overloaded("the reply was cut short: the server is shutting down"))
 
 
 class FrameChannel:
@@ -187,6 +191,8 @@ class Reply:
                     reason = _FINISH.get(frame.reason)
                     if reason is not None:
                         yield self._event(self._chunk(self._delta(""), reason, sampling))
+                    elif frame.reason is FinishReason.CANCELLED:
+                        yield self._event(CUT_SHORT.body())
                     if sampling.include_usage:
                         yield self._event(self._usage_chunk(frame))
                     yield b"data: [DONE]\n\n"
@@ -340,6 +346,8 @@ class OpenAIApi:
         if ended is None:
             return Response(status_code=499)  # nobody reads it
         done, error = ended
+        if error is None and done.reason is FinishReason.CANCELLED:
+            error = CUT_SHORT
         if error is not None:
             return self._refused(error)
         return JSONResponse(reply.body(done))
