@@ -14,7 +14,7 @@ import pytest
 from tests.api.support import assistant, user
 from tests.fakes.scripted import ScriptedEngine
 from tests.images import samples
-from tests.support import TIMEOUT, http_base, running_server
+from tests.support import TIMEOUT, http_base, loading_server, running_server
 
 LIMITS: dict[str, Any] = {
     "max_new_tokens": 64,
@@ -156,3 +156,32 @@ def assert_refused(response: httpx.Response, status: int, code: str, param: str 
     assert (error["code"], error["param"]) == (code, param), error
     assert error["type"] == ("invalid_request_error" if status < 429 else "rate_limit_error")
     assert isinstance(error["message"], str) and error["message"]
+
+
+async def test_a_request_while_the_model_loads_is_503_with_retry_after() -> None:
+    async with loading_server(ScriptedEngine()) as (url, load):
+        loading = await post(url, "/v1/chat/completions", json=chat())
+        load.release()
+    assert loading.status_code == 503 and loading.headers["retry-after"] == "1"
+    assert loading.json() == {
+        "error": {
+            "message": "the model is loading",
+            "type": "server_error",
+            "param": None,
+            "code": "overloaded",
+        }
+    }
+
+
+async def test_a_page_of_another_origin_is_403_in_the_api_shape() -> None:
+    async with running_server(ScriptedEngine()) as url:
+        foreign = await post(
+            url, "/v1/chat/completions", json=chat(), headers={"Origin": "https://evil.example"}
+        )
+    assert foreign.status_code == 403
+    assert foreign.json()["error"] == {
+        "message": "this Origin may not connect",
+        "type": "permission_error",
+        "param": None,
+        "code": "forbidden",
+    }

@@ -95,3 +95,14 @@ def test_two_conversations_with_one_beginning_keep_a_key_each() -> None:
     assert second != first
     assert keys.acquire("a", [*system, 10, 11, 12, 13, 14]) == first
     assert keys.acquire("a", [*system, 20, 21, 22, 23, 24]) == second
+
+
+def test_a_key_the_prompt_extends_beats_a_longer_one_it_would_cut_back() -> None:
+    keys = CacheKeys(lambda key: None)
+    turns = list(range(10, 40))
+    whole = keys.acquire("a", turns[:10])
+    keys.release(whole, turns)  # the same conversation, sent before up to its end
+    again = keys.acquire("a", turns[:5])  # sent again from its start: its own key
+    keys.release(again, turns[:8])
+    assert again != whole
+    assert keys.acquire("a", turns[:20]) == again  # extends it; would cut the other back

@@ -51,18 +51,22 @@ class CacheKeys:
         return len(self._entries)
 
     def acquire(self, owner: str, prompt_ids: Sequence[int]) -> str:
-        """The free key of ``owner`` whose ids share the longest prefix with ``prompt_ids``, at
-        more than half of them, else a new key; it is busy until ``release``."""
+        """The free key of ``owner`` that ``prompt_ids`` goes on from: one it extends first (no
+        cut), then the longest prefix shared, more than half of what the key holds; else a new
+        key. It is busy until ``release``."""
         prompt = array("i", prompt_ids)
-        best, best_len = None, 0
+        best, best_score = None, (False, 0)
         for key, entry in self._entries.items():
             if entry.owner == owner and not entry.busy:
                 n = common_prefix(entry.ids, prompt)
                 # another conversation that shares a beginning (a system prompt) would cut this
                 # one's state back to it: a key is taken only by a prompt that goes on from
-                # most of what it holds (a next turn, a regenerate, a late edit)
-                if n > best_len and 2 * n > len(entry.ids):
-                    best, best_len = key, n
+                # most of what it holds (a next turn, a regenerate, a late edit); and a key the
+                # prompt extends beats a longer one it would cut back, which a sliding window
+                # may not allow (the engine then prefills all and the longer state is lost)
+                score = (n >= len(entry.ids) - 1, n)
+                if 2 * n > len(entry.ids) and score > best_score:
+                    best, best_score = key, score
         if best is None:
             best = self._new_key(owner)
         entry = self._entries[best]
