@@ -174,3 +174,18 @@ async def test_hostile_but_valid_params_end_like_any_reply(tiny_text_engine: HFE
     results = await asyncio.gather(*(collect(tiny_text_engine.generate(r)) for r in requests))
     assert [(f.reason.value, f.error) for _, f in results] == [("length", None)] * len(requests)
     assert all(len(f.completion_ids) == 12 for _, f in results)
+
+
+async def test_a_reused_prefix_ends_before_an_image_it_would_cut_or_that_is_not_reused(
+    tiny_vision_engine: HFEngine,
+) -> None:
+    layout = tiny_vision_engine.image_layout
+    run = list(layout.placeholder)
+    ids = [2, 7, *run, 8, 9, *run, 10]
+    first, second = 2, 2 + len(run) + 2
+    assert layout.reusable_length(ids, len(ids) - 1, 2) == len(ids) - 1  # both images whole
+    assert layout.reusable_length(ids, second + 3, 2) == second  # the second cut in two
+    assert layout.reusable_length(ids, first + 1, 2) == first  # the first: its opening alone
+    assert layout.reusable_length(ids, len(ids) - 1, 1) == second  # one image reused at most
+    assert layout.reusable_length(ids, len(ids) - 1, 0) == first
+    assert layout.reusable_length(ids, first, 0) == first  # ends right before it: no cut

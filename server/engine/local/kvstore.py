@@ -55,9 +55,9 @@ def window_holds(first_held: int, length: int, window: int) -> bool:
     every one that position ``length`` reads, the ``window - 1`` before it: the rule for cutting
     a cache back to its first ``length`` tokens.
 
-    Where it does not hold, the lost positions' keys are recomputed from the hidden states of
-    the layers below, whose sliding layers each reach another ``window - 1`` positions back:
-    all but the first ``length - layers * (window - 1)`` tokens, in practice the whole prompt.
+    Where it does not hold, the lost positions' keys would be recomputed from the hidden states
+    of the layers below, and every sliding layer below reaches another ``window - 1`` positions
+    back: the prompt from ``length - sliding_layers * (window - 1)`` on, in practice all of it.
     So the cache is not reused at all.
     """
     return first_held <= max(0, length - window + 1)

@@ -79,10 +79,10 @@ class KVState:
         """The state of its first ``length`` positions (views of its tensors), or None where its
         rings no longer hold what position ``length`` reads (``kvstore.window_holds``).
 
-        Then ``length`` is under the window and every position is in its own column, or the
-        rings held at most one position past ``length - 1``: the column of position ``length``,
-        which the next token overwrites and, until then, attention reads as position
-        ``length - window``, out of the window.
+        Where it is kept, either ``length`` is under the window and each position has its own
+        column, or the rings held at most one position past ``length - 1``, in the column of
+        position ``length``: the next token overwrites it, and until then attention reads it as
+        position ``length - window``, out of the window.
         """
         if not 0 < length <= self.length or not window_holds(self.ring_from, length, window):
             return None
