@@ -332,7 +332,7 @@ def diverging(engine: Engine, ids: list[int], at: int) -> list[int]:
 
 
 async def test_a_prompt_diverging_from_the_cache_within_the_window_reuses_the_shared_prefix(
-    engine: Engine,
+    engine: Engine, tiny_text_loaded: LoadedModel
 ) -> None:
     first = [2, *words(engine, 5)]
     replied = await run(engine, first, "s")  # caches 6 + 10 - 1 = 15 tokens: below the window
@@ -343,6 +343,8 @@ async def test_a_prompt_diverging_from_the_cache_within_the_window_reuses_the_sh
     fresh = await run(engine, second, None)
     assert reused.completion_ids == fresh.completion_ids
     assert reused.usage.cached_tokens == 8
+    # what the cut cache held beyond the prefix is gone from the store's bytes
+    assert engine.kv.bytes == kv_bytes(tiny_text_loaded, len(second) + 10 - 1)
 
 
 async def test_the_cached_prompt_sent_again_reuses_all_of_it_but_its_last_token(
