@@ -9,6 +9,9 @@ and ``--only images`` the others (bench/results/<name>.json). So does the
 llama.cpp scenario (bench/llamacpp.py; ``--only llamacpp``: bench/results/llamacpp.json), when
 ``xllamacpp`` is installed. ``--only resume`` runs the mid-reply resume scenario alone
 (bench/resume.py: 20 drops, resume latency and whole replies; bench/results/resume.json).
+``--only openai`` runs the OpenAI-compatible API scenario alone (bench/openai_api.py: the SDK's
+streams against the WebSocket's at 1 and 8, a conversation resent whole;
+bench/results/openai.json).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import chart, images, llamacpp, report, resume, threads, widths
+from . import chart, images, llamacpp, openai_api, report, resume, threads, widths
 from .workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,6 +85,11 @@ SCENARIOS = {
     "resume": Scenario(
         resume.ResumeWork, resume.run, report.resume_table, resume.targets,
         "replies dropped mid-stream and resumed", in_full_run=False,
+    ),
+    "openai": Scenario(
+        openai_api.OpenAIWork, openai_api.run, openai_api.report, openai_api.targets,
+        "streams through the openai SDK against the WebSocket; a conversation resent whole",
+        available=openai_api.available, in_full_run=False,
     ),
 }  # fmt: skip
 

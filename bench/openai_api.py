@@ -1,0 +1,268 @@
+"""The OpenAI-compatible API scenario (``--only openai``): streaming through the official
+``openai`` SDK against our WebSocket on the same server, and a conversation resent whole.
+
+Streams: in each round, N streams (1 and 8) of the same greedy prompts go once over the
+WebSocket (bench/wsload.py) and once through ``AsyncOpenAI`` (``stream=True``), back to back and
+each first in every other round, so a shared machine's drift hits both alike; per concurrency
+the median over rounds of each round's aggregate tokens/s, median stream tokens/s and median
+TTFT, and the median over rounds of the round's SDK/WebSocket ratio (the targets). The SDK's
+tokens are counted from ``usage`` (``stream_options.include_usage``) and stamped by chunk, as
+the WebSocket's by frame.
+
+Conversation: ``turns`` turns of CONVERSATION through the SDK, each request the whole
+conversation so far (as OpenAI clients send it); per turn the TTFT and
+``usage.prompt_tokens_details.cached_tokens``, ``conversations`` times, the median per turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import procs, wsload
+from .stats import Concurrent, StreamTimes, median
+from .workload import CONVERSATION, story
+
+log = logging.getLogger("bench.openai_api")
+
+TIMEOUT = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIWork:
+    tokens: int = 64  # new tokens per stream
+    concurrency: tuple[int, ...] = (1, 8)
+    rounds: int = 6
+    turns: int = 10
+    turn_tokens: int = 100
+    conversations: int = 3
+
+    @classmethod
+    def quick(cls) -> OpenAIWork:
+        return cls(tokens=32, rounds=1, turns=4, turn_tokens=30, conversations=1)
+
+
+def available() -> str | None:
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        return "the openai package is not installed (pip install -e '.[bench]')"
+    return None
+
+
+def run(work: OpenAIWork, logs: Path, engine: str = "batched") -> dict[str, Any]:
+    logs.mkdir(parents=True, exist_ok=True)
+    with procs.wschat(engine, logs, sessions=64, name="wschat-openai-api") as server:
+        figures = asyncio.run(_measure(server.ws_url, work))
+    return {"workload": dataclasses.asdict(work), "engine": engine, **figures}
+
+
+async def _measure(url: str, work: OpenAIWork) -> dict[str, Any]:
+    import openai
+
+    logging.getLogger("openai").setLevel(logging.WARNING)  # a line per request otherwise
+
+    base = url.replace("ws://", "http://").removesuffix("/v1/chat") + "/v1"
+    async with openai.AsyncOpenAI(base_url=base, api_key="-", timeout=TIMEOUT) as client:
+        await wsload.concurrent(url, [story(0)], 4)  # warm-up, both paths
+        await _sdk_streams(client, [story(0)], 4)
+        rounds: dict[str, dict[int, list[list[StreamTimes]]]] = {
+            "websocket": {n: [] for n in work.concurrency},
+            "openai-sdk": {n: [] for n in work.concurrency},
+        }
+        for r in range(work.rounds):
+            for n in work.concurrency:
+                texts = [story(i) for i in range(n)]
+                # each goes first in every other round: neither always follows the other's load
+                order = ["websocket", "openai-sdk"][:: 1 if r % 2 == 0 else -1]
+                log.info("round %d: %d streams, %s", r + 1, n, " then ".join(order))
+                for api in order:
+                    if api == "websocket":
+                        streams = await wsload.concurrent(url, texts, work.tokens)
+                    else:
+                        streams = await _sdk_streams(client, texts, work.tokens)
+                    rounds[api][n].append(streams)
+        log.info(
+            "a conversation of %d turns resent whole, %d times", work.turns, work.conversations
+        )
+        runs = [await _conversation(client, work) for _ in range(work.conversations)]
+    figures = {
+        api: {n: _figures(per_round) for n, per_round in by_n.items()}
+        for api, by_n in rounds.items()
+    }
+    ratios = {
+        n: {
+            key: round_ratio(figures["openai-sdk"][n], figures["websocket"][n], key)
+            for key in RATIOS
+        }
+        for n in work.concurrency
+    }
+    turns = [
+        {key: median([t[key] for t in turn]) for key in turn[0]} for turn in zip(*runs, strict=True)
+    ]
+    return {"streams": figures, "ratios": ratios, "conversation": turns}
+
+
+def _figures(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
+    per_round = [Concurrent.of(r) for r in rounds]
+    rates = [median([s.rate for s in r]) for r in rounds]
+    return {
+        "aggregate_tps": median([c.aggregate for c in per_round]),
+        "stream_tps": median(rates),
+        "ttft_median_s": median([c.ttft_median for c in per_round]),
+        "aggregate_tps_rounds": [c.aggregate for c in per_round],
+        "stream_tps_rounds": rates,
+        "ttft_median_s_rounds": [c.ttft_median for c in per_round],
+    }
+
+
+# Each the SDK's over the WebSocket's (TTFT the other way up: above 1 is better for all three)
+RATIOS = ("aggregate_tps", "stream_tps", "ttft_median_s")
+
+
+def round_ratio(sdk: dict[str, Any], ws: dict[str, Any], key: str) -> float:
+    """The median over rounds of each round's ratio: the two ran back to back in a round, so
+    the machine's other load, which moves from round to round, weighs on both alike."""
+    pairs = list(zip(sdk[f"{key}_rounds"], ws[f"{key}_rounds"], strict=True))
+    if key == "ttft_median_s":
+        return median([w / s for s, w in pairs if s > 0])
+    return median([s / w for s, w in pairs if w > 0])
+
+
+async def _sdk_streams(client: Any, texts: list[str], tokens: int) -> list[StreamTimes]:
+    """One streamed chat completion per text, all sent at once."""
+    return list(await asyncio.gather(*(_sdk_stream(client, [_user(t)], tokens) for t in texts)))
+
+
+async def _sdk_stream(
+    client: Any, messages: list[dict[str, str]], tokens: int, facts: dict[str, Any] | None = None
+) -> StreamTimes:
+    """A chunk's tokens stamped when it came; those ``usage`` counts beyond the chunks (a merged
+    chunk) at the last one. ``facts`` gets the usage and the reply's text."""
+    times = StreamTimes(time.perf_counter(), [])
+    stream = await client.chat.completions.create(
+        model="embedded",
+        messages=messages,
+        max_tokens=tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    texts: list[str] = []
+    usage, finish = None, None
+    async with asyncio.timeout(TIMEOUT):
+        async for chunk in stream:
+            text = "".join(c.delta.content or "" for c in chunk.choices)
+            if text:
+                times.tokens.append(time.perf_counter())
+                texts.append(text)
+            usage = chunk.usage or usage
+            finish = next((c.finish_reason for c in chunk.choices if c.finish_reason), finish)
+    if usage is not None and times.tokens:
+        # a reply that stopped ends with a token of no text (the end of turn), in no chunk
+        shown = usage.completion_tokens - (1 if finish == "stop" else 0)
+        times.tokens.extend([times.tokens[-1]] * max(0, shown - len(times.tokens)))
+    if facts is not None:
+        facts.update(usage=usage, text="".join(texts))
+    return times
+
+
+async def _conversation(client: Any, work: OpenAIWork) -> list[dict[str, float]]:
+    messages: list[dict[str, str]] = []
+    out = []
+    for text in CONVERSATION[: work.turns]:
+        messages.append(_user(text))
+        facts: dict[str, Any] = {}
+        times = await _sdk_stream(client, messages, work.turn_tokens, facts)
+        usage = facts["usage"]
+        messages.append({"role": "assistant", "content": facts["text"]})
+        out.append(
+            {
+                "ttft": times.ttft,
+                "prompt_tokens": usage.prompt_tokens,
+                "cached_tokens": usage.prompt_tokens_details.cached_tokens,
+            }
+        )
+    return out
+
+
+def _user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 26: the SDK's streams at 0.95 x the WebSocket's or better (tokens/s up, TTFT down),
+    round by round; turn 10 resent whole reads 90 % of its prompt from cache, its TTFT at most
+    1.3 x turn 1's."""
+    rows = []
+    streams = result["streams"]
+    labels = {
+        "aggregate_tps": ("tokens/s", "tok/s"),
+        "stream_tps": ("stream tokens/s", "tok/s"),
+        "ttft_median_s": ("TTFT (WebSocket's/SDK's)", "s"),
+    }
+    for n, ws in streams["websocket"].items():
+        sdk = streams["openai-sdk"][n]
+        for key, (label, unit) in labels.items():
+            target = f"openai sdk {label} at {n} streams vs WebSocket"
+            ratio = result["ratios"][n][key]
+            rows.append(_row(target, sdk[key], ws[key], unit, ratio, 0.95, ">="))
+    turns = result["conversation"]
+    last, first = turns[-1], turns[0]
+    share = last["cached_tokens"] / last["prompt_tokens"] if last["prompt_tokens"] else None
+    target = f"turn {len(turns)} resent whole: cached share of its prompt"
+    rows.append(_row(target, last["cached_tokens"], last["prompt_tokens"], "tok", share, 0.9, ">="))
+    ratio = last["ttft"] / first["ttft"] if first["ttft"] else None
+    target = f"turn {len(turns)} resent whole: TTFT vs turn 1"
+    rows.append(_row(target, last["ttft"], first["ttft"], "s", ratio, 1.3, "<="))
+    return rows
+
+
+def _row(
+    target: str,
+    value: float,
+    against: float,
+    unit: str,
+    ratio: float | None,
+    limit: float,
+    op: str,
+) -> dict[str, Any]:
+    met = None if ratio is None else (ratio >= limit if op == ">=" else ratio <= limit)
+    return {"target": target, "value": value, "against": against, "unit": unit,
+            "ratio": ratio, "ratio_unit": "x", "limit": limit, "op": op, "met": met}  # fmt: skip
+
+
+def report(result: dict[str, Any]) -> str:
+    """``--only openai``: the figures and the targets."""
+    from .report import _fmt, target_lines
+
+    return "\n".join([table(result["openai"], _fmt), "", *target_lines(targets(result["openai"]))])
+
+
+def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
+    work = result["workload"]
+    lines = [
+        f"OpenAI-compatible API: wschat --engine {result['engine']} on the embedded model; "
+        f"{work['tokens']} greedy tokens per stream, {work['rounds']} rounds, WebSocket and "
+        f"SDK back to back",
+        f"{'api':<12}{'streams':>8}{'tok/s':>10}{'stream tok/s':>14}{'TTFT':>10}",
+    ]
+    for api, by_n in result["streams"].items():
+        for n, f in by_n.items():
+            lines.append(
+                f"{api:<12}{n:>8}{f['aggregate_tps']:>10.1f}{f['stream_tps']:>14.1f}"
+                f"{fmt(f['ttft_median_s'], 'ms'):>10}"
+            )
+    lines.append("conversation resent whole through the SDK (median per turn):")
+    for i, t in enumerate(result["conversation"], start=1):
+        lines.append(
+            f"  turn {i:>2}: prompt {t['prompt_tokens']:>5.0f}, cached {t['cached_tokens']:>5.0f},"
+            f" TTFT {fmt(t['ttft'], 'ms')}"
+        )
+    return "\n".join(lines)
