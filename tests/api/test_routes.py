@@ -19,6 +19,7 @@ from tests.support import (
     TIMEOUT,
     http_base,
     next_stats,
+    raw_peer,
     running_server,
     stats_socket,
     wait_until,
@@ -205,3 +206,36 @@ async def test_generations_are_counted_by_api_and_a_running_request_is_a_stats_r
     assert [(row["api"], row["state"]) for row in rows] == [("openai", "running")]
     assert 'wschat_generations_total{api="websocket"} 1.0' in scraped
     assert 'wschat_generations_total{api="openai"} 2.0' in scraped
+
+
+async def test_a_request_waits_in_the_sessions_queue_in_its_arrival_order() -> None:
+    engine = ScriptedEngine(slow_when_long)
+    async with (
+        running_server(engine, max_concurrent=1) as url,
+        raw_peer(url) as (first, _),
+        raw_peer(url) as (later, _),
+        httpx.AsyncClient(timeout=TIMEOUT) as http,
+    ):
+        long = {"max_new_tokens": LONG}
+        await first.send({"type": "prompt", "id": "a", "text": "Hi", "params": long})
+        await first.recv_until("token")
+        request = asyncio.create_task(
+            http.post(
+                f"{http_base(url)}/v1/completions",
+                json={"model": "any", "prompt": "Hi", "max_tokens": 4},
+            )
+        )
+        await slots_reach(url, running=1, queued=1)
+        await later.send(
+            {"type": "prompt", "id": "b", "text": "Hi", "params": {"max_new_tokens": 4}}
+        )
+        queued = (await later.recv_until("queued"))[-1]
+        await first.send({"type": "cancel", "id": "a"})
+        async with asyncio.timeout(TIMEOUT):
+            answered = await request
+        await later.recv_until("done")
+    assert queued["position"] == 2  # behind the request, which came first
+    assert answered.json()["choices"][0]["text"] == " w0 w1 w2 w3"
+    # the engine ran them in the order they came: the long one, the request, the later prompt
+    assert [r.params.max_new_tokens for r in engine.requests] == [LONG, 4, 4]
+    assert engine.requests[1].prompt_ids == engine.tokenize_text("Hi")  # the raw completion
