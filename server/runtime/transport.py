@@ -15,6 +15,10 @@ connection, a generation slot for good (README "Security and limits"). Here:
   limited to ``frames_per_second`` like messages (each ping queues a pong that a peer that does
   not read never takes): past it, close 1008. permessage-deflate is not offered
   (``uvicorn_config``).
+- Every accepted connection gets ``TCP_NODELAY``: a reply is a stream of small frames, and
+  without it a frame written while the previous one is unacknowledged waits for the peer's
+  delayed ACK. asyncio sets it only on sockets created with ``IPPROTO_TCP`` (not a socket
+  made as ``socket.socket()`` and handed to uvicorn).
 - ``handle_loop_exception``: when descriptors run out, asyncio logs a traceback for every failed
   accept, a backlog's worth (2,048) a second; here one line per interval. ``raise_descriptor_limit``
   lifts the soft limit to the hard one at start and says when the caps could still reach it.
@@ -25,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 import time
 import weakref
 from collections.abc import Callable
@@ -113,6 +118,13 @@ def raise_descriptor_limit(settings: Settings) -> int:
     return soft
 
 
+def no_delay(transport: asyncio.BaseTransport) -> None:
+    """Send each write at once (module docstring); a socket that is not TCP is left alone."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 class Deadline:
     """``callback`` once ``seconds`` have passed since ``arm``, unless ``disarm`` came first;
     arming an armed deadline keeps its time."""
@@ -184,6 +196,7 @@ class BoundedHTTPProtocol(StuckPeerGuard, H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        no_delay(transport)
         address = self.client[0] if self.client else "unknown"
         refused = self.pending.acquire(address)
         if refused is not None:
