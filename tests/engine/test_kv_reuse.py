@@ -135,13 +135,16 @@ def sessions_cached(engine: Engine) -> set[str]:
     return set(store._entries)
 
 
-def kv_bytes(loaded: LoadedModel, positions: int) -> int:
+def kv_bytes(loaded: LoadedModel, positions: int, *, full: bool = True) -> int:
     """Keys and values of ``positions`` tokens from the model's layers, heads and dtype: a
-    full-attention layer holds every position, a sliding one at most its window."""
+    full-attention layer holds every position, a sliding one at most its window (``full``
+    False: the sliding layers alone, a ring mark)."""
     text = loaded.model.config.get_text_config()
     per_position = 2 * text.num_key_value_heads * text.head_dim * loaded.dtype.itemsize
     held = [
-        positions if kind == "full_attention" else min(positions, text.sliding_window)
+        (positions if full else 0)
+        if kind == "full_attention"
+        else min(positions, text.sliding_window)
         for kind in text.layer_types
     ]
     return int(per_position * sum(held))
@@ -343,8 +346,10 @@ async def test_a_prompt_diverging_from_the_cache_within_the_window_reuses_the_sh
     fresh = await run(engine, second, None)
     assert reused.completion_ids == fresh.completion_ids
     assert reused.usage.cached_tokens == 8
-    # what the cut cache held beyond the prefix is gone from the store's bytes
-    assert engine.kv.bytes == kv_bytes(tiny_text_loaded, len(second) + 10 - 1)
+    # what the cut cache held beyond the prefix is gone from the store's bytes; the sliding
+    # layers of the 8 positions the reply started from stay, as its ring mark
+    mark = kv_bytes(tiny_text_loaded, 8, full=False)
+    assert engine.kv.bytes == kv_bytes(tiny_text_loaded, len(second) + 10 - 1) + mark
 
 
 async def test_the_cached_prompt_sent_again_reuses_all_of_it_but_its_last_token(
@@ -382,6 +387,68 @@ async def test_diverging_at_the_last_cached_token_past_the_window_reuses_the_res
     fresh = await run(engine, second, None)
     assert reused.completion_ids == fresh.completion_ids
     assert reused.usage.cached_tokens == (len(cached) - 1 if engine.name == "batched" else 0)
+
+
+async def conversation_past_the_window(engine: Engine, texts: list[str]) -> list[list[int]]:
+    """A session's greedy turns, each prompt the last one, its reply and a user turn; the
+    prompts, with ``boundaries[k]`` (the tokens cached when turn k + 1 starts) after them."""
+    prompts: list[list[int]] = []
+    history = [2]
+    for text in texts:
+        history = [*history, *user_turn(engine, text)]
+        prompts.append(history)
+        replied = await run(engine, history, "s")
+        history = [*history, *replied.completion_ids]
+    assert len(prompts[1]) > WINDOW  # every turn but the first starts past the window
+    return prompts
+
+
+async def reply_reusing(engine: Engine, prompt: list[int], boundary: int) -> Finished:
+    """The session's reply to ``prompt``: equal to a fresh run's, with ``boundary`` cached."""
+    reused = await run(engine, prompt, "s")
+    fresh = await run(engine, prompt, None)
+    assert reused.completion_ids == fresh.completion_ids
+    assert reused.usage.prompt_tokens == fresh.usage.prompt_tokens == len(prompt)
+    assert reused.usage.cached_tokens == boundary
+    return reused
+
+
+TURNS = ["Hello there", "Tell me more", "And after that?", "Why"]
+
+
+async def test_an_edit_past_the_window_reuses_the_ring_marked_at_its_turn_boundary(
+    engine: Engine,
+) -> None:
+    """Editing turn 3 of 4: the sliding layers' ring of today no longer holds what comes
+    before turn 3, but the ring as it was when turn 3 started is kept (a mark): everything
+    before turn 3's message is reused, and only the rest is prefilled."""
+    prompts = await conversation_past_the_window(engine, TURNS)
+    # turn 3 started from the cache of turn 2's prompt and reply (its last token unfed)
+    boundary = len(prompts[2]) - len(user_turn(engine, TURNS[2])) - 1
+    edited = [*prompts[2][: boundary + 1], *user_turn(engine, "Something else entirely")]
+    await reply_reusing(engine, edited, boundary)
+    # the edited turn regenerated: its own mark, at the same boundary, was carried along
+    await reply_reusing(engine, edited, boundary)
+
+
+async def test_a_regenerate_past_the_window_reuses_the_previous_exchange(engine: Engine) -> None:
+    prompts = await conversation_past_the_window(engine, TURNS)
+    boundary = len(prompts[3]) - len(user_turn(engine, TURNS[3])) - 1
+    await reply_reusing(engine, prompts[3], boundary)
+    # a rewind to turn 2 then its own message again: the mark of turn 2's start
+    earlier = len(prompts[1]) - len(user_turn(engine, TURNS[1])) - 1
+    await reply_reusing(engine, prompts[1], earlier)
+
+
+async def test_the_stores_bytes_count_the_ring_marks_a_session_keeps(
+    engine: Engine, tiny_text_loaded: LoadedModel
+) -> None:
+    prompts = await conversation_past_the_window(engine, TURNS[:2])
+    boundary = len(prompts[1]) - len(user_turn(engine, TURNS[1])) - 1
+    (entry,) = engine.kv._entries.values()
+    assert [m.length for m in entry.marks] == [boundary]  # the ring as turn 2 started
+    mark = kv_bytes(tiny_text_loaded, boundary, full=False)
+    assert engine.kv.bytes == kv_bytes(tiny_text_loaded, len(entry.ids)) + mark
 
 
 @pytest.fixture(scope="module")

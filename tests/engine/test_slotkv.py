@@ -253,3 +253,22 @@ def test_a_ring_lacking_a_column_says_so_until_a_forward_fills_it() -> None:
     forward(kv, [1], first=0)
     assert kv.save(0).ring_from == 9 - WINDOW
     assert kv.save(0).cropped(8, WINDOW) is not None
+
+
+def test_a_state_cut_back_past_its_ring_to_a_mark_reads_the_window_the_mark_held() -> None:
+    source = SlotKV(LAYOUT, rows=1)
+    source.add()
+    forward(source, [6])
+    marked = source.save(0)  # a turn boundary at 6, past the window (4)
+    kv = SlotKV(LAYOUT, rows=1)
+    kv.add(marked)
+    forward(kv, [5])  # the next turn: its ring no longer holds what position 6 reads
+    state = kv.save(0)
+    assert state.cropped(6, WINDOW) is None
+    cut = state.at_mark(marked.mark())
+    assert cut.length == 6 and [int(x) for x in cut.full[0][0].flatten()] == list(range(6))
+    again = SlotKV(LAYOUT, rows=1)
+    again.add(cut)
+    read = forward(again, [1])
+    assert attended(read, 0) == {3, 4, 5, 6}  # the window of position 6, none of the later ring
+    assert [int(x) for x in marked.ring[0][0].flatten()] == [4, 5, 2, 3]  # never written

@@ -62,7 +62,7 @@ from wschat.protocol import FinishReason
 from ..base import Generation, GenerationRequest, KVUsage, LoopBridge
 from ..stopping import token_budget
 from .hf import HFEngine
-from .kvstore import CachedPrefix, KVStore
+from .kvstore import CachedPrefix, KVStore, cached_prefix, latest_mark
 from .loader import LoadedModel
 from .memory import give_back, out_of_memory
 from .output import OutputProcessor
@@ -187,8 +187,15 @@ class BatchedEngine:
         n = self.single.reusable_length(prefix.ids, request)
         if n == len(prefix.ids):
             return prefix
-        state = prefix.cache.cropped(n, self.runner.layout.window)
-        return None if state is None else CachedPrefix(state, prefix.ids[:n], state.nbytes)
+        window = self.runner.layout.window
+        state = prefix.cache.cropped(n, window)
+        if state is None:  # past the window: back to the turn boundary a ring was marked at
+            mark = latest_mark(prefix.marks, n, window)
+            state = None if mark is None else prefix.cache.at_mark(mark)
+        if state is None:
+            return None
+        kept = [m for m in prefix.marks if m.length <= state.length]
+        return cached_prefix(state, prefix.ids[: state.length], state.tensors(), kept)
 
     def _holds_every_image(self, request: GenerationRequest, prefix: CachedPrefix | None) -> bool:
         """Whether ``prefix`` holds the KV state of every image of the conversation: then the

@@ -51,7 +51,16 @@ from ..errors import ImagesUnsupported
 from ..formats import build_format
 from ..stopping import final_reason, token_budget
 from ..tokenizing import TextTokenizer
-from .kvstore import CachedPrefix, KVStore, held_bytes, shared_length, window_holds
+from .kvstore import (
+    CachedPrefix,
+    KVStore,
+    RingMark,
+    cached_prefix,
+    carried_marks,
+    latest_mark,
+    shared_length,
+    window_holds,
+)
 from .loader import LoadedModel
 from .memory import give_back, out_of_memory
 from .sampling import penalize, tempered
@@ -179,9 +188,11 @@ class HFEngine:
         n = self.reusable_length(prefix.ids, request)
         if n == len(prefix.ids):
             return prefix
-        if n == 0 or not crop_cache(prefix.cache, n):
+        kept = crop_cache(prefix.cache, n, prefix.marks) if n else 0
+        if kept == 0:
             return None
-        return CachedPrefix(prefix.cache, prefix.ids[:n], _cache_bytes(prefix.cache))
+        marks = [m for m in prefix.marks if m.length <= kept]
+        return cached_prefix(prefix.cache, prefix.ids[:kept], _cache_tensors(prefix.cache), marks)
 
     def generate_from(self, request: GenerationRequest, prefix: CachedPrefix | None) -> Generation:
         """Generate on top of ``prefix`` (a transformers ``Cache`` the prompt extends, as
@@ -247,10 +258,14 @@ class HFEngine:
     ) -> Finished:
         cache = prefix.cache if prefix else DynamicCache(config=self.model.config)
         cached = len(prefix.ids) if prefix else 0
+        # generate concatenates into new tensors: the ones the cache holds now stay as they are
+        mark = _ring_mark(cache, cached) if prefix else None
         ids = self._generate(request, generation, streamer, cache, cached)
         if request.session_key:
             kept = ids[: cache.get_seq_length()]
-            self.kv.put(request.session_key, CachedPrefix(cache, kept, _cache_bytes(cache)))
+            marks = carried_marks(prefix, mark)
+            entry = cached_prefix(cache, kept, _cache_tensors(cache), marks)
+            self.kv.put(request.session_key, entry)
         return Finished(self._reason(generation, streamer), tuple(streamer.generated))
 
     def _generate(
@@ -324,26 +339,45 @@ class _SafeScores(LogitsProcessor):
         return scores
 
 
-def crop_cache(cache: Any, length: int) -> bool:
-    """Cut a transformers ``DynamicCache`` back to its first ``length`` positions in place, or
-    leave it and say False where a sliding layer no longer holds what position ``length`` reads
-    (``kvstore.window_holds``): its sliding layers keep the last ``window - 1`` positions, so
-    only a cache still under the window can be cut. Full layers become views of their tensors,
-    which the next forward's concatenation replaces."""
+def crop_cache(cache: Any, length: int, marks: Sequence[RingMark] = ()) -> int:
+    """Cut a transformers ``DynamicCache`` back in place to its first ``length`` positions, or
+    where a sliding layer no longer holds what position ``length`` reads (``window_holds``: its
+    sliding layers keep the last ``window - 1`` positions, so only a cache still under the
+    window), to the latest of ``marks`` before it (``latest_mark``): full layers cut back, the
+    sliding ones the mark's. The length it is cut to, 0 where neither holds (then it is left as
+    it was). Full layers become views of their tensors, which the next forward's concatenation
+    replaces; sliding layers cut short are copies (see ``KVState.cropped``)."""
     total = cache.get_seq_length()
     if length == total:
-        return True
+        return length
+    sliding = [layer for layer in cache.layers if getattr(layer, "is_sliding", False)]
+    held = [layer for layer in sliding if layer.is_initialized]
+    if all(window_holds(total - x.keys.shape[-2], length, x.sliding_window) for x in held):
+        cache.crop(length - total)  # a negative count: the tokens to drop
+        for layer in held:  # copied: they outlive the cut as the next turn's mark
+            layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
+        return length
+    mark = latest_mark(marks, length, sliding[0].sliding_window)
+    if mark is None:
+        return 0
     for layer in cache.layers:
-        sliding = getattr(layer, "is_sliding", False) and layer.is_initialized
-        if sliding and not window_holds(total - layer.keys.shape[-2], length, layer.sliding_window):
-            return False
-    cache.crop(length - total)  # a negative count: the tokens to drop
-    return True
+        if not getattr(layer, "is_sliding", False):
+            layer.crop(mark.length - total)
+    for layer, (keys, values) in zip(sliding, mark.ring, strict=True):
+        layer.keys, layer.values, layer.cumulative_length = keys, values, mark.length
+    return mark.length
 
 
-def _cache_bytes(cache: Any) -> int:
+def _ring_mark(cache: Any, length: int) -> RingMark:
+    """The sliding layers of ``cache`` (``length`` positions) as a mark of that length."""
+    layers = [x for x in cache.layers if getattr(x, "is_sliding", False) and x.is_initialized]
+    ring_from = max((length - x.keys.shape[-2] for x in layers), default=0)
+    return RingMark(length, tuple((x.keys, x.values) for x in layers), ring_from)
+
+
+def _cache_tensors(cache: Any) -> list[torch.Tensor]:
     layers = [layer for layer in cache.layers if layer.is_initialized]
-    return held_bytes(t for layer in layers for t in (layer.keys, layer.values))
+    return [t for layer in layers for t in (layer.keys, layer.values)]
 
 
 def _model_context(config: Any) -> int:

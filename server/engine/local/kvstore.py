@@ -4,8 +4,9 @@ A session's next prompt usually extends the token ids its cache holds, so prefil
 the new tokens. After a rewind, a regenerate or an edited message it shares only a prefix with
 them: the engine cuts the cache back to that prefix (``shared_length``), where its sliding
 layers allow it (``window_holds``), and prefills the rest. Caches of sessions not generating
-sit here; when the bytes they hold exceed the budget the least recently used are evicted first
-(their sessions re-prefill on their next prompt). One store serves both transformers paths (the
+sit here; when the bytes they hold exceed the budget, the ring marks of the least recently used
+go first, then the least recently used are evicted (their sessions re-prefill on their next
+prompt). One store serves both transformers paths (the
 batch and ``generate``, batched.py): each entry keeps the form its engine made, and an engine
 that finds another's form drops it.
 """
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..base import KVUsage
@@ -24,11 +25,66 @@ if TYPE_CHECKING:
     import torch
 
 
+@dataclass(frozen=True, slots=True)
+class RingMark:
+    """The sliding layers' keys and values as they were at ``length`` positions, a turn
+    boundary: the state a generation started from. Past the window a cut-back cache's own ring
+    no longer holds what an earlier position reads (``window_holds``), but a mark at or before
+    it does; full layers hold every position, so they are cut back instead (``latest_mark``).
+    The tensors are the loaded state's own, which nothing writes to afterwards (the batch
+    copies a state into its buffers, ``generate`` concatenates into new tensors): no copy."""
+
+    length: int
+    ring: tuple[tuple[torch.Tensor, torch.Tensor], ...]  # per sliding layer, the cache's form
+    ring_from: int  # the first position the ring holds
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        return (t for pair in self.ring for t in pair)
+
+
 @dataclass(slots=True)
 class CachedPrefix:
     cache: Any  # a transformers Cache (HFEngine) or a KVState (BatchedEngine)
     ids: list[int]  # exactly the tokens whose KV state the cache holds
-    nbytes: int  # what its keys and values hold in memory
+    nbytes: int  # what its keys and values hold in memory, its marks' included
+    marks: tuple[RingMark, ...] = ()  # by length, each at most len(ids)
+    marks_nbytes: int = field(default=0)  # what the marks alone add to nbytes
+
+    def drop_marks(self) -> int:
+        """Give up the ring marks; the bytes that frees."""
+        freed = self.marks_nbytes
+        self.nbytes -= freed
+        self.marks, self.marks_nbytes = (), 0
+        return freed
+
+
+def cached_prefix(
+    cache: Any, ids: list[int], tensors: Iterable[torch.Tensor], marks: Iterable[RingMark] = ()
+) -> CachedPrefix:
+    """An entry of ``cache`` (its keys and values ``tensors``) and ``marks``, their bytes
+    counted once where they share storage."""
+    own, marks = list(tensors), tuple(marks)
+    cache_bytes = held_bytes(own)
+    total = held_bytes([*own, *(t for mark in marks for t in mark.tensors())])
+    return CachedPrefix(cache, ids, total, marks, total - cache_bytes)
+
+
+def carried_marks(prefix: CachedPrefix | None, ring: RingMark | None) -> tuple[RingMark, ...]:
+    """The marks of the state a generation leaves: those of the state it started from
+    (``prefix``, already cut back to what it reused), and that state's ring (``ring``, at
+    ``len(prefix.ids)``), the boundary an edit or a regenerate of this turn goes back to."""
+    if prefix is None or ring is None:
+        return ()
+    return (*(m for m in prefix.marks if m.length < ring.length), ring)
+
+
+def latest_mark(marks: Sequence[RingMark], length: int, window: int) -> RingMark | None:
+    """The latest mark at or before ``length`` whose ring holds what its next position reads:
+    where a cache cut back to ``length`` has lost that, it is cut back to this mark instead."""
+    for mark in reversed(marks):
+        if mark.length <= length and window_holds(mark.ring_from, mark.length, window):
+            return mark
+    return None
 
 
 def held_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -102,12 +158,19 @@ class KVStore:
         return entry
 
     def put(self, key: str, entry: CachedPrefix) -> None:
-        if entry.nbytes > self.budget_bytes:
+        if entry.nbytes - entry.marks_nbytes > self.budget_bytes:
             return
         with self._lock:
             self._entries[key] = entry
             self._entries.move_to_end(key)
             total = sum(e.nbytes for e in self._entries.values())
+            # Over budget, marks go before any entry (a whole entry's at once, the least
+            # recently used first): an entry serves its session's every next prompt, a mark only
+            # a prompt cut back past the window.
+            for held in self._entries.values():
+                if total <= self.budget_bytes:
+                    break
+                total -= held.drop_marks()
             while total > self.budget_bytes and self._entries:
                 _, evicted = self._entries.popitem(last=False)
                 total -= evicted.nbytes

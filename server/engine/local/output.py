@@ -16,7 +16,7 @@ from wschat.protocol import FinishReason
 
 from ..base import Finished
 from ..stopping import finish_reason
-from .kvstore import CachedPrefix, KVStore
+from .kvstore import KVStore, cached_prefix
 from .rows import BatchRow
 from .slotkv import KVState
 
@@ -70,7 +70,7 @@ class OutputProcessor:
             key = row.request.session_key
             if key and state is not None and state.length and reason is not FinishReason.ERROR:
                 ids = [*row.request.prompt_ids, *row.streamer.generated][: state.length]
-                self.store.put(key, CachedPrefix(state, ids, state.nbytes))
+                self.store.put(key, cached_prefix(state, ids, state.tensors(), row.marks()))
         finally:
             row.bridge.put(Finished(reason, tuple(row.streamer.generated), error))
 

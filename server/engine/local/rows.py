@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..base import Generation, GenerationRequest, LoopBridge
-from .kvstore import CachedPrefix
+from .kvstore import CachedPrefix, RingMark, carried_marks
 from .sampling import RowSampler
 from .scheduler import RowState
 from .slotkv import KVState
@@ -55,3 +55,9 @@ class BatchRow:
     @property
     def prefix_state(self) -> KVState | None:
         return self.prefix.cache if self.prefix else None
+
+    def marks(self) -> tuple[RingMark, ...]:
+        """The ring marks of the state this row leaves: its prefix's and the prefix's own
+        rings, which the batch copied in and never wrote (``kvstore.carried_marks``)."""
+        state = self.prefix_state
+        return carried_marks(self.prefix, None if state is None else state.mark())

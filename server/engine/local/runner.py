@@ -16,11 +16,11 @@ import torch
 from transformers import Cache
 
 from . import attention
-from .kvstore import CachedPrefix
+from .kvstore import cached_prefix
 from .loader import LoadedModel
 from .rows import BatchRow
 from .sampling import pick_tokens
-from .slotkv import KVState, LayerLayout, SlotKV
+from .slotkv import KVState, LayerLayout, SlotKV, ring_of_cache
 
 
 class ModelRunner:
@@ -71,9 +71,11 @@ class ModelRunner:
 
     def adopt(self, row: BatchRow) -> None:
         """A ``generate`` path's cache the row starts from, in the batch's form."""
-        if row.prefix is not None and isinstance(row.prefix.cache, Cache):
-            state = KVState.of_cache(row.prefix.cache, self.layout)
-            row.prefix = CachedPrefix(state, row.prefix.ids, state.nbytes)
+        prefix = row.prefix
+        if prefix is not None and isinstance(prefix.cache, Cache):
+            state = KVState.of_cache(prefix.cache, self.layout)
+            marks = [ring_of_cache(m, self.layout.window) for m in prefix.marks]
+            row.prefix = cached_prefix(state, prefix.ids, state.tensors(), marks)
 
     # -- passes ----------------------------------------------------------------------------
 

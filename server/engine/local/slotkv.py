@@ -26,7 +26,7 @@ import torch
 
 from . import attention
 from .attention import FULL, MASKS, SLIDING, Keys, SlotBatch, offsets
-from .kvstore import held_bytes, window_holds
+from .kvstore import RingMark, held_bytes, window_holds
 
 
 @dataclass(slots=True)
@@ -42,7 +42,21 @@ class KVState:
 
     @property
     def nbytes(self) -> int:
-        return held_bytes(t for pair in (*self.full, *self.ring) for t in pair)
+        return held_bytes(self.tensors())
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for pair in (*self.full, *self.ring) for t in pair]
+
+    def mark(self) -> RingMark:
+        """Its rings as a mark at its length (kvstore.RingMark)."""
+        return RingMark(self.length, tuple(self.ring), self.ring_from)
+
+    def at_mark(self, mark: RingMark) -> KVState:
+        """The state of its first ``mark.length`` positions: the full layers' columns (views),
+        the mark's rings."""
+        n = mark.length
+        full = [(k[:, :n], v[:, :n]) for k, v in self.full]
+        return KVState(n, full, list(mark.ring), mark.ring_from)
 
     @classmethod
     def of_cache(cls, cache: Any, layout: LayerLayout) -> KVState:
@@ -56,24 +70,12 @@ class KVState:
         if len(cache.layers) != len(layout.kinds):
             raise ValueError(f"a cache of {len(cache.layers)} layers for {len(layout.kinds)}")
         full: list[tuple[torch.Tensor, torch.Tensor]] = []
-        ring: list[tuple[torch.Tensor, torch.Tensor]] = []
-        columns = min(length, layout.window)
-        ring_from = 0
+        sliding: list[tuple[torch.Tensor, torch.Tensor]] = []
         for kind, layer in zip(layout.kinds, cache.layers, strict=True):
-            keys, values = layer.keys[0], layer.values[0]  # [kv_heads, held, dim]
-            if kind == FULL:
-                full.append((keys, values))
-                continue
-            held = keys.shape[1]
-            ring_from = max(ring_from, length - held)
-            slots = torch.remainder(torch.arange(length - held, length), layout.window)
-            pair = []
-            for source in (keys, values):
-                target = source.new_zeros((source.shape[0], columns, source.shape[2]))
-                target[:, slots.to(source.device)] = source
-                pair.append(target)
-            ring.append((pair[0], pair[1]))
-        return cls(length, full, ring, ring_from)
+            (full if kind == FULL else sliding).append((layer.keys, layer.values))
+        full = [(k[0], v[0]) for k, v in full]  # [kv_heads, length, dim]
+        ring = ring_of_cache(RingMark(length, tuple(sliding), 0), layout.window)
+        return cls(length, full, list(ring.ring), ring.ring_from)
 
     def cropped(self, length: int, window: int) -> KVState | None:
         """The state of its first ``length`` positions (views of its tensors), or None where its
@@ -88,8 +90,34 @@ class KVState:
             return None
         full = [(k[:, :length], v[:, :length]) for k, v in self.full]
         kept = min(length, window)
-        ring = [(k[:, :kept], v[:, :kept]) for k, v in self.ring]
+        # Rings cut short are copied: they outlive the cut, as the next turn's mark, and a
+        # view would hold the columns cut off.
+        ring = [(_columns(k, kept), _columns(v, kept)) for k, v in self.ring]
         return KVState(length, full, ring, self.ring_from)
+
+
+def _columns(t: torch.Tensor, n: int) -> torch.Tensor:
+    return t if t.shape[1] == n else t[:, :n].clone()
+
+
+def ring_of_cache(mark: RingMark, window: int) -> RingMark:
+    """A mark of a ``DynamicCache``'s sliding layers (``[1, kv_heads, held, dim]``, the last
+    ``held`` positions in order) in the batch's form: position ``p`` in column ``p % window``."""
+    length = mark.length
+    columns = min(length, window)
+    ring: list[tuple[torch.Tensor, torch.Tensor]] = []
+    ring_from = 0
+    for keys, values in mark.ring:
+        held = keys.shape[-2]
+        ring_from = max(ring_from, length - held)
+        slots = torch.remainder(torch.arange(length - held, length), window)
+        pair = []
+        for source in (keys[0], values[0]):
+            target = source.new_zeros((source.shape[0], columns, source.shape[2]))
+            target[:, slots.to(source.device)] = source
+            pair.append(target)
+        ring.append((pair[0], pair[1]))
+    return RingMark(length, tuple(ring), ring_from)
 
 
 @dataclass(frozen=True, slots=True)
