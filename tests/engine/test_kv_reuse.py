@@ -440,6 +440,20 @@ async def test_a_regenerate_past_the_window_reuses_the_previous_exchange(engine:
     await reply_reusing(engine, prompts[1], earlier)
 
 
+async def test_a_cut_before_a_turn_that_started_within_the_window_reuses_up_to_the_cut(
+    engine: Engine,
+) -> None:
+    """The ring a turn started from within the window holds every position before it, so a
+    cut anywhere before that start reuses all of the prefix, not only whole turns."""
+    first = [2, *words(engine, 5)]
+    replied = await run(engine, first, "s", tokens=4)
+    second = [*first, *replied.completion_ids, *words(engine, 3)]
+    start = len(first) + len(replied.completion_ids) - 1  # what turn 2 started from
+    assert start < WINDOW < len(second) + 10 - 1  # it ends past the window
+    await run(engine, second, "s")
+    await reply_reusing(engine, diverging(engine, second, 7), 7)
+
+
 async def test_the_stores_bytes_count_the_ring_marks_a_session_keeps(
     engine: Engine, tiny_text_loaded: LoadedModel
 ) -> None:

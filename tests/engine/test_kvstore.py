@@ -4,7 +4,14 @@ and marks are given up before any entry is."""
 from __future__ import annotations
 
 import torch
-from wschat.server.engine.local.kvstore import CachedPrefix, KVStore, RingMark, cached_prefix
+from wschat.server.engine.local.kvstore import (
+    CachedPrefix,
+    KVStore,
+    RingMark,
+    cached_prefix,
+    carried_marks,
+    latest_mark,
+)
 
 COLUMN = 4 * 8  # bytes of one float32 column of 8 values
 
@@ -50,3 +57,31 @@ def test_an_entry_over_budget_with_its_marks_is_kept_without_them() -> None:
     store.put("a", entry(10, marks=3))
     assert set(store._entries) == {"a"} and not store._entries["a"].marks
     assert store.bytes == 2 * 10 * COLUMN
+
+
+WINDOW = 16
+
+
+def mark(length: int) -> RingMark:
+    """A mark as a ring of ``WINDOW`` columns is at ``length`` positions."""
+    return RingMark(length, (tensors(min(length, WINDOW)),), max(0, length - WINDOW))
+
+
+def test_a_cut_goes_back_to_the_longest_length_a_mark_serves() -> None:
+    marks = [mark(10), mark(40), mark(60)]
+    # past the window a mark serves its own length; within it, any length up to its own
+    found = [latest_mark(marks, n, WINDOW) for n in (50, 30, 7)]
+    assert [(m.length, served) for m, served in filter(None, found)] == [
+        (40, 40),
+        (10, 10),
+        (10, 7),
+    ]
+    assert latest_mark([mark(40)], 39, WINDOW) is None
+
+
+def test_a_mark_within_the_window_stands_for_every_earlier_one() -> None:
+    start = entry(12, marks=0)
+    start.marks = (mark(5), mark(9))
+    assert [m.length for m in carried_marks(start, mark(12))] == [12]  # it holds 0-11
+    start.marks = (mark(5), mark(30))
+    assert [m.length for m in carried_marks(start, mark(40))] == [5, 30, 40]

@@ -189,9 +189,11 @@ class BatchedEngine:
             return prefix
         window = self.runner.layout.window
         state = prefix.cache.cropped(n, window)
-        if state is None:  # past the window: back to the turn boundary a ring was marked at
-            mark = latest_mark(prefix.marks, n, window)
-            state = None if mark is None else prefix.cache.at_mark(mark)
+        if state is None:  # past the window: back to a turn start whose ring was marked
+            found = latest_mark(prefix.marks, n, window)
+            state = (
+                None if found is None else prefix.cache.at_mark(found[0]).cropped(found[1], window)
+            )
         if state is None:
             return None
         kept = [m for m in prefix.marks if m.length <= state.length]

@@ -343,10 +343,10 @@ def crop_cache(cache: Any, length: int, marks: Sequence[RingMark] = ()) -> int:
     """Cut a transformers ``DynamicCache`` back in place to its first ``length`` positions, or
     where a sliding layer no longer holds what position ``length`` reads (``window_holds``: its
     sliding layers keep the last ``window - 1`` positions, so only a cache still under the
-    window), to the latest of ``marks`` before it (``latest_mark``): full layers cut back, the
-    sliding ones the mark's. The length it is cut to, 0 where neither holds (then it is left as
-    it was). Full layers become views of their tensors, which the next forward's concatenation
-    replaces; sliding layers cut short are copies (see ``KVState.cropped``)."""
+    window), to the longest length one of ``marks`` serves (``latest_mark``): full layers cut
+    back, the sliding ones the mark's. The length it is cut to, 0 where neither holds (then it
+    is left as it was). Full layers become views of their tensors, which the next forward's
+    concatenation replaces; sliding layers cut short are copies (see ``KVState.cropped``)."""
     total = cache.get_seq_length()
     if length == total:
         return length
@@ -357,15 +357,16 @@ def crop_cache(cache: Any, length: int, marks: Sequence[RingMark] = ()) -> int:
         for layer in held:  # copied: they outlive the cut as the next turn's mark
             layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
         return length
-    mark = latest_mark(marks, length, sliding[0].sliding_window)
-    if mark is None:
+    found = latest_mark(marks, length, sliding[0].sliding_window)
+    if found is None:
         return 0
+    mark, served = found
     for layer in cache.layers:
         if not getattr(layer, "is_sliding", False):
             layer.crop(mark.length - total)
     for layer, (keys, values) in zip(sliding, mark.ring, strict=True):
         layer.keys, layer.values, layer.cumulative_length = keys, values, mark.length
-    return mark.length
+    return crop_cache(cache, served)  # within what the mark's ring holds
 
 
 def _ring_mark(cache: Any, length: int) -> RingMark:

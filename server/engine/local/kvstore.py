@@ -75,16 +75,27 @@ def carried_marks(prefix: CachedPrefix | None, ring: RingMark | None) -> tuple[R
     ``len(prefix.ids)``), the boundary an edit or a regenerate of this turn goes back to."""
     if prefix is None or ring is None:
         return ()
+    if ring.ring_from == 0:  # within the window it holds every earlier mark's positions too
+        return (ring,)
     return (*(m for m in prefix.marks if m.length < ring.length), ring)
 
 
-def latest_mark(marks: Sequence[RingMark], length: int, window: int) -> RingMark | None:
-    """The latest mark at or before ``length`` whose ring holds what its next position reads:
-    where a cache cut back to ``length`` has lost that, it is cut back to this mark instead."""
-    for mark in reversed(marks):
-        if mark.length <= length and window_holds(mark.ring_from, mark.length, window):
-            return mark
-    return None
+def latest_mark(marks: Sequence[RingMark], length: int, window: int) -> tuple[RingMark, int] | None:
+    """Where a cache cut back to ``length`` has lost what that position reads: the mark to go
+    back to and the length it serves, the longest. A mark taken within the window holds every
+    position from the first, so it serves any length up to its own; one past it, only its own
+    (what its next position reads)."""
+    best: tuple[RingMark, int] | None = None
+    for mark in marks:
+        if mark.ring_from == 0:
+            served = min(length, mark.length)
+        elif mark.length <= length and window_holds(mark.ring_from, mark.length, window):
+            served = mark.length
+        else:
+            continue
+        if best is None or served > best[1]:
+            best = (mark, served)
+    return best
 
 
 def held_bytes(tensors: Iterable[torch.Tensor]) -> int:
