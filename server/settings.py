@@ -159,10 +159,11 @@ class Settings:
         1024,
         "MiB of KV cache kept for idle sessions' next turns, text and image turns together "
         "(Gemma 3 270M in bf16 holds 3 KiB a token plus up to 7.5 MiB for its sliding layers: "
-        "a 1,000-token conversation takes 10.4 MiB; each turn also keeps its sliding layers as "
-        "it started, up to 7.5 MiB, so an edit or a regenerate past the window reuses the turns "
-        "before it); beyond it those go first, then whole sessions, least recently used first "
-        "each time; `--engine llamacpp`: llama.cpp's prompt cache in RAM",
+        "a 1,000-token conversation takes 10.4 MiB; a session also keeps its sliding layers as "
+        "each turn past the window started, up to 7.5 MiB a turn, and once for the turns "
+        "within it, so an edit or a regenerate past the window reuses the turns before it); "
+        "beyond it those go first, then whole sessions, least recently used first each time; "
+        "`--engine llamacpp`: llama.cpp's prompt cache in RAM",
     )
     max_frame_bytes: int = option(12 * 1024 * 1024, "largest frame accepted")
     max_image_bytes: int = option(10 * 1024 * 1024, "largest image accepted")
