@@ -30,6 +30,7 @@ import logging
 import os
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -208,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one short configuration, 1 round")
     parser.add_argument("--rounds", type=int)
     parser.add_argument("--reply-tokens", type=int, action="append")
-    parser.add_argument("--logs", type=Path, default=Path("bench-logs"))
+    parser.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "wschat-bench")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
