@@ -60,6 +60,7 @@ async def test_stats_socket_sends_a_snapshot_at_once_with_the_live_session_table
                 "tokens": 3,
                 "turns": 1,
                 "reply": None,
+                "api": "websocket",
             }
             while (stats := await next_stats(ws)).errors != {"not_running": 1}:
                 pass
