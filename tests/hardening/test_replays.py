@@ -91,4 +91,6 @@ async def test_a_session_has_one_unread_replay_in_flight_however_often_it_is_res
     # what the earlier ones still got was in the kernel's buffers already; the rest was let go
     assert all(n < REPLY_BYTES / 2 for n in left[:-1]), left
     assert left[-1] > REPLY_BYTES - 2**17  # the last one's replay is whole (less what it read)
-    assert grown < REPLY_BYTES
+    # copies piling up would grow it by 7 replies; one sample of RSS can land while the reply in
+    # flight is held up to twice more (its frame, the transport's buffer), so it may swing by two
+    assert grown < 3 * REPLY_BYTES
