@@ -1,13 +1,19 @@
 """The OpenAI-compatible API scenario (``--only openai``): streaming through the official
 ``openai`` SDK against our WebSocket on the same server, and a conversation resent whole.
 
-Streams: in each round, N streams (1 and 8) of the same greedy prompts go once over the
-WebSocket (bench/wsload.py) and once through ``AsyncOpenAI`` (``stream=True``), back to back and
-each first in every other round, so a shared machine's drift hits both alike; per concurrency
-the median over rounds of each round's aggregate tokens/s, median stream tokens/s and median
-TTFT, and the median over rounds of the round's SDK/WebSocket ratio (the targets). The SDK's
-tokens are counted from ``usage`` (``stream_options.include_usage``) and stamped by chunk, as
-the WebSocket's by frame.
+Streams: in each round, N streams (1 and 8) of greedy prompts go once over the WebSocket
+(bench/wsload.py), once through ``AsyncOpenAI`` (``stream=True``) and once through a plain HTTP
+client (``_http_stream``: a request written on an open connection, the SSE events read off it,
+nothing more), back to back, the order turning from round to round so a shared machine's drift
+hits all alike; the prompts are alike but each one new (``_unique``). Per concurrency: the
+median over rounds of each round's aggregate tokens/s, median stream tokens/s and median TTFT,
+and the median over rounds of the round's ratio to the WebSocket's (the SDK's are the targets).
+The HTTP APIs' tokens are counted from ``usage`` (``stream_options.include_usage``) and stamped
+by chunk, as the WebSocket's by frame.
+
+The plain client puts the server's API path beside its WebSocket with clients of about the same
+cost; the SDK's ratio adds the SDK's own. Each API's client CPU time per round (this process's)
+says how much that is: the bench's clients share the machine's cores with the server.
 
 Conversation: ``turns`` turns of CONVERSATION through the SDK, each request the whole
 conversation so far (as OpenAI clients send it); per turn the TTFT and
@@ -18,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from . import procs, wsload
 from .stats import Concurrent, StreamTimes, median
@@ -63,6 +71,9 @@ def run(work: OpenAIWork, logs: Path, engine: str = "batched") -> dict[str, Any]
     return {"workload": dataclasses.asdict(work), "engine": engine, **figures}
 
 
+APIS = ("websocket", "openai-sdk", "http")
+
+
 async def _measure(url: str, work: OpenAIWork) -> dict[str, Any]:
     import openai
 
@@ -70,43 +81,58 @@ async def _measure(url: str, work: OpenAIWork) -> dict[str, Any]:
 
     base = url.replace("ws://", "http://").removesuffix("/v1/chat") + "/v1"
     async with openai.AsyncOpenAI(base_url=base, api_key="-", timeout=TIMEOUT) as client:
-        await wsload.concurrent(url, [story(0)], 4)  # warm-up, both paths
-        await _sdk_streams(client, [story(0)], 4)
+        streamers: dict[str, Callable[[list[str], int], Any]] = {
+            "websocket": lambda texts, n: wsload.concurrent(url, texts, n),
+            "openai-sdk": lambda texts, n: _sdk_streams(client, texts, n),
+            "http": lambda texts, n: _http_streams(base, texts, n),
+        }
+        for a, api in enumerate(APIS):  # warm-up
+            await streamers[api]([_unique(story(0), 99, a, 0)], 4)
         rounds: dict[str, dict[int, list[list[StreamTimes]]]] = {
-            "websocket": {n: [] for n in work.concurrency},
-            "openai-sdk": {n: [] for n in work.concurrency},
+            api: {n: [] for n in work.concurrency} for api in APIS
+        }
+        cpu: dict[str, dict[int, list[float]]] = {
+            api: {n: [] for n in work.concurrency} for api in APIS
         }
         for r in range(work.rounds):
             for n in work.concurrency:
-                texts = [story(i) for i in range(n)]
-                # each goes first in every other round: neither always follows the other's load
-                order = ["websocket", "openai-sdk"][:: 1 if r % 2 == 0 else -1]
+                # each goes first, second and last in turn: none always follows another's load
+                order = APIS[r % len(APIS) :] + APIS[: r % len(APIS)]
                 log.info("round %d: %d streams, %s", r + 1, n, " then ".join(order))
                 for api in order:
-                    if api == "websocket":
-                        streams = await wsload.concurrent(url, texts, work.tokens)
-                    else:
-                        streams = await _sdk_streams(client, texts, work.tokens)
-                    rounds[api][n].append(streams)
+                    texts = [_unique(story(i), r, APIS.index(api), i) for i in range(n)]
+                    started = time.process_time()
+                    rounds[api][n].append(await streamers[api](texts, work.tokens))
+                    cpu[api][n].append(time.process_time() - started)
         log.info(
             "a conversation of %d turns resent whole, %d times", work.turns, work.conversations
         )
         runs = [await _conversation(client, work) for _ in range(work.conversations)]
     figures = {
-        api: {n: _figures(per_round) for n, per_round in by_n.items()}
+        api: {
+            n: {**_figures(per_round), "client_cpu_s": median(cpu[api][n])}
+            for n, per_round in by_n.items()
+        }
         for api, by_n in rounds.items()
     }
     ratios = {
-        n: {
-            key: round_ratio(figures["openai-sdk"][n], figures["websocket"][n], key)
-            for key in RATIOS
+        api: {
+            n: {key: round_ratio(figures[api][n], figures["websocket"][n], key) for key in RATIOS}
+            for n in work.concurrency
         }
-        for n in work.concurrency
+        for api in APIS[1:]
     }
     turns = [
         {key: median([t[key] for t in turn]) for key in turn[0]} for turn in zip(*runs, strict=True)
     ]
     return {"streams": figures, "ratios": ratios, "conversation": turns}
+
+
+def _unique(text: str, r: int, api: int, i: int) -> str:
+    """``text`` after a tag of its own, of the same length for every stream: a prompt shares
+    with the others what any new conversation does (the prompt format's opening), never a
+    cached copy of itself that an earlier round or another API left."""
+    return f"({r:02d}{api}{i:02d}) {text}"
 
 
 def _figures(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
@@ -122,14 +148,14 @@ def _figures(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
     }
 
 
-# Each the SDK's over the WebSocket's (TTFT the other way up: above 1 is better for all three)
+# Each an HTTP API's over the WebSocket's (TTFT the other way up: above 1 is better for all three)
 RATIOS = ("aggregate_tps", "stream_tps", "ttft_median_s")
 
 
-def round_ratio(sdk: dict[str, Any], ws: dict[str, Any], key: str) -> float:
+def round_ratio(api: dict[str, Any], ws: dict[str, Any], key: str) -> float:
     """The median over rounds of each round's ratio: the two ran back to back in a round, so
     the machine's other load, which moves from round to round, weighs on both alike."""
-    pairs = list(zip(sdk[f"{key}_rounds"], ws[f"{key}_rounds"], strict=True))
+    pairs = list(zip(api[f"{key}_rounds"], ws[f"{key}_rounds"], strict=True))
     if key == "ttft_median_s":
         return median([w / s for s, w in pairs if s > 0])
     return median([s / w for s, w in pairs if w > 0])
@@ -164,12 +190,95 @@ async def _sdk_stream(
                 texts.append(text)
             usage = chunk.usage or usage
             finish = next((c.finish_reason for c in chunk.choices if c.finish_reason), finish)
-    if usage is not None and times.tokens:
-        # a reply that stopped ends with a token of no text (the end of turn), in no chunk
-        shown = usage.completion_tokens - (1 if finish == "stop" else 0)
-        times.tokens.extend([times.tokens[-1]] * max(0, shown - len(times.tokens)))
+    if usage is not None:
+        _merged_tokens(times, usage.completion_tokens, finish)
     if facts is not None:
         facts.update(usage=usage, text="".join(texts))
+    return times
+
+
+def _merged_tokens(times: StreamTimes, completion_tokens: int, finish: str | None) -> None:
+    """Those of ``completion_tokens`` that came in no chunk of their own (a merged chunk),
+    stamped at the last chunk."""
+    if times.tokens:
+        # a reply that stopped ends with a token of no text (the end of turn), in no chunk
+        shown = completion_tokens - (1 if finish == "stop" else 0)
+        times.tokens.extend([times.tokens[-1]] * max(0, shown - len(times.tokens)))
+
+
+async def _http_streams(base: str, texts: list[str], tokens: int) -> list[StreamTimes]:
+    """One streamed chat completion per text through ``_http_stream``, all sent at once, each
+    on a connection opened before (as the WebSocket's sessions are)."""
+    where = urlsplit(base)
+    host, port = where.hostname or "127.0.0.1", where.port or 80
+    async with asyncio.timeout(TIMEOUT):
+        conns = [await asyncio.open_connection(host, port) for _ in texts]
+    try:
+        return list(
+            await asyncio.gather(
+                *(
+                    _http_stream(conn, f"{host}:{port}", where.path, t, tokens)
+                    for conn, t in zip(conns, texts, strict=True)
+                )
+            )
+        )
+    finally:
+        for _, writer in conns:
+            writer.close()
+
+
+async def _http_stream(
+    conn: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    host: str,
+    path: str,
+    text: str,
+    tokens: int,
+) -> StreamTimes:
+    """The request written whole, the chunked body's SSE events read as they come: a client
+    whose own cost is next to nothing, so the figures are the server's."""
+    reader, writer = conn
+    body = json.dumps(
+        {
+            "model": "embedded",
+            "messages": [_user(text)],
+            "max_tokens": tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+    head = (
+        f"POST {path}/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    times = StreamTimes(time.perf_counter(), [])
+    writer.write(head.encode() + body)
+    usage, finish = None, None
+    async with asyncio.timeout(TIMEOUT):
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise RuntimeError(f"the API answered {status!r}")
+        while await reader.readline() not in (b"\r\n", b""):
+            pass  # the headers: chunked, as every streamed reply is
+        pending = b""
+        while size := int((await reader.readline()).strip() or b"0", 16):
+            pending += (await reader.readexactly(size + 2))[:-2]
+            *events, pending = pending.split(b"\n\n")
+            now = time.perf_counter()
+            for event in events:
+                data = event.removeprefix(b"data: ")
+                if data == b"[DONE]":
+                    continue
+                chunk = json.loads(data)
+                if any(c["delta"].get("content") for c in chunk["choices"]):
+                    times.tokens.append(now)
+                usage = chunk.get("usage") or usage
+                finish = next(
+                    (c["finish_reason"] for c in chunk["choices"] if c["finish_reason"]), finish
+                )
+        await reader.readline()  # the last chunk's blank line
+    if usage is not None:
+        _merged_tokens(times, usage["completion_tokens"], finish)
     return times
 
 
@@ -202,16 +311,11 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     1.3 x turn 1's."""
     rows = []
     streams = result["streams"]
-    labels = {
-        "aggregate_tps": ("tokens/s", "tok/s"),
-        "stream_tps": ("stream tokens/s", "tok/s"),
-        "ttft_median_s": ("TTFT (WebSocket's/SDK's)", "s"),
-    }
     for n, ws in streams["websocket"].items():
         sdk = streams["openai-sdk"][n]
-        for key, (label, unit) in labels.items():
+        for key, (label, unit) in LABELS.items():
             target = f"openai sdk {label} at {n} streams vs WebSocket"
-            ratio = result["ratios"][n][key]
+            ratio = result["ratios"]["openai-sdk"][n][key]
             rows.append(_row(target, sdk[key], ws[key], unit, ratio, 0.95, ">="))
     turns = result["conversation"]
     last, first = turns[-1], turns[0]
@@ -222,6 +326,13 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     target = f"turn {len(turns)} resent whole: TTFT vs turn 1"
     rows.append(_row(target, last["ttft"], first["ttft"], "s", ratio, 1.3, "<="))
     return rows
+
+
+LABELS = {
+    "aggregate_tps": ("tokens/s", "tok/s"),
+    "stream_tps": ("stream tokens/s", "tok/s"),
+    "ttft_median_s": ("TTFT (WebSocket's/SDK's)", "s"),
+}
 
 
 def _row(
@@ -249,15 +360,23 @@ def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
     work = result["workload"]
     lines = [
         f"OpenAI-compatible API: wschat --engine {result['engine']} on the embedded model; "
-        f"{work['tokens']} greedy tokens per stream, {work['rounds']} rounds, WebSocket and "
-        f"SDK back to back",
-        f"{'api':<12}{'streams':>8}{'tok/s':>10}{'stream tok/s':>14}{'TTFT':>10}",
+        f"{work['tokens']} greedy tokens per stream, {work['rounds']} rounds, the WebSocket, "
+        f"the SDK and a plain HTTP client back to back",
+        f"{'api':<12}{'streams':>8}{'tok/s':>10}{'stream tok/s':>14}{'TTFT':>10}"
+        f"{'vs WebSocket: tok/s, TTFT':>28}{'client CPU':>12}",
     ]
     for api, by_n in result["streams"].items():
         for n, f in by_n.items():
+            ratios = result["ratios"].get(api, {}).get(n)
+            versus = (
+                f"{fmt(ratios['aggregate_tps'], 'x')}, {fmt(ratios['ttft_median_s'], 'x')}"
+                if ratios
+                else ""
+            )
             lines.append(
                 f"{api:<12}{n:>8}{f['aggregate_tps']:>10.1f}{f['stream_tps']:>14.1f}"
-                f"{fmt(f['ttft_median_s'], 'ms'):>10}"
+                f"{fmt(f['ttft_median_s'], 'ms'):>10}{versus:>28}"
+                f"{fmt(f.get('client_cpu_s'), 'ms'):>12}"
             )
     lines.append("conversation resent whole through the SDK (median per turn):")
     for i, t in enumerate(result["conversation"], start=1):
