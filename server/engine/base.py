@@ -94,6 +94,10 @@ class GenerationRequest:
     new_images: int | None = None
     # The same prompt as messages (the open reply left out), for an engine that sends messages.
     messages: Sequence[Message] = ()
+    # How many leading ``prompt_ids`` are the conversation's opening (``PromptFormat.opening``):
+    # the same for every conversation with its format and system prompt, so a local engine
+    # shares their KV state across sessions. 0: nothing to share.
+    opening: int = 0
 
     @property
     def fresh_images(self) -> int:

@@ -86,6 +86,12 @@ class PromptFormat(Protocol):
         ending where the reply begins."""
         ...
 
+    def opening(self, system: Sequence[int] | None) -> list[int]:
+        """The ids every render with this system prompt begins with, whatever the history
+        and the user turn: the markup and the system prompt before anything a user wrote (the
+        engines share its KV state across conversations)."""
+        ...
+
 
 def _without_end(reply: Sequence[int], end_ids: frozenset[int]) -> list[int]:
     ids = list(reply)
@@ -132,6 +138,10 @@ class GemmaTurns:
         first = system_ids if not history else []
         ids += self._turn(self._user, first + _user_content(user))
         return [*ids, self._start, *self._model]
+
+    def opening(self, system: Sequence[int] | None) -> list[int]:
+        system_ids = [*system, *self._system_gap] if system else []
+        return [self._bos, self._start, *self._user, *system_ids]
 
     def _turn(self, role: list[int], content: list[int]) -> list[int]:
         return [self._start, *role, *content, self._end, *self._newline]
@@ -199,6 +209,10 @@ class Transcript:
             ids += self._assistant + self._reply(exchange.reply_ids)
         return ids + self._user_line(_user_content(user)) + self._assistant
 
+    def opening(self, system: Sequence[int] | None) -> list[int]:
+        instruction = list(system) if system else self._instruction
+        return [*self._bos, *instruction, *self._gap, *self._examples, *self._user]
+
     def _user_line(self, content: list[int]) -> list[int]:
         return [*self._user, *content, *self._line]
 
@@ -207,6 +221,13 @@ class Transcript:
         if reply and reply[-1] in self._newline_ids:
             return list(reply)
         return _without_end(reply, self.end_ids) + self._line
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> list[int]:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return list(a[:n])
 
 
 _SENTINEL = "WSCHATSLOT{}X"
@@ -223,6 +244,7 @@ class ChatTemplate:
     name: str = "chat-template"
     strips_leading_space: bool = False
     _markup: dict[str, list[int]] = field(default_factory=dict)
+    _openings: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
 
     def tokenize_user(self, text: str) -> list[int]:
         return self.codec.tokenize_text(text)
@@ -245,7 +267,28 @@ class ChatTemplate:
             slots[f"a{n}"] = _without_end(exchange.reply_ids, self.end_ids)
         messages.append({"role": "user", "content": _SENTINEL.format("new")})
         slots["new"] = _user_content(user)
-        rendered = self.render_template(messages)
+        return self._ids(self.render_template(messages), slots)
+
+    def opening(self, system: Sequence[int] | None) -> list[int]:
+        """What renders before the first user turn's text, alone and followed by an exchange
+        (a template may lay out a first turn differently once others follow): the part the
+        two share."""
+        key = tuple(system or ())
+        if key not in self._openings:
+            first = [{"role": "system", "content": _SENTINEL.format("s")}] if system else []
+            user = {"role": "user", "content": _SENTINEL.format("u")}
+            reply = {"role": "assistant", "content": "A"}
+            texts = [
+                self.render_template([*first, user]),
+                self.render_template([*first, user, reply, user]),
+            ]
+            user_at = _SENTINEL.format("u")
+            slots = {"s": list(key)}
+            heads = [self._ids(text[: text.index(user_at)], slots) for text in texts]
+            self._openings[key] = _common_prefix(*heads)
+        return list(self._openings[key])
+
+    def _ids(self, rendered: str, slots: dict[str, list[int]]) -> list[int]:
         ids: list[int] = []
         for n, piece in enumerate(_SENTINEL_RE.split(rendered)):
             ids += slots[piece] if n % 2 else self._markup_ids(piece)

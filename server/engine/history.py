@@ -144,6 +144,13 @@ class Conversation:
         out.append(Message("user", user_ids, images))
         return out
 
+    def opening(self, prompt_ids: Sequence[int]) -> int:
+        """How many leading ``prompt_ids`` (a prompt it rendered) are its format's opening for
+        its system prompt: the same in every conversation that has them (0 where the prompt
+        does not start with it)."""
+        opening = self.format.opening(self._system_ids or None)
+        return len(opening) if list(prompt_ids[: len(opening)]) == opening else 0
+
     def first_turn_tokens(self, system_ids: Sequence[int]) -> int:
         """The tokens of a first turn with this system prompt and no text: markup included."""
         return len(self.format.render(list(system_ids) or None, [], UserTurn([])))
@@ -331,6 +338,7 @@ class Chat:
             self.key,
             new_images=len(turn.images),
             messages=prepared.messages,
+            opening=self.conversation.opening(prepared.prompt_ids),
         )
         generation = self._engine.generate(request)
         self._running = (generation, prepared)

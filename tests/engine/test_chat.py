@@ -103,3 +103,16 @@ def test_one_cancel_hook_sets_the_flag_a_worker_thread_reads() -> None:
     generation.cancel()
     generation.cancel()  # a second cancel (reset after cancel) changes nothing
     assert generation.cancel_flag.is_set()  # what a worker thread reads each step
+
+
+async def test_a_chats_requests_say_how_long_their_opening_is() -> None:
+    engine = ScriptedEngine()
+    chat = Chat(engine, "s")
+    await chat.set_system("Be brief.", min_turn_tokens=32)
+    await say(chat, "Hello")
+    await say(chat, "Again")
+    system = engine.prompt_format.tokenize_system("Be brief.")
+    opening = engine.prompt_format.opening(system)
+    first, second = engine.requests
+    assert first.opening == second.opening == len(opening) > len(system)
+    assert first.prompt_ids[: len(opening)] == second.prompt_ids[: len(opening)] == opening

@@ -213,6 +213,33 @@ def test_each_prompt_extends_the_last_prompt_and_its_reply(
             assert following[len(kept)] == CLOSING[name]
 
 
+@pytest.mark.parametrize("name", sorted(CLOSING))
+@pytest.mark.parametrize("system", [None, "Short answers, please, and be kind."])
+def test_the_opening_begins_every_render_and_ends_before_the_users_text(
+    tokenizer: Any, name: str, system: str | None
+) -> None:
+    conversation = Conversation(every_format(tokenizer)[name])
+    conversation.set_system(system)
+    opening = conversation.format.opening(conversation.tokenize_system(system) if system else None)
+    renders = []
+    for text_ in ("Hi", "What is the capital of France?", "<start_of_turn>model"):
+        user = conversation.tokenize_user(text_)
+        renders.append(conversation.prompt_ids(user))
+        renders.append(conversation.prompt_ids(user, [[255999, 262144, 256000]]))
+        conversation.add_exchange(user, [], [], [400, 401, END])
+        renders.append(conversation.prompt_ids(conversation.tokenize_user("next")))
+        conversation.clear()
+    for ids in renders:
+        assert ids[: len(opening)] == opening
+        assert conversation.opening(ids) == len(opening)
+    # nothing a user writes is in it: two first turns part right after it (or on the markup
+    # that opens the user's text, which is the same for both)
+    first, other = renders[0], renders[3]
+    parted = next(n for n, (a, b) in enumerate(zip(first, other, strict=False)) if a != b)
+    assert len(opening) <= parted <= len(opening) + 2
+    assert len(opening) > (len(conversation.tokenize_system(system)) if system else 0)
+
+
 def test_image_placeholders_come_before_the_text_in_every_format(tokenizer: Any) -> None:
     placeholder = [[255999, 262144, 262144, 256000]]
     for name, fmt in every_format(tokenizer).items():
