@@ -85,3 +85,81 @@ def test_a_mark_within_the_window_stands_for_every_earlier_one() -> None:
     assert [m.length for m in carried_marks(start, mark(12))] == [12]  # it holds 0-11
     start.marks = (mark(5), mark(30))
     assert [m.length for m in carried_marks(start, mark(40))] == [5, 30, 40]
+
+
+# -- openings: shared by every session whose prompt starts with them --------------------------
+
+
+def opening(ids: list[int]) -> CachedPrefix:
+    own = tensors(len(ids))
+    return cached_prefix(own, ids, own)
+
+
+def session(ids: list[int]) -> CachedPrefix:
+    own = tensors(len(ids))
+    return cached_prefix(own, ids, own)
+
+
+def test_a_new_session_gets_the_longest_opening_its_prompt_starts_with_and_it_stays() -> None:
+    store = KVStore(1 << 20)
+    store.put_opening(opening([1, 2, 3]))
+    store.put_opening(opening([1, 2, 3, 4, 5]))
+    store.put_opening(opening([7, 8, 9]))
+    prompt = [1, 2, 3, 4, 5, 6]
+    for key in ("a", "b"):
+        taken = store.take(key, prompt, tuple)
+        assert taken is not None and taken.shared and taken.ids == [1, 2, 3, 4, 5]
+    assert store.has_opening([1, 2, 3, 4, 5]) and store.tokens == 3 + 5 + 3
+    # an opening as long as the prompt leaves nothing to prefill: it is not handed out
+    assert store.take("c", [1, 2, 3], tuple) is None
+    shorter = store.take("c", [1, 2, 3, 4], tuple)
+    assert shorter is not None and shorter.ids == [1, 2, 3]
+    assert store.take("c", [2, 1, 3, 4], tuple) is None
+    assert store.take("c", prompt, list) is None  # another engine's form
+
+
+def test_a_session_keeps_its_own_entry_where_it_shares_as_much_as_the_opening() -> None:
+    store = KVStore(1 << 20)
+    store.put_opening(opening([1, 2, 3, 4]))
+    store.put("s", session([1, 2, 3, 4, 10, 11]))
+    own = store.take("s", [1, 2, 3, 4, 10, 11, 12], tuple)
+    assert own is not None and not own.shared and own.ids == [1, 2, 3, 4, 10, 11]
+    store.put("s", session([1, 2, 3, 9, 9]))  # a rewind: 3 shared, the opening has 4
+    taken = store.take("s", [1, 2, 3, 4, 12], tuple)
+    assert taken is not None and taken.shared
+    assert "s" not in store._entries  # what the session had leaves the store either way
+    store.put("s", session([1, 2, 3, 4, 9]))  # as much as the opening: its own
+    taken = store.take("s", [1, 2, 3, 4, 12], tuple)
+    assert taken is not None and not taken.shared
+
+
+def test_openings_are_bounded_in_count_the_least_recently_used_going_first() -> None:
+    store = KVStore(1 << 20, openings=2)
+    store.put_opening(opening([1, 1]))
+    store.put_opening(opening([2, 2]))
+    assert store.take("s", [1, 1, 5], tuple) is not None  # [1, 1] is the most recently used
+    store.put_opening(opening([3, 3]))
+    assert list(store._openings) == [(1, 1), (3, 3)]
+    kept = store._openings[(1, 1)]
+    store.put_opening(opening([1, 1]))  # one copy per opening: the first stays
+    assert store._openings[(1, 1)] is kept
+    off = KVStore(1 << 20, openings=0)
+    off.put_opening(opening([1, 1]))
+    assert not off.has_opening([1, 1]) and off.bytes == 0
+
+
+def test_openings_count_in_the_budget_and_go_after_the_sessions_entries() -> None:
+    one = 2 * 10 * COLUMN
+    store = KVStore(3 * one)
+    store.put_opening(opening(list(range(10))))
+    assert store.bytes == one and store.usage().tokens == 10
+    store.put("a", session(list(range(100, 110))))
+    store.put("b", session(list(range(200, 210))))
+    assert store.bytes == 3 * one
+    store.put_opening(opening(list(range(300, 310))))  # over: a session's entry goes first
+    assert set(store._entries) == {"b"} and len(store._openings) == 2
+    store.put("c", entry(20))  # over again: "b", then the least recently used opening
+    assert set(store._entries) == {"c"} and list(store._openings) == [tuple(range(300, 310))]
+    assert store.bytes == 3 * one and store.evictions == 3
+    store.put_opening(opening(list(range(400, 440))))  # bigger than the whole budget
+    assert not store.has_opening(list(range(400, 440)))

@@ -9,6 +9,11 @@ go first, then the least recently used are evicted (their sessions re-prefill on
 prompt). One store serves both transformers paths (the
 batch and ``generate``, batched.py): each entry keeps the form its engine made, and an engine
 that finds another's form drops it.
+
+Besides the sessions' entries it keeps a few openings (``put_opening``): the KV state of the ids
+every conversation with one prompt format and system prompt starts with
+(``GenerationRequest.opening``), shared read-only by every session whose prompt starts with
+them: a new session prefills only what follows its opening.
 """
 
 from __future__ import annotations
@@ -42,6 +47,13 @@ class RingMark:
         return (t for pair in self.ring for t in pair)
 
 
+# Openings the store keeps at once by default (--shared-openings): one per system prompt in use
+SHARED_OPENINGS = 4
+# An opening shorter than this is not kept: its prefill costs next to nothing (gemma-turns
+# without a system prompt opens with 4 ids).
+MIN_OPENING_TOKENS = 8
+
+
 @dataclass(slots=True)
 class CachedPrefix:
     cache: Any  # a transformers Cache (HFEngine) or a KVState (BatchedEngine)
@@ -49,6 +61,9 @@ class CachedPrefix:
     nbytes: int  # what its keys and values hold in memory, its marks' included
     marks: tuple[RingMark, ...] = ()  # by length, each at most len(ids)
     marks_nbytes: int = field(default=0)  # what the marks alone add to nbytes
+    # An opening of the store's, read by many sessions at once: an engine loads it by copy and
+    # never writes, cuts or marks its tensors (the state it leaves is its own).
+    shared: bool = False
 
     def drop_marks(self) -> int:
         """Give up the ring marks; the bytes that frees."""
@@ -59,14 +74,19 @@ class CachedPrefix:
 
 
 def cached_prefix(
-    cache: Any, ids: list[int], tensors: Iterable[torch.Tensor], marks: Iterable[RingMark] = ()
+    cache: Any,
+    ids: list[int],
+    tensors: Iterable[torch.Tensor],
+    marks: Iterable[RingMark] = (),
+    *,
+    shared: bool = False,
 ) -> CachedPrefix:
     """An entry of ``cache`` (its keys and values ``tensors``) and ``marks``, their bytes
     counted once where they share storage."""
     own, marks = list(tensors), tuple(marks)
     cache_bytes = held_bytes(own)
     total = held_bytes([*own, *(t for mark in marks for t in mark.tensors())])
-    return CachedPrefix(cache, ids, total, marks, total - cache_bytes)
+    return CachedPrefix(cache, ids, total, marks, total - cache_bytes, shared)
 
 
 def carried_marks(prefix: CachedPrefix | None, ring: RingMark | None) -> tuple[RingMark, ...]:
@@ -131,42 +151,67 @@ def window_holds(first_held: int, length: int, window: int) -> bool:
 
 
 class KVStore:
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, openings: int = SHARED_OPENINGS) -> None:
         self.budget_bytes = budget_bytes
-        # guards _entries: the loop takes/puts, worker threads put back when they finish
+        self.openings = openings  # the most openings kept at once (0: none)
+        # guards _entries and _openings: the loop takes/puts, worker threads put back when
+        # they finish
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, CachedPrefix] = OrderedDict()
+        self._openings: OrderedDict[tuple[int, ...], CachedPrefix] = OrderedDict()
         self.evictions = 0
+
+    def _held(self) -> list[CachedPrefix]:
+        return [*self._entries.values(), *self._openings.values()]
 
     @property
     def tokens(self) -> int:
-        with self._lock:
-            return sum(len(e.ids) for e in self._entries.values())
+        return self.usage().tokens
 
     @property
     def bytes(self) -> int:
-        with self._lock:
-            return sum(e.nbytes for e in self._entries.values())
+        return self.usage().bytes
 
     def usage(self) -> KVUsage:
+        """What the sessions' entries and the openings hold together."""
         with self._lock:
-            entries = list(self._entries.values())
-        tokens = sum(len(e.ids) for e in entries)
-        return KVUsage(tokens, sum(e.nbytes for e in entries), self.budget_bytes)
+            held = self._held()
+        tokens = sum(len(e.ids) for e in held)
+        return KVUsage(tokens, sum(e.nbytes for e in held), self.budget_bytes)
 
     def take(
         self, key: str, prompt_ids: list[int], kind: type | tuple[type, ...]
     ) -> CachedPrefix | None:
         """The session's cache if it is of ``kind`` and the prompt starts with at least one of
-        its tokens; it leaves the store either way. It may hold more than the prompt shares:
-        the engine cuts it back (``shared_length``)."""
+        its tokens, unless an opening of ``kind`` that the prompt starts with is longer: then
+        that opening (``shared``), which stays in the store for other sessions. The session's
+        own leaves the store either way. It may hold more than the prompt shares: the engine
+        cuts it back (``shared_length``)."""
         with self._lock:
             entry = self._entries.pop(key, None)
-        if entry is None or not isinstance(entry.cache, kind):
-            return None
-        if shared_length(entry.ids, prompt_ids) == 0:
-            return None
-        return entry
+            own = 0
+            if entry is not None and isinstance(entry.cache, kind):
+                own = shared_length(entry.ids, prompt_ids)
+            opening = self._longest_opening(prompt_ids, kind)
+            if opening is not None and len(opening.ids) > own:
+                self._openings.move_to_end(tuple(opening.ids))
+                return opening
+        return entry if own else None
+
+    def _longest_opening(
+        self, prompt_ids: list[int], kind: type | tuple[type, ...]
+    ) -> CachedPrefix | None:
+        best: CachedPrefix | None = None
+        for ids, opening in self._openings.items():
+            longer = best is None or len(ids) > len(best.ids)
+            fits = len(ids) < len(prompt_ids) and isinstance(opening.cache, kind)
+            if longer and fits and prompt_ids[: len(ids)] == opening.ids:
+                best = opening
+        return best
+
+    def has_opening(self, ids: Sequence[int]) -> bool:
+        with self._lock:
+            return tuple(ids) in self._openings
 
     def put(self, key: str, entry: CachedPrefix) -> None:
         if entry.nbytes - entry.marks_nbytes > self.budget_bytes:
@@ -174,16 +219,39 @@ class KVStore:
         with self._lock:
             self._entries[key] = entry
             self._entries.move_to_end(key)
-            total = sum(e.nbytes for e in self._entries.values())
-            # Over budget, marks go before any entry (a whole entry's at once, the least
-            # recently used first): an entry serves its session's every next prompt, a mark only
-            # a prompt cut back past the window.
-            for held in self._entries.values():
-                if total <= self.budget_bytes:
-                    break
-                total -= held.drop_marks()
-            while total > self.budget_bytes and self._entries:
-                _, evicted = self._entries.popitem(last=False)
+            self._fit()
+
+    def put_opening(self, entry: CachedPrefix) -> None:
+        """Keep ``entry`` (no marks) as an opening shared by every session whose prompt starts
+        with its ids; one already kept for them stays as it is. Past ``openings`` of them, the
+        least recently used goes."""
+        if self.openings <= 0 or entry.nbytes > self.budget_bytes:
+            return
+        entry.shared = True
+        key = tuple(entry.ids)
+        with self._lock:
+            if key in self._openings:
+                return
+            self._openings[key] = entry
+            while len(self._openings) > self.openings:
+                self._openings.popitem(last=False)
+            self._fit()
+
+    def _fit(self) -> None:
+        """Under the budget again (the lock held). Over it, marks go before any entry (a whole
+        entry's at once, the least recently used first): an entry serves its session's every
+        next prompt, a mark only a prompt cut back past the window. Then the sessions' entries,
+        and the openings last: an opening serves every new session with its system prompt, an
+        entry one session."""
+        total = sum(e.nbytes for e in self._held())
+        for held in self._entries.values():
+            if total <= self.budget_bytes:
+                break
+            total -= held.drop_marks()
+        # the entry just put (the most recent) goes last of all: it fits the budget alone
+        for pool, keep in ((self._entries, 1), (self._openings, 0), (self._entries, 0)):
+            while total > self.budget_bytes and len(pool) > keep:
+                _, evicted = pool.popitem(last=False)
                 total -= evicted.nbytes
                 self.evictions += 1
 
