@@ -62,7 +62,7 @@ from wschat.protocol import FinishReason
 from ..base import Generation, GenerationRequest, KVUsage, LoopBridge
 from ..stopping import token_budget
 from .hf import HFEngine
-from .kvstore import CachedPrefix, KVStore, cached_prefix, latest_mark
+from .kvstore import SHARED_OPENINGS, CachedPrefix, KVStore, cached_prefix, latest_mark
 from .loader import LoadedModel
 from .memory import give_back, out_of_memory
 from .output import OutputProcessor
@@ -87,12 +87,14 @@ class BatchedEngine:
         context_tokens: int = 8192,
         max_images: int = 4,
         kv_budget_bytes: int = 1 << 30,
+        shared_openings: int = SHARED_OPENINGS,
         prefill_tokens: int = 512,
         prompt_format: str = "auto",
         threads: ThreadPolicy | None = None,
         gather_s: float = GATHER_S,
     ) -> None:
-        self.kv = KVStore(kv_budget_bytes)  # one budget: the image path keeps its state here too
+        # one budget: the image path keeps its state here too
+        self.kv = KVStore(kv_budget_bytes, shared_openings)
         self.threads = threads or ThreadPolicy()
         self.single = HFEngine(
             loaded,
@@ -101,6 +103,7 @@ class BatchedEngine:
             kv=self.kv,
             prompt_format=prompt_format,
             threads=self.threads,
+            fills_openings=False,
         )
         self.info = replace(self.single.info, name=self.name, batch_width=width)
         self.prompt_format = self.single.prompt_format
@@ -171,6 +174,7 @@ class BatchedEngine:
                 request.params.max_new_tokens, self.info.context_tokens, len(request.prompt_ids)
             ),
             self.prompt_format.end_ids,
+            opening=self.single.opening_to_fill(request),
         )
         if self.scheduler.submit(row, loop):
             # After the callbacks already due: prompts that arrived together start together.
@@ -197,7 +201,8 @@ class BatchedEngine:
         if state is None:
             return None
         kept = [m for m in prefix.marks if m.length <= state.length]
-        return cached_prefix(state, prefix.ids[: state.length], state.tensors(), kept)
+        ids = prefix.ids[: state.length]
+        return cached_prefix(state, ids, state.tensors(), kept, shared=prefix.shared)
 
     def _holds_every_image(self, request: GenerationRequest, prefix: CachedPrefix | None) -> bool:
         """Whether ``prefix`` holds the KV state of every image of the conversation: then the
@@ -269,7 +274,7 @@ class BatchedEngine:
         self._end_cancelled()
         for row in self.scheduler.admit():  # cancelled while they waited
             self.runner.adopt(row)
-            self.output.finish(row, FinishReason.CANCELLED, row.prefix_state)
+            self.output.finish(row, FinishReason.CANCELLED, row.own_prefix_state)
         if self.scheduler.prefilling:
             self._prefill_chunk()
             self._end_cancelled()
@@ -287,6 +292,9 @@ class BatchedEngine:
         hidden = self.runner.prefill(rows, counts, first=scheduler.decoding_count)
         self.prefill_forwards += 1
         done = scheduler.fed(counts)
+        for j, row in enumerate(rows):
+            if row.opening and row.fed >= row.opening:
+                self._keep_opening(row, scheduler.decoding_count + j)
         if not done:
             return
         picked = self.runner.pick_after_prefill(hidden, rows, done, counts)
@@ -296,6 +304,15 @@ class BatchedEngine:
                 self._retire(row, reason)
             else:
                 scheduler.start_decoding(row)
+
+    def _keep_opening(self, row: BatchRow, slot: int) -> None:
+        """A copy of the row's opening, now fed, for the sessions that start with it; none
+        once the prefill wrapped its rings (a prompt longer than the window in one chunk)."""
+        n, row.opening = row.opening, 0
+        if self.runner.kv.lengths[slot] > self.runner.layout.window:
+            return
+        state = self.runner.kv.save(slot, n)
+        self.kv.put_opening(cached_prefix(state, row.prompt_ids[:n], state.tensors()))
 
     def _decode_step(self) -> None:
         rows = self.scheduler.decoding

@@ -52,6 +52,8 @@ from ..formats import build_format
 from ..stopping import final_reason, token_budget
 from ..tokenizing import TextTokenizer
 from .kvstore import (
+    MIN_OPENING_TOKENS,
+    SHARED_OPENINGS,
     CachedPrefix,
     KVStore,
     RingMark,
@@ -64,7 +66,7 @@ from .kvstore import (
 from .loader import LoadedModel
 from .memory import give_back, out_of_memory
 from .sampling import penalize, tempered
-from .streamer import TokenStreamer, cancel_or_stop
+from .streamer import StopWhen, TokenStreamer, cancel_or_stop
 from .threads import ThreadPolicy
 
 log = logging.getLogger("wschat.engine")
@@ -83,9 +85,14 @@ class HFEngine:
         max_images: int = 4,
         kv_budget_bytes: int = 1 << 30,
         kv: KVStore | None = None,
+        shared_openings: int = SHARED_OPENINGS,
         prompt_format: str = "auto",
         threads: ThreadPolicy | None = None,
+        fills_openings: bool = True,
     ) -> None:
+        """``shared_openings``: openings its own store keeps (``kv``: a store of the caller's,
+        with its own); ``fills_openings``: whether its generations keep their prompt's opening
+        there (the batched engine's image path does not: its openings are the batch's form)."""
         self.loaded = loaded
         self.threads = threads or ThreadPolicy()
         self.model = loaded.model
@@ -112,7 +119,10 @@ class HFEngine:
                 self.prompt_format.name,
             ),
         )
-        self.kv = kv if kv is not None else KVStore(kv_budget_bytes)
+        self.kv = kv if kv is not None else KVStore(kv_budget_bytes, shared_openings)
+        self.fills_openings = fills_openings
+        text_config = self.model.config.get_text_config()
+        self._window: int | None = getattr(text_config, "sliding_window", None)
         self.text_tokenizer = TextTokenizer()
         self._threads: set[threading.Thread] = set()
         self._images = _ImageLayout.of(loaded) if loaded.has_vision else None
@@ -185,6 +195,11 @@ class HFEngine:
         where nothing is (``crop_cache``)."""
         if prefix is None:
             return None
+        if prefix.shared:  # a pooled opening: this generation's own copy, which it may write
+            cache = copied_cache(prefix.cache, len(prefix.ids), self.model.config)
+            if cache is None:
+                return None
+            prefix = cached_prefix(cache, list(prefix.ids), _cache_tensors(cache))
         n = self.reusable_length(prefix.ids, request)
         if n == len(prefix.ids):
             return prefix
@@ -260,7 +275,13 @@ class HFEngine:
         cached = len(prefix.ids) if prefix else 0
         # generate concatenates into new tensors: the ones the cache holds now stay as they are
         mark = _ring_mark(cache, cached) if prefix else None
-        ids = self._generate(request, generation, streamer, cache, cached)
+        opening = _OpeningCopy(cache, self.opening_to_fill(request), self.model.config)
+        ids = self._generate(request, generation, streamer, cache, cached, opening)
+        if opening.copy is not None:
+            shared = opening.copy
+            self.kv.put_opening(
+                cached_prefix(shared, ids[: opening.length], _cache_tensors(shared))
+            )
         if request.session_key:
             kept = ids[: cache.get_seq_length()]
             marks = carried_marks(prefix, mark)
@@ -275,6 +296,7 @@ class HFEngine:
         streamer: TokenStreamer,
         cache: Any,
         cached: int,
+        opening: _OpeningCopy,
     ) -> list[int]:
         params = request.params
         device = self.model.device
@@ -296,11 +318,26 @@ class HFEngine:
                 pad_token_id=self.tokenizer.pad_token_id,
                 streamer=streamer,
                 stopping_criteria=StoppingCriteriaList(
-                    [cancel_or_stop(generation.cancel_flag, streamer)]
+                    [cancel_or_stop(generation.cancel_flag, streamer), StopWhen(opening.take)]
                 ),
                 **kwargs,
             )
         return list(out[0].tolist())
+
+    def opening_to_fill(self, request: GenerationRequest) -> int:
+        """The length of the request's opening (``GenerationRequest.opening``) to keep for
+        other sessions once its prefill is done, or 0: none is kept when it is short
+        (``MIN_OPENING_TOKENS``), already kept, holds an image, or does not fit the sliding
+        window (a ring holds every position of it only then)."""
+        n = request.opening
+        if self.kv.openings <= 0 or not MIN_OPENING_TOKENS <= n < len(request.prompt_ids):
+            return 0
+        if self._window is not None and n >= self._window:
+            return 0
+        ids = request.prompt_ids[:n]
+        if self._images is not None and self._images.reusable_length(ids, n, 0) < n:
+            return 0
+        return 0 if self.kv.has_opening(ids) else n
 
     def _reason(self, generation: Generation, streamer: TokenStreamer) -> FinishReason:
         generated, ends = streamer.generated, self.prompt_format.end_ids
@@ -337,6 +374,39 @@ class _SafeScores(LogitsProcessor):
         if self.params.temperature > 0:
             scores = tempered(scores, self.params.temperature)
         return scores
+
+
+class _OpeningCopy:
+    """The first ``length`` positions of the cache ``generate`` fills, copied at its first
+    token (the prompt prefilled, nothing more yet): the opening ``KVStore.put_opening`` keeps.
+    ``take`` is a stopping rule that never stops (``StopWhen``)."""
+
+    def __init__(self, cache: Any, length: int, config: Any) -> None:
+        self._cache, self.length, self._config = cache, length, config
+        self.copy: DynamicCache | None = None
+        self._taken = length == 0
+
+    def take(self) -> bool:
+        if not self._taken:
+            self._taken = True
+            self.copy = copied_cache(self._cache, self.length, self._config)
+        return False
+
+
+def copied_cache(cache: Any, length: int, config: Any) -> DynamicCache | None:
+    """A new ``DynamicCache`` of the first ``length`` positions of ``cache``, in tensors of its
+    own (``update`` concatenates into new ones); None where a layer no longer holds every
+    one of them (a sliding layer past its window)."""
+    copy = DynamicCache(config=config)
+    target: Any
+    for target, layer in zip(copy.layers, cache.layers, strict=True):
+        if not layer.is_initialized:
+            continue
+        held = layer.keys.shape[-2]
+        if held < length or layer.get_seq_length() != held:
+            return None
+        target.update(layer.keys[..., :length, :], layer.values[..., :length, :])
+    return copy
 
 
 def crop_cache(cache: Any, length: int, marks: Sequence[RingMark] = ()) -> int:

@@ -31,6 +31,8 @@ class BatchRow:
     max_new_tokens: int  # its budget (``stopping.token_budget``)
     end_ids: frozenset[int]
     fed: int = 0  # prompt tokens whose KV state the row holds
+    # the prompt's opening to keep for other sessions once it is fed (0: none, or kept)
+    opening: int = 0
     next_token: int = 0  # the last token picked: the input of the next decode pass
     state: RowState = field(default=RowState.WAITING, init=False)  # the scheduler's
     finished: bool = field(default=False, init=False)  # its terminal item is delivered
@@ -56,8 +58,15 @@ class BatchRow:
     def prefix_state(self) -> KVState | None:
         return self.prefix.cache if self.prefix else None
 
+    @property
+    def own_prefix_state(self) -> KVState | None:
+        """The state it started from where that is the session's own, not a shared opening."""
+        return None if self.prefix is None or self.prefix.shared else self.prefix.cache
+
     def marks(self) -> tuple[RingMark, ...]:
         """The ring marks of the state this row leaves: its prefix's and the prefix's own
-        rings, which the batch copied in and never wrote (``kvstore.carried_marks``)."""
-        state = self.prefix_state
+        rings, which the batch copied in and never wrote (``kvstore.carried_marks``); none
+        from a shared opening, whose tensors stay the store's (the store serves a cut back to
+        it from the opening itself)."""
+        state = self.own_prefix_state
         return carried_marks(self.prefix, None if state is None else state.mark())

@@ -224,8 +224,12 @@ class SlotKV:
         self.lengths[row] = n
         self.ring_from[row] = state.ring_from
 
-    def save(self, row: int) -> KVState:
-        n = self.lengths[row]
+    def save(self, row: int, length: int | None = None) -> KVState:
+        """A copy of the row's state, or of its first ``length`` positions while its rings
+        still hold each of them in its own column (the row is within the window)."""
+        n = self.lengths[row] if length is None else length
+        if n < self.lengths[row] and self.lengths[row] > self.layout.window:
+            raise ValueError(f"a row of {self.lengths[row]} positions has wrapped its rings")
         kept = min(n, self.layout.window)
         full = [(k[row, :, :n].clone(), v[row, :, :n].clone()) for k, v in self._full.values()]
         ring = [

@@ -1,0 +1,136 @@
+"""New conversations share the KV state of their common opening (``kvstore.KVStore``'s openings),
+on both local engines, on the tiny random Gemma 3 in float32: a new session whose prompt starts
+with a kept opening prefills only what follows it, replies exactly as without the pool, and
+leaves the opening's tensors as they were; another system prompt is another opening."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import torch
+from wschat.server.engine import Chat, Finished, SamplingParams, Turn
+from wschat.server.engine.local.kvstore import MIN_OPENING_TOKENS
+from wschat.server.engine.local.loader import LoadedModel
+
+from tests.engine.test_kv_reuse import WINDOW, Engine, make_engine
+from tests.support import collect
+
+SYSTEM = "Be brief."  # gemma-turns opens with 8 ids: the prompts below fit the window (16)
+
+
+@pytest.fixture(params=["generate", "batched"])
+async def engines(
+    request: pytest.FixtureRequest, tiny_text_loaded: LoadedModel
+) -> AsyncIterator[tuple[Engine, Engine]]:
+    """The engine with its openings on, and one with none (``--shared-openings 0``)."""
+    pooled = make_engine(tiny_text_loaded, request.param)
+    plain = make_engine(tiny_text_loaded, request.param, shared_openings=0)
+    yield pooled, plain
+    await pooled.aclose()
+    await plain.aclose()
+
+
+async def session(engine: Engine, key: str, system: str | None = SYSTEM) -> Chat:
+    chat = Chat(engine, key)
+    await chat.set_system(system, min_turn_tokens=8)
+    return chat
+
+
+async def say(chat: Chat, text: str, tokens: int = 6) -> Finished:
+    prepared = await chat.prepare(Turn(text, SamplingParams(tokens)), max_user_tokens=100)
+    _, finished = await collect(chat.start(prepared))
+    assert finished.error is None and finished.usage is not None
+    return finished
+
+
+def opening_length(engine: Engine, system: str = SYSTEM) -> int:
+    fmt = engine.prompt_format
+    return len(fmt.opening(fmt.tokenize_system(system)))
+
+
+def pooled_tensors(engine: Engine) -> list[torch.Tensor]:
+    """Every tensor the store's openings hold (either engine's form)."""
+    held: list[torch.Tensor] = []
+    for entry in engine.kv._openings.values():
+        cache = entry.cache
+        if hasattr(cache, "tensors"):
+            held += cache.tensors()
+        else:
+            held += [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    return held
+
+
+def cached(finished: Finished) -> int:
+    assert finished.usage is not None
+    return finished.usage.cached_tokens
+
+
+async def test_a_new_session_reuses_the_opening_and_replies_as_without_it(
+    engines: tuple[Engine, Engine],
+) -> None:
+    pooled, plain = engines
+    n = opening_length(pooled)
+    assert MIN_OPENING_TOKENS <= n < WINDOW
+    first = await say(await session(pooled, "a"), "Hi")
+    assert cached(first) == 0 and pooled.kv.has_opening(first_ids(pooled, "Hi")[:n])
+    kept = [t.clone() for t in pooled_tensors(pooled)]
+    for key, texts in (("b", ["Yo", "And then?"]), ("c", ["Hey", "Why"])):
+        chat, alone = await session(pooled, key), await session(plain, key)
+        for turn, text in enumerate(texts):
+            shared, unshared = await say(chat, text), await say(alone, text)
+            assert shared.completion_ids == unshared.completion_ids
+            if turn == 0:
+                assert (cached(shared), cached(unshared)) == (n, 0)
+    assert not plain.kv._openings
+    # read by every session, written by none
+    after = pooled_tensors(pooled)
+    assert len(after) == len(kept)
+    assert all(torch.equal(a, b) for a, b in zip(after, kept, strict=True))
+    assert len(pooled.kv._openings) == 1
+
+
+def first_ids(engine: Engine, text: str, system: str = SYSTEM) -> list[int]:
+    chat = Chat(engine, "probe")
+    chat.conversation.set_system(system)
+    return chat.conversation.prompt_ids(chat.conversation.tokenize_user(text))
+
+
+async def test_another_system_prompt_is_another_opening(engines: tuple[Engine, Engine]) -> None:
+    pooled, _ = engines
+    await say(await session(pooled, "a"), "Hi")
+    other = await say(await session(pooled, "b", "Be kind."), "Hi")
+    assert cached(other) == 0  # "Be brief." opens the same markup, then parts
+    again = await say(await session(pooled, "c", "Be kind."), "Yo")
+    assert cached(again) == opening_length(pooled, "Be kind.")
+    assert len(pooled.kv._openings) == 2
+
+
+async def test_a_session_after_a_reset_starts_from_the_opening(
+    engines: tuple[Engine, Engine],
+) -> None:
+    pooled, plain = engines
+    chat, alone = await session(pooled, "a"), await session(plain, "a")
+    for turn in ("Hi", "More"):
+        await say(chat, turn)
+        await say(alone, turn)
+    chat.reset()
+    alone.reset()
+    shared, unshared = await say(chat, "Yo"), await say(alone, "Yo")
+    assert cached(shared) == opening_length(pooled) and cached(unshared) == 0
+    assert shared.completion_ids == unshared.completion_ids
+
+
+async def test_an_opening_whose_first_prompt_passes_the_window_is_not_kept(
+    engines: tuple[Engine, Engine],
+) -> None:
+    pooled, plain = engines
+    text = "the cat sat on a mat and " * 3  # the prompt is past the window of 16
+    await say(await session(pooled, "a"), text)
+    assert not pooled.kv._openings
+    shared, unshared = (
+        await say(await session(pooled, "b"), text),
+        await say(await session(plain, "b"), text),
+    )
+    assert cached(shared) == 0 and shared.completion_ids == unshared.completion_ids
+
