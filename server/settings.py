@@ -165,6 +165,13 @@ class Settings:
         "beyond it those go first, then whole sessions, least recently used first each time; "
         "`--engine llamacpp`: llama.cpp's prompt cache in RAM",
     )
+    shared_openings: int = option(
+        4,
+        "conversation openings whose KV cache new sessions share (the prompt format's fixed "
+        "start and a system prompt: what every conversation with that system prompt begins "
+        "with, so its first prompt prefills only what follows), one per system prompt in use, "
+        "least recently used out first, counted in `--kv-budget-mib` (0: none; local engines)",
+    )
     max_frame_bytes: int = option(12 * 1024 * 1024, "largest frame accepted")
     max_image_bytes: int = option(10 * 1024 * 1024, "largest image accepted")
     max_image_pixels: int = option(25_000_000, "most pixels in one image")

@@ -188,6 +188,7 @@ _GROUPS: dict[str, tuple[str, ...]] = {
         "context_tokens",
         "prefill_chunk_tokens",
         "kv_budget_mib",
+        "shared_openings",
         "stall_timeout_s",
     ),
     "sessions and limits": (

@@ -99,6 +99,7 @@ def _build_engine(settings: Settings) -> Engine:
         "context_tokens": settings.context_tokens,
         "max_images": settings.max_images,
         "kv_budget_bytes": settings.kv_budget_mib << 20,
+        "shared_openings": settings.shared_openings,
     }
     engine: Engine
     if settings.engine == "batched":

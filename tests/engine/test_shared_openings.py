@@ -10,8 +10,9 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 from wschat.server.engine import Chat, Finished, SamplingParams, Turn
-from wschat.server.engine.local.kvstore import MIN_OPENING_TOKENS
+from wschat.server.engine.local.kvstore import MIN_OPENING_TOKENS, SHARED_OPENINGS
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.settings import Settings
 
 from tests.engine.test_kv_reuse import WINDOW, Engine, make_engine
 from tests.support import collect
@@ -134,3 +135,6 @@ async def test_an_opening_whose_first_prompt_passes_the_window_is_not_kept(
     )
     assert cached(shared) == 0 and shared.completion_ids == unshared.completion_ids
 
+
+def test_the_servers_default_is_the_stores() -> None:
+    assert Settings().shared_openings == SHARED_OPENINGS > 0

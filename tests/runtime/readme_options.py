@@ -29,6 +29,7 @@ OPTIONS = (
     "default_max_new_tokens",
     "context_tokens",
     "kv_budget_mib",
+    "shared_openings",
     "session_store",
     "resume_grace_s",
     "session_lease_s",
