@@ -15,7 +15,7 @@ from wschat.server.engine.local.loader import LoadedModel
 from wschat.server.settings import Settings
 
 from tests.engine.test_kv_reuse import WINDOW, Engine, make_engine
-from tests.support import collect
+from tests.support import collect, raw_peer, running_server
 
 SYSTEM = "Be brief."  # gemma-turns opens with 8 ids: the prompts below fit the window (16)
 
@@ -134,6 +134,27 @@ async def test_an_opening_whose_first_prompt_passes_the_window_is_not_kept(
         await say(await session(plain, "b"), text),
     )
     assert cached(shared) == 0 and shared.completion_ids == unshared.completion_ids
+
+
+async def test_a_second_new_session_over_a_server_reports_the_opening_as_cached(
+    engines: tuple[Engine, Engine],
+) -> None:
+    pooled, _ = engines
+    starts: list[dict[str, object]] = []
+    async with running_server(pooled) as url:
+        for text in ("Hi", "Yo"):
+            async with raw_peer(url) as (peer, _ready):
+                await peer.send({"type": "configure", "system": SYSTEM})
+                await peer.recv_until("configured")
+                await peer.send(
+                    {"type": "prompt", "id": "p", "text": text, "params": {"max_new_tokens": 4}}
+                )
+                frames = await peer.recv_until("done")
+            start, done = frames[0], frames[-1]
+            assert start["type"] == "start" and done["reason"] == "length"
+            assert done["usage"]["cached_tokens"] == start["cached_tokens"]
+            starts.append(start)
+    assert [s["cached_tokens"] for s in starts] == [0, opening_length(pooled)]
 
 
 def test_the_servers_default_is_the_stores() -> None:
