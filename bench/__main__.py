@@ -11,7 +11,8 @@ llama.cpp scenario (bench/llamacpp.py; ``--only llamacpp``: bench/results/llamac
 (bench/resume.py: 20 drops, resume latency and whole replies; bench/results/resume.json).
 ``--only openai`` runs the OpenAI-compatible API scenario alone (bench/openai_api.py: the SDK's
 streams against the WebSocket's at 1 and 8, a conversation resent whole;
-bench/results/openai.json).
+bench/results/openai.json). ``--only openings`` runs first prompts on fresh sessions with the
+conversations' shared opening and without it (bench/openings.py; bench/results/openings.json).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import chart, images, llamacpp, openai_api, report, resume, threads, widths
+from . import chart, images, llamacpp, openai_api, openings, report, resume, threads, widths
 from .workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,6 +91,11 @@ SCENARIOS = {
         openai_api.OpenAIWork, openai_api.run, openai_api.report, openai_api.targets,
         "streams through the openai SDK against the WebSocket; a conversation resent whole",
         available=openai_api.available, in_full_run=False,
+    ),
+    "openings": Scenario(
+        openings.OpeningsWork, openings.run, openings.report, openings.targets,
+        "first prompts on fresh sessions with the shared opening and without",
+        in_full_run=False,
     ),
 }  # fmt: skip
 
