@@ -98,6 +98,10 @@ class GenerationRequest:
     # the same for every conversation with its format and system prompt, so a local engine
     # shares their KV state across sessions. 0: nothing to share.
     opening: int = 0
+    # Who may share that opening's KV state: "" for an opening without a system prompt (the
+    # format's own, the same for everyone); with one a client set, its owner's scope, so that
+    # a reused opening says nothing about what another client sent. Never shown (repr).
+    opening_scope: str = field(default="", repr=False)
 
     @property
     def fresh_images(self) -> int:

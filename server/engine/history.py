@@ -227,6 +227,9 @@ class Chat:
     def __init__(self, engine: Engine, key: str) -> None:
         self._engine = engine
         self.key = key
+        # whose sessions share an opening with a system prompt (its owner's, as the web layer
+        # derives it); one without a system prompt every session shares
+        self.scope = ""
         self.conversation = Conversation(engine.prompt_format)
         self._running: tuple[Generation, PreparedTurn] | None = None
 
@@ -339,6 +342,7 @@ class Chat:
             new_images=len(turn.images),
             messages=prepared.messages,
             opening=self.conversation.opening(prepared.prompt_ids),
+            opening_scope=self.scope if self.conversation.system else "",
         )
         generation = self._engine.generate(request)
         self._running = (generation, prepared)

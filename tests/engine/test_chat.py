@@ -118,3 +118,16 @@ async def test_a_chats_requests_say_how_long_their_opening_is() -> None:
     first, second = engine.requests
     assert first.opening == second.opening == len(opening) > len(system)
     assert first.prompt_ids[: len(opening)] == second.prompt_ids[: len(opening)] == opening
+
+
+async def test_a_chats_opening_is_its_owners_only_with_a_system_prompt() -> None:
+    engine = ScriptedEngine()
+    chat = Chat(engine, "s")
+    chat.scope = "owner-digest"
+    await say(chat, "Hello")  # the format's own opening: everyone's
+    await chat.set_system("Be brief.", min_turn_tokens=32)
+    await say(chat, "Hello")
+    await chat.set_system(None, min_turn_tokens=32)
+    await say(chat, "Hello")
+    assert [r.opening_scope for r in engine.requests] == ["", "owner-digest", ""]
+    assert "owner-digest" not in repr(engine.requests[1])

@@ -139,10 +139,10 @@ def test_openings_are_bounded_in_count_the_least_recently_used_going_first() -> 
     store.put_opening(opening([2, 2]))
     assert store.take("s", [1, 1, 5], tuple) is not None  # [1, 1] is the most recently used
     store.put_opening(opening([3, 3]))
-    assert list(store._openings) == [(1, 1), (3, 3)]
-    kept = store._openings[(1, 1)]
+    assert list(store._openings) == [("", (1, 1)), ("", (3, 3))]
+    kept = store._openings[("", (1, 1))]
     store.put_opening(opening([1, 1]))  # one copy per opening: the first stays
-    assert store._openings[(1, 1)] is kept
+    assert store._openings[("", (1, 1))] is kept
     off = KVStore(1 << 20, openings=0)
     off.put_opening(opening([1, 1]))
     assert not off.has_opening([1, 1]) and off.bytes == 0
@@ -159,7 +159,29 @@ def test_openings_count_in_the_budget_and_go_after_the_sessions_entries() -> Non
     store.put_opening(opening(list(range(300, 310))))  # over: a session's entry goes first
     assert set(store._entries) == {"b"} and len(store._openings) == 2
     store.put("c", entry(20))  # over again: "b", then the least recently used opening
-    assert set(store._entries) == {"c"} and list(store._openings) == [tuple(range(300, 310))]
+    assert set(store._entries) == {"c"} and list(store._openings) == [("", tuple(range(300, 310)))]
     assert store.bytes == 3 * one and store.evictions == 3
     store.put_opening(opening(list(range(400, 440))))  # bigger than the whole budget
     assert not store.has_opening(list(range(400, 440)))
+
+
+def test_an_opening_serves_only_requests_of_its_scope() -> None:
+    store = KVStore(1 << 20)
+    prompt = [1, 2, 3, 4, 5]
+    store.put_opening(opening([1, 2, 3]), "alice")
+    assert store.has_opening([1, 2, 3], "alice") and not store.has_opening([1, 2, 3])
+    assert store.take("b", prompt, tuple, "bob") is None  # the same ids, another owner
+    assert store.take("p", prompt, tuple) is None  # nor everyone's
+    mine = store.take("a", prompt, tuple, "alice")
+    assert mine is not None and mine.shared and mine.ids == [1, 2, 3]
+    # one without a system prompt is everyone's (scope ""): any session with scope "" gets it
+    store.put_opening(opening([1, 2, 3, 4]))
+    for key in ("p", "q"):
+        public = store.take(key, prompt, tuple)
+        assert public is not None and public.ids == [1, 2, 3, 4]
+    # the same ids under two scopes: two openings, each handed to its own scope only
+    store.put_opening(opening([1, 2, 3]), "bob")
+    assert len(store._openings) == 3
+    bobs = store.take("b", prompt, tuple, "bob")
+    assert bobs is not None and bobs is store._openings[("bob", (1, 2, 3))]
+    assert bobs is not mine

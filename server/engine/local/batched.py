@@ -150,9 +150,8 @@ class BatchedEngine:
     def generate(self, request: GenerationRequest) -> Generation:
         key = request.session_key
         kinds = (KVState, Cache) if request.images else KVState
-        prefix = self._reusable(
-            self.kv.take(key, request.prompt_ids, kinds) if key else None, request
-        )
+        taken = self.kv.take(key, request.prompt_ids, kinds, request.opening_scope) if key else None
+        prefix = self._reusable(taken, request)
         if request.images:
             if request.fresh_images or not self._holds_every_image(request, prefix):
                 self.image_turns["generate"] += 1
@@ -312,7 +311,8 @@ class BatchedEngine:
         if self.runner.kv.lengths[slot] > self.runner.layout.window:
             return
         state = self.runner.kv.save(slot, n)
-        self.kv.put_opening(cached_prefix(state, row.prompt_ids[:n], state.tensors()))
+        opening = cached_prefix(state, row.prompt_ids[:n], state.tensors())
+        self.kv.put_opening(opening, row.request.opening_scope)
 
     def _decode_step(self) -> None:
         rows = self.scheduler.decoding

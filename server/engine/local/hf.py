@@ -175,7 +175,9 @@ class HFEngine:
 
     def generate(self, request: GenerationRequest) -> Generation:
         key = request.session_key
-        prefix = self.kv.take(key, request.prompt_ids, Cache) if key else None
+        prefix = (
+            self.kv.take(key, request.prompt_ids, Cache, request.opening_scope) if key else None
+        )
         return self.generate_from(request, self.reusable(prefix, request))
 
     def reusable_length(self, ids: list[int], request: GenerationRequest) -> int:
@@ -280,7 +282,8 @@ class HFEngine:
         if opening.copy is not None:
             shared = opening.copy
             self.kv.put_opening(
-                cached_prefix(shared, ids[: opening.length], _cache_tensors(shared))
+                cached_prefix(shared, ids[: opening.length], _cache_tensors(shared)),
+                request.opening_scope,
             )
         if request.session_key:
             kept = ids[: cache.get_seq_length()]
@@ -337,7 +340,7 @@ class HFEngine:
         ids = request.prompt_ids[:n]
         if self._images is not None and self._images.reusable_length(ids, n, 0) < n:
             return 0
-        return 0 if self.kv.has_opening(ids) else n
+        return 0 if self.kv.has_opening(ids, request.opening_scope) else n
 
     def _reason(self, generation: Generation, streamer: TokenStreamer) -> FinishReason:
         generated, ends = streamer.generated, self.prompt_format.end_ids

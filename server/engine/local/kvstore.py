@@ -12,8 +12,9 @@ that finds another's form drops it.
 
 Besides the sessions' entries it keeps a few openings (``put_opening``): the KV state of the ids
 every conversation with one prompt format and system prompt starts with
-(``GenerationRequest.opening``), shared read-only by every session whose prompt starts with
-them: a new session prefills only what follows its opening.
+(``GenerationRequest.opening``), shared read-only by every session of its scope
+(``GenerationRequest.opening_scope``: everyone's without a system prompt, its owner's with one)
+whose prompt starts with them: a new session prefills only what follows its opening.
 """
 
 from __future__ import annotations
@@ -158,7 +159,8 @@ class KVStore:
         # they finish
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, CachedPrefix] = OrderedDict()
-        self._openings: OrderedDict[tuple[int, ...], CachedPrefix] = OrderedDict()
+        # by scope and ids: a session is handed only an opening of its own scope
+        self._openings: OrderedDict[tuple[str, tuple[int, ...]], CachedPrefix] = OrderedDict()
         self.evictions = 0
 
     def _held(self) -> list[CachedPrefix]:
@@ -180,38 +182,38 @@ class KVStore:
         return KVUsage(tokens, sum(e.nbytes for e in held), self.budget_bytes)
 
     def take(
-        self, key: str, prompt_ids: list[int], kind: type | tuple[type, ...]
+        self, key: str, prompt_ids: list[int], kind: type | tuple[type, ...], scope: str = ""
     ) -> CachedPrefix | None:
         """The session's cache if it is of ``kind`` and the prompt starts with at least one of
-        its tokens, unless an opening of ``kind`` that the prompt starts with is longer: then
-        that opening (``shared``), which stays in the store for other sessions. The session's
-        own leaves the store either way. It may hold more than the prompt shares: the engine
-        cuts it back (``shared_length``)."""
+        its tokens, unless an opening of ``kind`` and ``scope`` that the prompt starts with is
+        longer: then that opening (``shared``), which stays in the store for other sessions.
+        The session's own leaves the store either way. It may hold more than the prompt
+        shares: the engine cuts it back (``shared_length``)."""
         with self._lock:
             entry = self._entries.pop(key, None)
             own = 0
             if entry is not None and isinstance(entry.cache, kind):
                 own = shared_length(entry.ids, prompt_ids)
-            opening = self._longest_opening(prompt_ids, kind)
+            opening = self._longest_opening(prompt_ids, kind, scope)
             if opening is not None and len(opening.ids) > own:
-                self._openings.move_to_end(tuple(opening.ids))
+                self._openings.move_to_end((scope, tuple(opening.ids)))
                 return opening
         return entry if own else None
 
     def _longest_opening(
-        self, prompt_ids: list[int], kind: type | tuple[type, ...]
+        self, prompt_ids: list[int], kind: type | tuple[type, ...], scope: str
     ) -> CachedPrefix | None:
         best: CachedPrefix | None = None
-        for ids, opening in self._openings.items():
+        for (held_by, ids), opening in self._openings.items():
             longer = best is None or len(ids) > len(best.ids)
             fits = len(ids) < len(prompt_ids) and isinstance(opening.cache, kind)
-            if longer and fits and prompt_ids[: len(ids)] == opening.ids:
+            if held_by == scope and longer and fits and prompt_ids[: len(ids)] == opening.ids:
                 best = opening
         return best
 
-    def has_opening(self, ids: Sequence[int]) -> bool:
+    def has_opening(self, ids: Sequence[int], scope: str = "") -> bool:
         with self._lock:
-            return tuple(ids) in self._openings
+            return (scope, tuple(ids)) in self._openings
 
     def put(self, key: str, entry: CachedPrefix) -> None:
         if entry.nbytes - entry.marks_nbytes > self.budget_bytes:
@@ -221,14 +223,14 @@ class KVStore:
             self._entries.move_to_end(key)
             self._fit()
 
-    def put_opening(self, entry: CachedPrefix) -> None:
-        """Keep ``entry`` (no marks) as an opening shared by every session whose prompt starts
-        with its ids; one already kept for them stays as it is. Past ``openings`` of them, the
-        least recently used goes."""
+    def put_opening(self, entry: CachedPrefix, scope: str = "") -> None:
+        """Keep ``entry`` (no marks) as an opening shared by every session of ``scope`` whose
+        prompt starts with its ids; one already kept for them stays as it is. Past ``openings``
+        of them, all scopes together, the least recently used goes."""
         if self.openings <= 0 or entry.nbytes > self.budget_bytes:
             return
         entry.shared = True
-        key = tuple(entry.ids)
+        key = (scope, tuple(entry.ids))
         with self._lock:
             if key in self._openings:
                 return
