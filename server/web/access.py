@@ -11,6 +11,7 @@ that is not one of ours.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from enum import Enum
 from urllib.parse import urlsplit
@@ -46,6 +47,15 @@ def offered_tokens(conn: HTTPConnection) -> list[str]:
             tokens.append(offered.removeprefix(BEARER_PREFIX))
     tokens.extend(conn.query_params.getlist("token"))
     return [t for t in tokens if t]
+
+
+def owner_scope(conn: HTTPConnection) -> str:
+    """Whose cached state a request may share, the API's prefix keys and a conversation's
+    opening with a system prompt: its first offered token's, whether something is cached
+    saying something about what another client sent. A digest, so the token is kept nowhere
+    past the request; "" when none is offered (no tokens set: every client one owner)."""
+    tokens = offered_tokens(conn)
+    return hashlib.sha256(tokens[0].encode()).hexdigest() if tokens else ""
 
 
 def token_matches(offered: list[str], configured: tuple[str, ...]) -> bool:

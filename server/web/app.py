@@ -29,6 +29,7 @@ from ..engine import Engine
 from ..sessions.connection import Connection
 from ..sessions.hub import Hub
 from ..settings import Settings
+from .access import owner_scope
 from .admission import Accept, serve_admitted
 from .openai_api import OpenAIApi
 from .pages import web_routes
@@ -96,6 +97,8 @@ async def _serve_session(
         log.warning("a resume was not possible (%s): a new session", claim.unavailable)
     resumed = claim.session if claim else None
     session = resumed or hub.new_session()
+    # a resumed session is its new connection's: the resume token proved the right to it
+    session.chat.scope = owner_scope(websocket)
     resume_token = await hub.sessions.add(session)
     connection = Connection(websocket, hub)
     hub.connections.add(connection)

@@ -465,18 +465,24 @@ async def test_the_stores_bytes_count_the_ring_marks_a_session_keeps(
     assert engine.kv.bytes == kv_bytes(tiny_text_loaded, len(entry.ids)) + mark
 
 
+def load_widened(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """A copy of the tiny model in ``model_dir`` whose sliding window (512) is wider than the
+    prompts of a test, loaded in float32."""
+    target = tmp_path_factory.mktemp("wide-window") / "model"
+    shutil.copytree(model_dir, target)
+    config = json.loads((target / "config.json").read_text())
+    config.get("text_config", config)["sliding_window"] = 512
+    (target / "config.json").write_text(json.dumps(config))
+    return load_model(str(target), dtype="float32")
+
+
 @pytest.fixture(scope="module")
 def wide_vision_loaded(
     tiny_vision_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> LoadedModel:
     """The tiny vision model with a sliding window wider than the prompts here: its own (16)
     is no wider than an image's soft tokens, so no cache of an image could be cut back."""
-    target = tmp_path_factory.mktemp("wide-window") / "model"
-    shutil.copytree(tiny_vision_dir, target)
-    config = json.loads((target / "config.json").read_text())
-    config["text_config"]["sliding_window"] = 512
-    (target / "config.json").write_text(json.dumps(config))
-    return load_model(str(target), dtype="float32")
+    return load_widened(tiny_vision_dir, tmp_path_factory)
 
 
 @pytest.fixture(params=["generate", "batched"])

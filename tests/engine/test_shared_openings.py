@@ -6,6 +6,7 @@ leaves the opening's tensors as they were; another system prompt is another open
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from wschat.server.engine.local.kvstore import MIN_OPENING_TOKENS, SHARED_OPENIN
 from wschat.server.engine.local.loader import LoadedModel
 from wschat.server.settings import Settings
 
-from tests.engine.test_kv_reuse import WINDOW, Engine, make_engine
+from tests.engine.test_kv_reuse import WINDOW, Engine, load_widened, make_engine
 from tests.support import collect, raw_peer, running_server
 
 SYSTEM = "Be brief."  # gemma-turns opens with 8 ids: the prompts below fit the window (16)
@@ -140,21 +141,96 @@ async def test_a_second_new_session_over_a_server_reports_the_opening_as_cached(
     engines: tuple[Engine, Engine],
 ) -> None:
     pooled, _ = engines
-    starts: list[dict[str, object]] = []
     async with running_server(pooled) as url:
-        for text in ("Hi", "Yo"):
-            async with raw_peer(url) as (peer, _ready):
-                await peer.send({"type": "configure", "system": SYSTEM})
-                await peer.recv_until("configured")
-                await peer.send(
-                    {"type": "prompt", "id": "p", "text": text, "params": {"max_new_tokens": 4}}
-                )
-                frames = await peer.recv_until("done")
-            start, done = frames[0], frames[-1]
-            assert start["type"] == "start" and done["reason"] == "length"
-            assert done["usage"]["cached_tokens"] == start["cached_tokens"]
-            starts.append(start)
-    assert [s["cached_tokens"] for s in starts] == [0, opening_length(pooled)]
+        cached = [await first_prompt(url, text) for text in ("Hi", "Yo")]
+    assert cached == [0, opening_length(pooled)]
+
+
+async def first_prompt(url: str, text: str, system: str | None = SYSTEM, query: str = "") -> int:
+    """A new session's first prompt over ``url`` (``?query``: its token) after ``configure``
+    with ``system`` (none: no configure); its ``cached_tokens``, which ``start`` and
+    ``done.usage`` report alike."""
+    async with raw_peer(f"{url}?{query}" if query else url) as (peer, _ready):
+        if system is not None:
+            await peer.send({"type": "configure", "system": system})
+            await peer.recv_until("configured")
+        await peer.send(
+            {"type": "prompt", "id": "p", "text": text, "params": {"max_new_tokens": 4}}
+        )
+        frames = await peer.recv_until("done")
+    start, done = frames[0], frames[-1]
+    assert start["type"] == "start" and done["reason"] == "length"
+    assert done["usage"]["cached_tokens"] == start["cached_tokens"]
+    return int(start["cached_tokens"])
+
+
+async def test_an_opening_with_a_system_prompt_is_shared_only_by_its_tokens_sessions(
+    engines: tuple[Engine, Engine],
+) -> None:
+    """A client's system prompt is its own: whether another client's sessions used it is not
+    to be read from ``cached_tokens``."""
+    pooled, _ = engines
+    async with running_server(pooled, tokens=("alice", "bob")) as url:
+        cached = [
+            await first_prompt(url, text, query=f"token={token}")
+            for token, text in (("alice", "Hi"), ("bob", "Yo"), ("alice", "Hey"), ("bob", "Why"))
+        ]
+    n = opening_length(pooled)
+    assert cached == [0, 0, n, n]
+
+
+@pytest.fixture(scope="module")
+def wide_text_loaded(tiny_text_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    return load_widened(tiny_text_dir, tmp_path_factory)
+
+
+@pytest.fixture(params=["generate", "batched"])
+async def transcript_engine(
+    request: pytest.FixtureRequest, wide_text_loaded: LoadedModel
+) -> AsyncIterator[Engine]:
+    """The transcript format (whose opening without a system prompt, its instruction and
+    examples, is long enough to keep) on a window that holds it."""
+    made = make_engine(wide_text_loaded, request.param, prompt_format="transcript")
+    yield made
+    await made.aclose()
+
+
+async def test_an_opening_without_a_system_prompt_is_shared_by_every_token(
+    transcript_engine: Engine,
+) -> None:
+    engine = transcript_engine
+    n = len(engine.prompt_format.opening(None))
+    assert n >= MIN_OPENING_TOKENS
+    async with running_server(engine, tokens=("alice", "bob", "carol")) as url:
+        cached = [
+            await first_prompt(url, text, None, f"token={token}")
+            for token, text in (("alice", "Hi"), ("bob", "Yo"), ("carol", "Hey"))
+        ]
+    assert cached == [0, n, n]
+
+
+async def test_a_resumed_session_shares_the_openings_of_the_token_that_resumed_it(
+    engines: tuple[Engine, Engine],
+) -> None:
+    """The resume token proves the right to the session; its openings are then those of the
+    connection's token, not of the one that began it."""
+    pooled, _ = engines
+    n = opening_length(pooled)
+    async with running_server(pooled, tokens=("alice", "bob")) as url:
+        assert await first_prompt(url, "Hi", query="token=alice") == 0
+        async with raw_peer(f"{url}?token=alice") as (peer, ready):
+            await peer.send({"type": "configure", "system": SYSTEM})
+            await peer.recv_until("configured")
+        resumed = f"resume={ready['resume']}&token=bob"
+        async with raw_peer(f"{url}?{resumed}") as (peer, again):
+            assert again["session"] == ready["session"]
+            await peer.send(
+                {"type": "prompt", "id": "p", "text": "Yo", "params": {"max_new_tokens": 4}}
+            )
+            frames = await peer.recv_until("done")
+        assert frames[0]["type"] == "start" and frames[0]["cached_tokens"] == 0
+        assert await first_prompt(url, "Why", query="token=bob") == n
+        assert await first_prompt(url, "Hey", query="token=alice") == n
 
 
 def test_the_servers_default_is_the_stores() -> None:

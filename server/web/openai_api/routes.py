@@ -40,7 +40,7 @@ from ...engine import EngineError
 from ...sessions.generation import GenerationRun
 from ...sessions.hub import Hub
 from ...sessions.session import Session
-from ..access import offered_tokens, refusal
+from ..access import owner_scope, refusal
 from .conversation import CompletionChat, ReplyIds, api_session, load_chat, new_prompt_id
 from .errors import ApiError, refusal_error
 from .prefix_keys import CacheKeys
@@ -107,7 +107,9 @@ class Reply:
         self._watch: asyncio.Task[None] | None = None
 
     async def begin(self, prompt: Prompt, owner: str) -> None:
-        """Queue the prompt as a session would (its refusals raised as they are)."""
+        """Queue the prompt as a session would (its refusals raised as they are); ``owner``:
+        whose prefixes and openings it may share (``access.owner_scope``)."""
+        self.session.chat.scope = owner
         await self.session.handle(prompt)
         run = self.session.run
         assert run is not None  # an accepted prompt has its run until it ends
@@ -330,7 +332,7 @@ class OpenAIApi:
                 text = completion.text if completion.text is not None else "ids"
                 prompt = Prompt(new_prompt_id("cmpl"), text, (), completion.sampling.params)
                 sampling = completion.sampling
-            await reply.begin(prompt, _owner(request))
+            await reply.begin(prompt, owner_scope(request))
         except (ApiError, ProtocolError, EngineError) as e:
             return self._refused(ApiError.of(e))
         first = await reply.first()
@@ -377,12 +379,6 @@ class OpenAIApi:
         if error.wire is not None:
             self.hub.stats.count_error(error.wire)
         return error.response()
-
-
-def _owner(request: Request) -> str:
-    """Whose cached prefixes a request may use: its bearer token's."""
-    tokens = offered_tokens(request)
-    return tokens[0] if tokens else ""
 
 
 async def _json(request: Request, limit: int) -> Any:
