@@ -177,11 +177,17 @@ def test_transformers_batching_manager_runs_the_fused_layers_as_generate_does(
     """The fused attention reads the cache and attention function a caller configured: the
     continuous-batching manager's paged ones give generate's greedy tokens."""
     from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     model, prompt = tiny_fp16.model, [2, *range(300, 320)]
     greedy = {"do_sample": False, "eos_token_id": [1], "pad_token_id": 0}
     manager = model.init_continuous_batching(
-        generation_config=GenerationConfig(max_new_tokens=8, **greedy)
+        generation_config=GenerationConfig(max_new_tokens=8, **greedy),
+        # a cache for this one request: sized from the host's free memory otherwise, which
+        # takes seconds to set up on a CPU
+        continuous_batching_config=ContinuousBatchingConfig(
+            page_size=32, num_blocks=4, max_batch_tokens=64
+        ),
     )
     manager.start()
     try:
