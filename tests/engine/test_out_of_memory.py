@@ -8,19 +8,31 @@ not run by these tests.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 from wschat.protocol import FinishReason
-from wschat.server.engine import EngineOverloaded, GenerationRequest, SamplingParams
+from wschat.server.engine import (
+    EngineOverloaded,
+    Finished,
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    TokenPiece,
+)
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
 
-from tests.support import RawPeer, collect, raw_peer, running_server
+from tests.support import TIMEOUT, RawPeer, collect, raw_peer, running_server
+
+LONG = SamplingParams(max_new_tokens=24)  # a reply still decoding when the next prompt comes
+SHORT = SamplingParams(max_new_tokens=8)
+LENGTH = FinishReason.LENGTH
 
 # what torch raises when the GPU's memory, Python's, or its CPU allocator's runs out
 OUT_OF_MEMORY = {
@@ -46,17 +58,24 @@ async def engine(
     await built.aclose()
 
 
+def any_forward(width: int) -> bool:
+    return True
+
+
 @contextlib.contextmanager
-def next_forward_raises(model: torch.nn.Module, error: BaseException) -> Iterator[None]:
-    """The decoder stack's next forward raises ``error`` (later ones run as before); both
-    engines run their forwards through it."""
+def next_forward_raises(
+    model: torch.nn.Module, error: BaseException, when: Callable[[int], bool] = any_forward
+) -> Iterator[None]:
+    """The decoder stack's next forward for which ``when(its width in tokens)`` holds raises
+    ``error`` (later ones run as before); both engines run their forwards through it."""
     decoder = model.get_submodule("model")
     original = decoder.forward
     armed = True
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         nonlocal armed
-        if armed:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if armed and when(ids.shape[1] if ids is not None else 0):
             armed = False
             raise error
         return original(*args, **kwargs)
@@ -109,3 +128,70 @@ async def test_a_batched_pass_out_of_memory_ends_its_rows_and_the_waiting_ones_g
     assert failure.reason is FinishReason.ERROR
     assert isinstance(failure.error, EngineOverloaded) and failure.error.retry_s == 1.0
     assert went_on == unharmed and unharmed[1].reason is FinishReason.LENGTH
+
+
+def a_prefill(width: int) -> bool:
+    return width > 1
+
+
+def decode_after_a_prefill() -> Callable[[int], bool]:
+    """The first decode forward (one token a row) after a prefill forward: the step of the
+    pass that fed a new prompt its first chunk."""
+    fed = False
+
+    def when(width: int) -> bool:
+        nonlocal fed
+        fed = fed or width > 1
+        return fed and width == 1
+
+    return when
+
+
+async def decoding(generation: Generation) -> str:
+    """Once the generation's first token came: its text so far."""
+    async with asyncio.timeout(TIMEOUT):
+        items = await generation.next_items()
+    assert not any(isinstance(item, Finished) for item in items)
+    return "".join(item.text for item in items if isinstance(item, TokenPiece))
+
+
+async def test_a_prefill_out_of_memory_ends_its_prompt_and_the_decoding_rows_go_on(
+    tiny_text_loaded: LoadedModel,
+) -> None:
+    engine = BatchedEngine(tiny_text_loaded, width=2, prefill_tokens=32)
+    try:
+        story = GenerationRequest([2, *engine.tokenize_text("tell me a story")], LONG)
+        unharmed = await collect(engine.generate(story))
+        running = engine.generate(story)
+        head = await decoding(running)
+        with next_forward_raises(tiny_text_loaded.model, OUT_OF_MEMORY["cuda"], a_prefill):
+            new = GenerationRequest([2, *engine.tokenize_text("hello there")], SHORT)
+            _, failure = await collect(engine.generate(new))
+        tail, end = await collect(running)
+        again = await collect(engine.generate(new))
+    finally:
+        await engine.aclose()
+    assert failure.reason is FinishReason.ERROR and isinstance(failure.error, EngineOverloaded)
+    assert (head + tail, end.reason) == (unharmed[0], unharmed[1].reason) == (unharmed[0], LENGTH)
+    assert again[1].reason is LENGTH
+
+
+async def test_a_decode_out_of_memory_ends_the_decoding_rows_and_a_prompt_being_fed_goes_on(
+    tiny_text_loaded: LoadedModel,
+) -> None:
+    # a prompt of 3 chunks of 16: still being fed when the step after its first chunk fails
+    engine = BatchedEngine(tiny_text_loaded, width=2, prefill_tokens=16)
+    try:
+        story = GenerationRequest([2, *engine.tokenize_text("tell me a story")], LONG)
+        fed = GenerationRequest([2, *range(300, 340)], SHORT)
+        unharmed = await collect(engine.generate(fed))
+        running = engine.generate(story)
+        await decoding(running)
+        when = decode_after_a_prefill()
+        with next_forward_raises(tiny_text_loaded.model, OUT_OF_MEMORY["cuda"], when):
+            went_on = await collect(engine.generate(fed))
+            _, failure = await collect(running)
+    finally:
+        await engine.aclose()
+    assert failure.reason is FinishReason.ERROR and isinstance(failure.error, EngineOverloaded)
+    assert went_on == unharmed and unharmed[1].reason is LENGTH

@@ -27,7 +27,7 @@ def forward(kv: SlotKV, counts: list[int], first: int = 0) -> dict[str, torch.Te
     marks = (first + torch.arange(rows))[:, None] * 1000 + positions
     keys = torch.where(real, marks.float(), PAD).reshape(rows, 1, width, 1)
     read = {
-        kind: kv.update(keys, keys.clone(), layer)[0] for layer, kind in enumerate(LAYOUT.kinds)
+        kind: kv.update(keys, keys.clone(), layer)[0] for layer, kind in enumerate(kv.layout.kinds)
     }
     kv.advance()
     return {kind: t.flatten(1) for kind, t in read.items()} | {
@@ -107,6 +107,35 @@ def test_full_buffers_grow_by_doubling_and_keep_what_they_held() -> None:
     kv.load(1, KVState(20, [(torch.zeros(1, 20, 1),) * 2], [(torch.zeros(1, 4, 1),) * 2], 16))
     assert kv.capacity == 20  # more than double: exactly what is needed
     assert full(kv, 0) == list(range(6))
+
+
+def test_buffers_that_run_out_of_memory_growing_keep_one_width_and_the_rows_states() -> None:
+    two_full = LayerLayout((FULL, FULL, SLIDING), WINDOW, 1, 1, torch.float32, torch.device("cpu"))
+    kv = SlotKV(two_full, rows=2, capacity=4)
+    kv.add()
+    kv.add()
+    forward(kv, [3, 2])
+    before = [kv.save(row) for row in (0, 1)]
+    allocate, made = kv._empty, 0
+
+    def empty(columns: int) -> torch.Tensor:
+        nonlocal made
+        made += 1
+        if made > 2:  # the first layer's keys and values grew, the second layer's did not
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return allocate(columns)
+
+    kv._empty = empty  # type: ignore[method-assign]
+    with pytest.raises(torch.OutOfMemoryError):
+        forward(kv, [5], first=0)
+    kv._empty = allocate  # type: ignore[method-assign]
+    assert kv.capacity == 4 and kv.lengths == [3, 2]
+    assert {t.shape[2] for pair in kv._full.values() for t in pair} == {4}
+    for row, state in enumerate(before):
+        after = kv.save(row)
+        assert all(torch.equal(a, b) for a, b in zip(after.tensors(), state.tensors(), strict=True))
+    forward(kv, [5], first=0)  # grows from the one width
+    assert kv.capacity == 8 and full(kv, 0) == list(range(8))
 
 
 def test_removing_a_row_moves_the_last_row_into_its_place() -> None:

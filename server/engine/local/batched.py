@@ -25,8 +25,10 @@ batch holds one set of KV buffers.
 Cancel flags are read before every pass and again before a token is streamed, so a cancelled
 row streams nothing more and its ``done`` comes within one decode step. A failure in one row's
 own work (its token pick, its text, its finish) ends that row alone with an error (``error`` +
-``done`` for its client) while its batch mates go on; a failure of the shared forward pass ends
-every row in it, and the loop goes on with the rows that come next. KV state is kept per
+``done`` for its client) while its batch mates go on; a failed forward (out of memory, most
+likely) ends the rows it ran, the prefilling ones or the decoding ones, and the others go on;
+any other failure of a pass ends every row in a slot, and the loop goes on with the rows that
+come next. KV state is kept per
 session across turns in a ``KVStore`` (the same contract as ``HFEngine``): a prompt that
 extends a session's cached tokens prefills only the new ones.
 
@@ -74,6 +76,15 @@ from .slotkv import KVState
 from .threads import ThreadPolicy
 
 log = logging.getLogger("wschat.engine.batched")
+
+
+class ForwardFailed(Exception):
+    """A forward of the worker's pass raised (its cause): the rows it ran. Never leaves the
+    worker: they end with the cause, the others go on."""
+
+    def __init__(self, rows: list[BatchRow]) -> None:
+        super().__init__(f"a forward of {len(rows)} rows failed")
+        self.rows = rows
 
 
 class BatchedEngine:
@@ -247,12 +258,27 @@ class BatchedEngine:
                     return
                 try:
                     self._pass()
+                except ForwardFailed as failed:
+                    self._end_failed_forward(failed.rows, failed.__cause__ or failed)
                 except BaseException as error:
                     self._end_failed_pass(error)
                 else:
                     continue
                 # now that the pass's traceback is gone, so are the tensors it held
                 give_back(self.model.device)
+
+    def _end_failed_forward(self, rows: list[BatchRow], error: BaseException) -> None:
+        """The rows of a forward that failed end with its error (``overloaded`` when memory ran
+        out); the other rows go on. The forward wrote only its own rows' columns past their
+        lengths, which never moved (``SlotKV.advance`` did not run), and a buffer that could not
+        grow kept its width (``SlotKV._reserve``): every other row's state is as it was."""
+        log.error(
+            "a batched forward failed; its %d rows end with an error", len(rows), exc_info=error
+        )
+        ended = out_of_memory(error) or error
+        for row in reversed(rows):  # the last slot first: no other row's state moves
+            row.error = ended
+            self._retire(row, FinishReason.ERROR)
 
     def _end_failed_pass(self, error: BaseException) -> None:
         """Every row in a slot ends with the pass's error (``overloaded`` when memory ran out),
@@ -288,7 +314,10 @@ class BatchedEngine:
     def _prefill_chunk(self) -> None:
         scheduler = self.scheduler
         rows, counts = scheduler.prefilling, scheduler.chunk()
-        hidden = self.runner.prefill(rows, counts, first=scheduler.decoding_count)
+        try:
+            hidden = self.runner.prefill(rows, counts, first=scheduler.decoding_count)
+        except Exception as error:
+            raise ForwardFailed(rows) from error
         self.prefill_forwards += 1
         done = scheduler.fed(counts)
         for j, row in enumerate(rows):
@@ -316,7 +345,10 @@ class BatchedEngine:
 
     def _decode_step(self) -> None:
         rows = self.scheduler.decoding
-        picked = self.runner.decode(rows)
+        try:
+            picked = self.runner.decode(rows)
+        except Exception as error:
+            raise ForwardFailed(rows) from error
         self.decode_steps += 1
         self.decoded_tokens += len(rows)
         ended: list[tuple[BatchRow, FinishReason]] = []

@@ -267,15 +267,24 @@ class SlotKV:
         self.ring_from[a], self.ring_from[b] = self.ring_from[b], self.ring_from[a]
 
     def _reserve(self, columns: int) -> None:
-        """Grow the full layers' buffers (doubling) so every row can hold ``columns``."""
+        """Grow the full layers' buffers (doubling) so every row can hold ``columns``. Where
+        memory runs out part way, the layers grown so far go back to the old width (a view of
+        their new buffers), so the rows' states read as before and a later growth starts from
+        one width."""
         if columns <= self.capacity:
             return
         capacity = max(columns, 2 * self.capacity)
-        for i, (k, v) in self._full.items():
-            grown_k, grown_v = self._empty(capacity), self._empty(capacity)
-            grown_k[:, :, : self.capacity] = k
-            grown_v[:, :, : self.capacity] = v
-            self._full[i] = (grown_k, grown_v)
+        try:
+            for i, (k, v) in self._full.items():
+                grown_k, grown_v = self._empty(capacity), self._empty(capacity)
+                grown_k[:, :, : self.capacity] = k
+                grown_v[:, :, : self.capacity] = v
+                self._full[i] = (grown_k, grown_v)
+        except BaseException:
+            old = self.capacity
+            for i, (k, v) in self._full.items():
+                self._full[i] = (k[:, :, :old], v[:, :, :old])
+            raise
         self.capacity = capacity
 
     # -- one forward pass ----------------------------------------------------------------
