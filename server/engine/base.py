@@ -102,6 +102,10 @@ class GenerationRequest:
     # format's own, the same for everyone); with one a client set, its owner's scope, so that
     # a reused opening says nothing about what another client sent. Never shown (repr).
     opening_scope: str = field(default="", repr=False)
+    # Who may share the cached state of the whole prompt: the owner's scope, with or without a
+    # system prompt, for an engine whose prefix cache every request reads (a remote one holds
+    # whole conversations there); "" when no token was offered. Never shown (repr).
+    cache_scope: str = field(default="", repr=False)
 
     @property
     def fresh_images(self) -> int:

@@ -227,8 +227,9 @@ class Chat:
     def __init__(self, engine: Engine, key: str) -> None:
         self._engine = engine
         self.key = key
-        # whose sessions share an opening with a system prompt (its owner's, as the web layer
-        # derives it); one without a system prompt every session shares
+        # whose sessions share cached state (its owner's, as the web layer derives it): an
+        # opening with a system prompt, and on a remote engine every prompt; an opening
+        # without a system prompt every session shares
         self.scope = ""
         self.conversation = Conversation(engine.prompt_format)
         self._running: tuple[Generation, PreparedTurn] | None = None
@@ -343,6 +344,7 @@ class Chat:
             messages=prepared.messages,
             opening=self.conversation.opening(prepared.prompt_ids),
             opening_scope=self.scope if self.conversation.system else "",
+            cache_scope=self.scope,
         )
         generation = self._engine.generate(request)
         self._running = (generation, prepared)

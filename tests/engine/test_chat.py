@@ -131,3 +131,15 @@ async def test_a_chats_opening_is_its_owners_only_with_a_system_prompt() -> None
     await say(chat, "Hello")
     assert [r.opening_scope for r in engine.requests] == ["", "owner-digest", ""]
     assert "owner-digest" not in repr(engine.requests[1])
+
+
+async def test_every_request_of_a_chat_carries_its_owners_cache_scope() -> None:
+    engine = ScriptedEngine()
+    chat = Chat(engine, "s")
+    await say(chat, "Hello")  # no owner yet: no scope
+    chat.scope = "owner-digest"
+    await say(chat, "Hello")  # without a system prompt too: a remote cache holds it all
+    await chat.set_system("Be brief.", min_turn_tokens=32)
+    await say(chat, "Hello")
+    assert [r.cache_scope for r in engine.requests] == ["", "owner-digest", "owner-digest"]
+    assert "owner-digest" not in repr(engine.requests[1])
