@@ -179,6 +179,24 @@ def test_vllm_chunks_give_text_ids_finish_and_the_usage_chunk_the_cached_tokens(
     assert body["top_k"] == -1 and body["stop_token_ids"] == [1]
 
 
+@pytest.mark.parametrize("dialect", [VllmDialect(), SGL, LLAMA], ids=lambda d: d.name)
+def test_only_vllm_bodies_carry_the_owners_scope_as_cache_salt(dialect: Dialect) -> None:
+    sampling = dialect.sampling(GREEDY, stop=[], stop_token_ids=[])
+    messages = [{"role": "user", "content": "hi"}]
+    bodies = [
+        dialect.text_body("m", [1], 4, sampling, "owner"),
+        dialect.chat_body("m", messages, 4, sampling, "owner"),
+    ]
+    salted = dialect.name == VLLM
+    assert [body.get("cache_salt") for body in bodies] == ["owner" if salted else None] * 2
+    # no scope (no tokens: every client one owner): no salt, on every engine
+    unscoped = [
+        dialect.text_body("m", [1], 4, sampling),
+        dialect.chat_body("m", messages, 4, sampling),
+    ]
+    assert not any("cache_salt" in body for body in unscoped)
+
+
 def test_sglang_asks_for_ids_in_its_text_requests_with_vllms_fields_and_31_bit_seeds() -> None:
     params = SamplingParams(8, temperature=0.7, repetition_penalty=1.2, seed=-1)
     sampling = SGL.sampling(params, stop=["x"], stop_token_ids=[106])

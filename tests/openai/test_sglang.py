@@ -8,14 +8,13 @@ text comes without ids; a reply the engine aborts, or an error chunk, ends as ``
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from wschat.server.engine.openai import OpenAIEngine, OpenAIEngineConfig, connect
+from wschat.server.engine.openai import OpenAIEngine
 from wschat.server.engine.openai.dialect import AUTO, SGLANG, VLLM
 from wschat.server.engine.openai.engine import DETECTED_MAX_IMAGES
 from wschat.server.engine.openai.tokenizer import (
@@ -35,6 +34,7 @@ from tests.fakes.openai_engine import (
     token,
 )
 from tests.images import samples
+from tests.openai.connected import connected
 from tests.support import RawPeer, raw_peer, running_server
 
 CACHED = 3  # prompt tokens the engine says it found in its cache
@@ -85,21 +85,13 @@ async def sglang(
     """The SGLang-shaped engine, and wschat's openai engine connected to it as the CLI does."""
     script = Sglang(tokenizer, *answers)
     routes = {"/tokenize": script.tokenize, "/model_info": model_info}
-    async with misbehaving_engine(
-        SGLANG, script, context_tokens=ENGINE_CONTEXT, routes=routes, owner=owner
-    ) as engine:
-        config = OpenAIEngineConfig(
-            url=engine.api_url,
-            tokenizer="embedded",
-            cache_dir=default_cache_dir(),
-            prompt_format="gemma-turns",
-            dialect=dialect,
-        )
-        remote = await asyncio.to_thread(connect, config)
-        try:
-            yield engine, remote
-        finally:
-            await remote.aclose()
+    async with (
+        misbehaving_engine(
+            SGLANG, script, context_tokens=ENGINE_CONTEXT, routes=routes, owner=owner
+        ) as engine,
+        connected(engine, dialect) as remote,
+    ):
+        yield engine, remote
 
 
 async def ask(peer: RawPeer, frame_id: str, **fields: Any) -> list[dict[str, Any]]:

@@ -4,9 +4,10 @@ The engines share OpenAI's API: a text prompt of token ids streams its reply fro
 endpoint, a prompt with images from ``/v1/chat/completions``. A dialect holds one engine's
 spellings: as class attributes where they are values (its name, the owner ``/v1/models`` lists,
 where a prompt of ids goes, the fields that ask for the reply's token ids, "no top-k", the
-seeds it keeps, where it says whether its model reads images) and as methods where a shape
-differs (llama.cpp's native chunks, its sampler chain). Adding an engine is a class here and
-its entry in ``DIALECTS``; ``--engine-dialect`` names it, or ``/v1/models``' owner tells it.
+seeds it keeps, where it says whether its model reads images, whether it salts its prefix
+cache per owner) and as methods where a shape differs (llama.cpp's native chunks, its sampler
+chain). Adding an engine is a class here and its entry in ``DIALECTS``; ``--engine-dialect``
+names it, or ``/v1/models``' owner tells it.
 
 Every sampling field is sent, always: anything left out is filled from the engine's own
 defaults (llama.cpp's server: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05; vLLM and
@@ -81,6 +82,9 @@ class Dialect:
     seeds: ClassVar[int] = _I64
     # where the engine says whether its model reads images (``reads_images``); None: it does not
     vision_path: ClassVar[str | None] = None
+    # whether a request's ``cache_salt`` keeps its cached prefixes to the requests of its salt
+    # (``salt``); without one the engine's prefix cache is every client's
+    salts_cache: ClassVar[bool] = False
 
     @staticmethod
     def detect(models: dict[str, Any]) -> Dialect:
@@ -138,18 +142,38 @@ class Dialect:
         """A chat request (``chat_body``) and how its reply is read."""
         return Call(CHAT_PATH, body, self.chat_delta, ids_from_text=True)
 
+    def salt(self, scope: str) -> dict[str, Any]:
+        """The field that keeps a request's cached prefixes to its owner's requests: ``scope``
+        (``GenerationRequest.cache_scope``, a digest, never a token); none without a scope (no
+        tokens: every client one owner) or where the engine reads none."""
+        return {"cache_salt": scope} if self.salts_cache and scope else {}
+
     def text_body(
-        self, model: str, prompt: list[int], max_tokens: int, sampling: dict[str, Any]
+        self,
+        model: str,
+        prompt: list[int],
+        max_tokens: int,
+        sampling: dict[str, Any],
+        scope: str = "",
     ) -> dict[str, Any]:
         """The streamed request for a prompt of token ids, its reply's ids asked back (the
-        conversation keeps them, so the next prompt extends this one token for token)."""
-        return _streamed(model, max_tokens, sampling, prompt=prompt, **self.text_ids)
+        conversation keeps them, so the next prompt extends this one token for token), salted
+        with its owner's ``scope``."""
+        return _streamed(
+            model, max_tokens, sampling, prompt=prompt, **self.text_ids, **self.salt(scope)
+        )
 
     def chat_body(
-        self, model: str, messages: list[dict[str, Any]], max_tokens: int, sampling: dict[str, Any]
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        max_tokens: int,
+        sampling: dict[str, Any],
+        scope: str = "",
     ) -> dict[str, Any]:
         """The same for the chat API: messages instead of ids, the same sampling fields."""
-        return _streamed(model, max_tokens, sampling, messages=messages, **self.chat_ids_request())
+        fields = {**self.chat_ids_request(), **self.salt(scope)}
+        return _streamed(model, max_tokens, sampling, messages=messages, **fields)
 
     def chat_ids_request(self) -> dict[str, Any]:
         return dict(self.chat_ids)
@@ -186,10 +210,14 @@ class Dialect:
 
 
 class VllmDialect(Dialect):
-    """vLLM: the OpenAI API as ``Dialect`` speaks it."""
+    """vLLM: the OpenAI API as ``Dialect`` speaks it. Its prefix cache is salted per owner
+    (``cache_salt``, on both endpoints since 2025; an owner's scope, a 64-character hex
+    digest, is within every release's limits: newer ones take at most 128 characters, none of
+    ``@ / \\``)."""
 
     name: ClassVar[str] = VLLM
     owner: ClassVar[str] = "vllm"
+    salts_cache: ClassVar[bool] = True
 
 
 class SglangDialect(Dialect):
@@ -198,7 +226,9 @@ class SglangDialect(Dialect):
     ``/tokenize`` with ``add_special_tokens``). Its chat chunks carry no ids (their text is
     tokenized here); ``/model_info`` says whether its model reads images; some releases keep a
     seed as a signed 32-bit integer. The usage chunk gives cached prompt tokens only when it runs
-    with ``--enable-cache-report``."""
+    with ``--enable-cache-report``. No salt is sent: its ``cache_salt`` field is accepted by
+    releases that never applied it to the prefix cache (it took effect in 2026), so a salt
+    sent could not be relied on."""
 
     name: ClassVar[str] = SGLANG
     owner: ClassVar[str] = "sglang"
@@ -215,7 +245,9 @@ class LlamaCppDialect(Dialect):
     token's id (``return_tokens``) and computes no probabilities; its chat API gives ids only
     with each token's top-1 log-probability. Its sampler chain is named in full (``samplers``):
     the shortest one that gives our tokens, where the default chain would run every sampler over
-    the whole vocabulary. It reads 32-bit seeds, 2^32-1 meaning "pick one at random"."""
+    the whole vocabulary. It reads 32-bit seeds, 2^32-1 meaning "pick one at random". It has
+    no salt: a prompt reuses the cache of whichever slot it lands on (``cache_prompt``), and
+    only turning that off keeps clients' prefixes apart."""
 
     name: ClassVar[str] = LLAMA_CPP
     owner: ClassVar[str] = "llamacpp"
@@ -278,7 +310,12 @@ class LlamaCppDialect(Dialect):
         return chain
 
     def text_body(
-        self, model: str, prompt: list[int], max_tokens: int, sampling: dict[str, Any]
+        self,
+        model: str,
+        prompt: list[int],
+        max_tokens: int,
+        sampling: dict[str, Any],
+        scope: str = "",
     ) -> dict[str, Any]:
         return {
             "prompt": prompt,
@@ -287,6 +324,7 @@ class LlamaCppDialect(Dialect):
             "cache_prompt": True,
             **sampling,
             **self.text_ids,
+            **self.salt(scope),
         }
 
     def text_delta(self, chunk: dict[str, Any]) -> Delta:

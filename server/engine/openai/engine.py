@@ -247,7 +247,11 @@ class OpenAIEngine:
     def completion_body(self, request: GenerationRequest) -> dict[str, Any]:
         """A text prompt, as token ids, for the dialect's ``text_path``."""
         return self.dialect.text_body(
-            self.model, request.prompt_ids, self._max_tokens(request), self._sampling(request)
+            self.model,
+            request.prompt_ids,
+            self._max_tokens(request),
+            self._sampling(request),
+            request.cache_scope,
         )
 
     def chat_body(self, request: GenerationRequest) -> dict[str, Any]:
@@ -256,7 +260,11 @@ class OpenAIEngine:
         system_gap = self._require_vision()[1]
         messages = chat_messages(request.messages, self.tokenizer.decode, system_gap)
         return self.dialect.chat_body(
-            self.model, messages, self._max_tokens(request), self._sampling(request)
+            self.model,
+            messages,
+            self._max_tokens(request),
+            self._sampling(request),
+            request.cache_scope,
         )
 
     def _max_tokens(self, request: GenerationRequest) -> int:
