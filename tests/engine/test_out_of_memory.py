@@ -195,3 +195,28 @@ async def test_a_decode_out_of_memory_ends_the_decoding_rows_and_a_prompt_being_
         await engine.aclose()
     assert failure.reason is FinishReason.ERROR and isinstance(failure.error, EngineOverloaded)
     assert went_on == unharmed and unharmed[1].reason is LENGTH
+
+
+async def test_a_decode_out_of_memory_ends_the_reply_with_least_done_and_runs_again(
+    tiny_text_loaded: LoadedModel,
+) -> None:
+    engine = BatchedEngine(tiny_text_loaded, width=2, prefill_tokens=32)
+    try:
+        story = GenerationRequest([2, *engine.tokenize_text("tell me a story")], LONG)
+        later = GenerationRequest([2, *engine.tokenize_text("hello there")], LONG)
+        unharmed = await collect(engine.generate(story))
+        first = engine.generate(story)
+        head = await decoding(first)
+        second = engine.generate(later)
+        await decoding(second)  # both decode now, the first ahead
+        with next_forward_raises(tiny_text_loaded.model, OUT_OF_MEMORY["cuda"], one_token):
+            _, failure = await collect(second)
+            tail, end = await collect(first)
+    finally:
+        await engine.aclose()
+    assert failure.reason is FinishReason.ERROR and isinstance(failure.error, EngineOverloaded)
+    assert (head + tail, end.reason) == (unharmed[0], LENGTH) == (unharmed[0], unharmed[1].reason)
+
+
+def one_token(width: int) -> bool:
+    return width == 1

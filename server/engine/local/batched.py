@@ -25,12 +25,12 @@ batch holds one set of KV buffers.
 Cancel flags are read before every pass and again before a token is streamed, so a cancelled
 row streams nothing more and its ``done`` comes within one decode step. A failure in one row's
 own work (its token pick, its text, its finish) ends that row alone with an error (``error`` +
-``done`` for its client) while its batch mates go on; a failed forward (out of memory, most
-likely) ends the rows it ran, the prefilling ones or the decoding ones, and the others go on;
-any other failure of a pass ends every row in a slot, and the loop goes on with the rows that
-come next. KV state is kept per
-session across turns in a ``KVStore`` (the same contract as ``HFEngine``): a prompt that
-extends a session's cached tokens prefills only the new ones.
+``done`` for its client) while its batch mates go on; a failed forward ends the rows it ran,
+the prefilling ones or the decoding ones, and the others go on (a decode step out of memory
+ends only the row that has generated least, and runs again without it); any other failure
+of a pass ends every row in a slot, and the loop goes on with the rows that come next. KV
+state is kept per session across turns in a ``KVStore`` (the same contract as
+``HFEngine``): a prompt that extends a session's cached tokens prefills only the new ones.
 
 Turns with new images go to an ``HFEngine`` over the same model (one ``generate`` each), which
 encodes them. A later turn of that conversation without new images comes back to the batch: the
@@ -79,12 +79,14 @@ log = logging.getLogger("wschat.engine.batched")
 
 
 class ForwardFailed(Exception):
-    """A forward of the worker's pass raised (its cause): the rows it ran. Never leaves the
-    worker: they end with the cause, the others go on."""
+    """A forward of the worker's pass raised (its cause): the rows it ran, and whether the
+    same forward may run again without the row it drops (a decode step). Never leaves the
+    worker."""
 
-    def __init__(self, rows: list[BatchRow]) -> None:
+    def __init__(self, rows: list[BatchRow], *, retries: bool) -> None:
         super().__init__(f"a forward of {len(rows)} rows failed")
         self.rows = rows
+        self.retries = retries
 
 
 class BatchedEngine:
@@ -259,7 +261,7 @@ class BatchedEngine:
                 try:
                     self._pass()
                 except ForwardFailed as failed:
-                    self._end_failed_forward(failed.rows, failed.__cause__ or failed)
+                    self._end_failed_forward(failed, failed.__cause__ or failed)
                 except BaseException as error:
                     self._end_failed_pass(error)
                 else:
@@ -267,17 +269,28 @@ class BatchedEngine:
                 # now that the pass's traceback is gone, so are the tensors it held
                 give_back(self.model.device)
 
-    def _end_failed_forward(self, rows: list[BatchRow], error: BaseException) -> None:
+    def _end_failed_forward(self, failed: ForwardFailed, error: BaseException) -> None:
         """The rows of a forward that failed end with its error (``overloaded`` when memory ran
         out); the other rows go on. The forward wrote only its own rows' columns past their
         lengths, which never moved (``SlotKV.advance`` did not run), and a buffer that could not
-        grow kept its width (``SlotKV._reserve``): every other row's state is as it was."""
+        grow kept its width (``SlotKV._reserve``): every other row's state is as it was.
+
+        A decode step out of memory ends only the row that has generated least (the least
+        work lost) and runs again without it in the next pass: a step writes each row's new
+        position alone, which the retry writes again, and its sampler picked nothing yet. A
+        prefill chunk is not run again: its rows' rings already hold part of what it wrote."""
+        ended = out_of_memory(error)
+        rows = failed.rows
+        if ended is not None and failed.retries and len(rows) > 1:
+            rows = [min(reversed(rows), key=lambda row: len(row.streamer.generated))]
         log.error(
-            "a batched forward failed; its %d rows end with an error", len(rows), exc_info=error
+            "a batched forward failed; %d of its %d rows end with an error",
+            len(rows),
+            len(failed.rows),
+            exc_info=error,
         )
-        ended = out_of_memory(error) or error
-        for row in reversed(rows):  # the last slot first: no other row's state moves
-            row.error = ended
+        for row in sorted(rows, key=self.scheduler.slot_of, reverse=True):  # the last first
+            row.error = ended or error
             self._retire(row, FinishReason.ERROR)
 
     def _end_failed_pass(self, error: BaseException) -> None:
@@ -317,7 +330,7 @@ class BatchedEngine:
         try:
             hidden = self.runner.prefill(rows, counts, first=scheduler.decoding_count)
         except Exception as error:
-            raise ForwardFailed(rows) from error
+            raise ForwardFailed(rows, retries=False) from error
         self.prefill_forwards += 1
         done = scheduler.fed(counts)
         for j, row in enumerate(rows):
@@ -348,7 +361,7 @@ class BatchedEngine:
         try:
             picked = self.runner.decode(rows)
         except Exception as error:
-            raise ForwardFailed(rows) from error
+            raise ForwardFailed(rows, retries=True) from error
         self.decode_steps += 1
         self.decoded_tokens += len(rows)
         ended: list[tuple[BatchRow, FinishReason]] = []
