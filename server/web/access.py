@@ -67,13 +67,27 @@ def token_matches(offered: list[str], configured: tuple[str, ...]) -> bool:
     return matched
 
 
+def _origin_key(origin: str) -> str:
+    """An Origin as origins are compared: no final slash, case folded."""
+    return origin.strip().rstrip("/").lower()
+
+
+def listed_origin(conn: HTTPConnection, settings: Settings) -> str | None:
+    """The request's ``Origin`` as sent, where ``--allowed-origin`` lists it; else None."""
+    origin = conn.headers.get("origin")
+    if origin is None or not settings.allowed_origins:
+        return None
+    listed = _origin_key(origin) in {_origin_key(o) for o in settings.allowed_origins}
+    return origin.strip() if listed else None
+
+
 def origin_allowed(conn: HTTPConnection, settings: Settings) -> bool:
     origin = conn.headers.get("origin")
     if origin is None:
         return True  # not a browser: the token (if any) is what guards it
-    origin = origin.strip().rstrip("/").lower()
     if settings.allowed_origins:
-        return origin in {o.strip().rstrip("/").lower() for o in settings.allowed_origins}
+        return listed_origin(conn, settings) is not None
+    origin = _origin_key(origin)
     host = conn.headers.get("host", "").lower()
     parts = urlsplit(origin)
     return parts.scheme in ("http", "https") and bool(host) and parts.netloc == host

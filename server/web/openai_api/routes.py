@@ -23,7 +23,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 from wschat.protocol import (
     Done,
     Error,
@@ -42,6 +42,7 @@ from ...sessions.hub import Hub
 from ...sessions.session import Session
 from ..access import owner_scope, refusal
 from .conversation import CompletionChat, ReplyIds, api_session, load_chat, new_prompt_id
+from .cors import cors_route
 from .errors import ApiError, refusal_error
 from .prefix_keys import CacheKeys
 from .requests import Sampling, chat_body, completion_body
@@ -278,10 +279,11 @@ class OpenAIApi:
         return self._keys
 
     def routes(self) -> list[BaseRoute]:
+        settings = self.hub.settings
         return [
-            Route("/v1/models", self.models, methods=["GET"]),
-            Route("/v1/chat/completions", self.chat, methods=["POST"]),
-            Route("/v1/completions", self.completions, methods=["POST"]),
+            cors_route("/v1/models", self.models, "GET", settings),
+            cors_route("/v1/chat/completions", self.chat, "POST", settings),
+            cors_route("/v1/completions", self.completions, "POST", settings),
         ]
 
     async def models(self, request: Request) -> Response:
