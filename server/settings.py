@@ -238,8 +238,8 @@ class Settings:
     )
     allowed_origins: tuple[str, ...] = option(
         (),
-        "allow browser connections from this Origin (repeatable); without any, only same-host "
-        "origins and non-browser clients",
+        "allow browser connections from this Origin (repeatable), the OpenAI-compatible API's "
+        "included (CORS); without any, only same-host origins and non-browser clients",
     )
     # access.host_allowed applies it
     allowed_hosts: tuple[str, ...] = option(
