@@ -76,6 +76,20 @@ async def test_a_preflight_from_another_origin_is_403_without_cors_headers() -> 
     assert cors_headers(refused) == {}
 
 
+async def test_a_preflight_naming_a_foreign_host_is_403_without_cors_headers() -> None:
+    async with running_server(ScriptedEngine(), allowed_origins=LISTED) as url:
+        headers = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST"}
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            # no token set: the Host check stops DNS rebinding, a preflight included
+            refused = await http.options(
+                f"{http_base(url)}/v1/chat/completions",
+                headers={**headers, "Host": "rebound.example"},
+            )
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "forbidden"
+    assert cors_headers(refused) == {}
+
+
 async def test_a_preflight_for_a_method_the_route_lacks_is_405_without_cors_headers() -> None:
     async with running_server(ScriptedEngine(), allowed_origins=LISTED) as url:
         refused = await preflight(http_base(url), "/v1/chat/completions", "DELETE", ORIGIN)
