@@ -244,7 +244,9 @@ class ChatTemplate:
     name: str = "chat-template"
     strips_leading_space: bool = False
     _markup: dict[str, list[int]] = field(default_factory=dict)
-    _openings: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
+    # the rendered text before the user's, alone and before an exchange, by whether a system
+    # prompt is set: its ids are the sentinels' slots, so one layout serves every system prompt
+    _opening_heads: dict[bool, tuple[str, str]] = field(default_factory=dict)
 
     def tokenize_user(self, text: str) -> list[int]:
         return self.codec.tokenize_text(text)
@@ -273,20 +275,21 @@ class ChatTemplate:
         """What renders before the first user turn's text, alone and followed by an exchange
         (a template may lay out a first turn differently once others follow): the part the
         two share."""
-        key = tuple(system or ())
-        if key not in self._openings:
+        with_system = bool(system)
+        if with_system not in self._opening_heads:
             first = [{"role": "system", "content": _SENTINEL.format("s")}] if system else []
             user = {"role": "user", "content": _SENTINEL.format("u")}
             reply = {"role": "assistant", "content": "A"}
-            texts = [
-                self.render_template([*first, user]),
-                self.render_template([*first, user, reply, user]),
-            ]
+            alone = self.render_template([*first, user])
+            followed = self.render_template([*first, user, reply, user])
             user_at = _SENTINEL.format("u")
-            slots = {"s": list(key)}
-            heads = [self._ids(text[: text.index(user_at)], slots) for text in texts]
-            self._openings[key] = _common_prefix(*heads)
-        return list(self._openings[key])
+            self._opening_heads[with_system] = (
+                alone[: alone.index(user_at)],
+                followed[: followed.index(user_at)],
+            )
+        slots = {"s": list(system or ())}
+        heads = self._opening_heads[with_system]
+        return _common_prefix(*(self._ids(head, slots) for head in heads))
 
     def _ids(self, rendered: str, slots: dict[str, list[int]]) -> list[int]:
         ids: list[int] = []

@@ -297,3 +297,16 @@ def test_the_tiny_models_stand_in_for_tuned_checkpoints(tiny_text_loaded: Loaded
     assert tiny_text_loaded.instruction_tuned
     fmt = build_format("auto", tiny_text_loaded.tokenizer, EOS_IDS, instruction_tuned=True)
     assert fmt.name == "gemma-turns"
+
+
+def test_a_templates_openings_keep_one_layout_whatever_system_prompts_clients_send(
+    tokenizer: Any,
+) -> None:
+    template = template_format(tokenizer, GEMMA_TEMPLATE)
+    codec = TokenizerCodec(tokenizer)
+    for n in range(50):
+        system = codec.tokenize_text(f"System prompt number {n}.")
+        opening = template.opening(system)
+        assert opening == template_format(tokenizer, GEMMA_TEMPLATE).opening(system)
+        assert any(opening[i : i + len(system)] == system for i in range(len(opening)))
+    assert len(template._opening_heads) == 1  # one layout, not an entry a system prompt
