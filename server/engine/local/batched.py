@@ -289,7 +289,7 @@ class BatchedEngine:
             len(failed.rows),
             exc_info=error,
         )
-        for row in sorted(rows, key=self.scheduler.slot_of, reverse=True):  # the last first
+        for row in reversed(rows):  # the last slot first: no other row's state moves
             row.error = ended or error
             self._retire(row, FinishReason.ERROR)
 
