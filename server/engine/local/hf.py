@@ -321,7 +321,11 @@ class HFEngine:
                 pad_token_id=self.tokenizer.pad_token_id,
                 streamer=streamer,
                 stopping_criteria=StoppingCriteriaList(
-                    [cancel_or_stop(generation.cancel_flag, streamer), StopWhen(opening.take)]
+                    [
+                        cancel_or_stop(generation.cancel_flag, streamer),
+                        # only where there is an opening to copy: a criterion runs every step
+                        *([StopWhen(opening.take)] if opening.length else []),
+                    ]
                 ),
                 **kwargs,
             )
