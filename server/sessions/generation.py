@@ -110,8 +110,10 @@ class GenerationRun:
             while not ticket.granted.done():
                 if ticket.pushed_out is not None:
                     return False
-                await send(Queued(self.id, ticket.position))
+                # cleared before the send: a grant or a push-out while it is handed over (a
+                # send may switch tasks) leaves ``moved`` set, and the wait below sees it
                 ticket.moved.clear()
+                await send(Queued(self.id, ticket.position))
                 moved = asyncio.ensure_future(ticket.moved.wait())
                 await asyncio.wait({moved, cancel}, return_when=asyncio.FIRST_COMPLETED)
                 moved.cancel()

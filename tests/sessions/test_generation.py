@@ -191,3 +191,47 @@ async def test_a_run_cancelled_while_queued_sends_its_position_then_done_cancell
     assert frames[1].reason is FinishReason.CANCELLED  # type: ignore[attr-defined]
     assert engine.requests == [] and not of_type(frames, Start)
     slots.release(holder)
+
+
+async def test_a_slot_granted_while_queued_is_being_sent_starts_the_run() -> None:
+    engine = ScriptedEngine(lambda request: Script(WORDS[:3]))
+    slots = GenerationSlots(1, 4)
+    holder = slots.enqueue()  # another session holds the only slot
+    run, chat = await new_run(engine, slots)
+    frames: list[Frame] = []
+
+    async def send(frame: Frame) -> None:
+        frames.append(frame)
+        if isinstance(frame, Queued):
+            slots.release(holder)  # the grant lands while the frame is handed over
+        await asyncio.sleep(0)  # as a send that waits for its reader does
+
+    await drive(run, chat, slots, send)
+    assert [type(f) for f in frames[:2]] == [Queued, Start]
+    assert "".join(t.text for t in of_type(frames, Token)) == "".join(WORDS[:3])
+    (done,) = of_type(frames, Done)
+    assert frames[-1] is done and done.reason is FinishReason.STOP
+    assert (slots.running, slots.queued) == (0, 0)
+
+
+async def test_a_push_out_while_queued_is_being_sent_ends_the_run_overloaded() -> None:
+    engine = ScriptedEngine(lambda request: Script(WORDS))
+    slots = GenerationSlots(1, 1)
+    holder = slots.enqueue("crowd")  # the crowd holds the slot and the queue's one place
+    chat = Chat(engine, "s1")
+    turn = Turn("hello", SamplingParams(max_new_tokens=64), [])
+    prepared = await chat.prepare(turn, max_user_tokens=1024)
+    run = GenerationRun("g1", prepared, slots.enqueue("crowd"))
+    frames: list[Frame] = []
+
+    async def send(frame: Frame) -> None:
+        frames.append(frame)
+        if isinstance(frame, Queued):
+            slots.enqueue("newcomer")  # under its share: the crowd's queued prompt makes room
+        await asyncio.sleep(0)
+
+    await drive(run, chat, slots, send)
+    assert [type(f) for f in frames] == [Queued, Error, Done]
+    assert frames[1].code is ErrorCode.OVERLOADED  # type: ignore[attr-defined]
+    assert engine.requests == []
+    slots.release(holder)
