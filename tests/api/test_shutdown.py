@@ -8,11 +8,13 @@ import asyncio
 import signal
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
 from tests.api.support import async_client, user
-from tests.support import TIMEOUT, server_process
+from tests.api.test_routes import slots_reach
+from tests.support import TIMEOUT, http_base, server_process
 
 
 async def test_a_drain_cuts_a_streaming_request_after_the_grace_and_exits_0(
@@ -38,3 +40,38 @@ async def test_a_drain_cuts_a_streaming_request_after_the_grace_and_exits_0(
     }
     assert "".join(texts).startswith(" l0 l1")
     assert returncode == 0, (tmp_path / "server.log").read_text()
+
+
+async def test_a_drain_answers_queued_requests_503_shutting_down_with_retry_after(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "server.log"
+    async with server_process(log, "--max-concurrent", "1") as (proc, url):
+        base = http_base(url)
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+
+            async def chat(text: str, stream: bool) -> httpx.Response:
+                body = {"model": "any", "messages": [user(text)], "stream": stream}
+                return await http.post(f"{base}/v1/chat/completions", json=body)
+
+            running = asyncio.create_task(chat("a long one", True))
+            await slots_reach(url, running=1, queued=0)
+            queued = [asyncio.create_task(chat("Hi", stream)) for stream in (False, True, False)]
+            await slots_reach(url, running=1, queued=3)
+            proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(TIMEOUT):
+                answers = await asyncio.gather(*queued)
+                await running
+                returncode = await asyncio.to_thread(proc.wait)
+    for answer in answers:
+        assert answer.status_code == 503
+        assert answer.headers["retry-after"] == "1"
+        assert answer.json() == {
+            "error": {
+                "message": "the server is shutting down",
+                "type": "server_error",
+                "param": None,
+                "code": "overloaded",
+            }
+        }
+    assert returncode == 0, log.read_text()

@@ -160,6 +160,8 @@ class Reply:
             if isinstance(frame, Error):
                 await self._drain()
                 return ApiError.of_frame(frame)
+            if isinstance(frame, Done) and self.api.hub.shutting_down:
+                return shutting_down()  # cancelled while queued by the drain
             if frame is None or isinstance(frame, Done):
                 # cancelled while queued: the client is gone, nobody reads this
                 return ApiError("the request was cancelled", status=499, code="cancelled")
@@ -252,6 +254,12 @@ class Reply:
     @staticmethod
     def _event(data: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def shutting_down() -> ApiError:
+    """A request refused, or cancelled while queued, by a drain: as a WebSocket prompt is told,
+    worth a retry (on another replica, or once the server is back)."""
+    return ApiError("the server is shutting down", status=503, code="overloaded")
 
 
 def usage(done: Done) -> dict[str, Any]:
@@ -366,7 +374,7 @@ class OpenAIApi:
             message = "the model failed to load" if hub.load_error else "the model is loading"
             raise ApiError(message, status=503, code="overloaded")
         if hub.shutting_down:
-            raise ApiError("the server is shutting down", status=503, code="overloaded")
+            raise shutting_down()
 
     def _check_ids(self, ids: list[int] | None) -> None:
         engine = self.hub.engine
