@@ -10,9 +10,11 @@ The rule for failures: a child that never became healthy fails the start with ll
 reason (a port it cannot bind, a model it cannot load: ``LlamaCppError``), and the server exits
 1 as it does for a model that fails to load. A child that was healthy and died is restarted
 after ``FIRST_RETRY_S``, the delay doubling up to ``MAX_RETRY_S`` while restarts keep failing
-(it starts over once a child has stayed up ``STABLE_S``). Meanwhile prompts get ``overloaded``
-and ``/readyz`` says the engine is unreachable, as with any remote engine; a reply that was
-streaming ends in an error.
+(a restart fails when its child never becomes healthy). A child that became healthy has served:
+its death starts again from ``FIRST_RETRY_S``, however soon it comes (a delay carried over from
+earlier deaths would keep the service away longer than a restart takes; loading the model
+spaces restarts out). Meanwhile prompts get ``overloaded`` and ``/readyz`` says the engine is
+unreachable, as with any remote engine; a reply that was streaming ends in an error.
 
 No child outlives us: closing the engine stops it (SIGTERM, SIGKILL after ``STOP_GRACE_S``), and
 it stops by itself once its standard input ends, a pipe whose other end only this process holds,
@@ -52,7 +54,6 @@ START_TIMEOUT_S = 300.0  # loading a large GGUF from a slow disk
 STOP_GRACE_S = 5.0
 FIRST_RETRY_S = 0.5
 MAX_RETRY_S = 30.0
-STABLE_S = 60.0
 _POLL_S = 0.05
 _REASON_LINES = 3  # of llama.cpp's error lines, in a failure's reason
 _LISTENING = "listening on "
@@ -139,7 +140,6 @@ class _Child:
         self.listening = threading.Event()  # set by the reader once the URL is known
         self.errors: list[str] = []  # llama.cpp's first error lines: why it failed
         self.last_other = ""  # the last line not in llama.cpp's format (Python's own error)
-        self.healthy_at = 0.0
         assert process.stdout is not None
         self._reader = threading.Thread(
             target=self._read, args=(process.stdout,), name="wschat-llamacpp-log", daemon=True
@@ -287,7 +287,6 @@ class LlamaCppServer:
         except BaseException:
             child.stop(0)
             raise
-        child.healthy_at = time.monotonic()
         log.info("llama.cpp's server (pid %d) ready at %s", process.pid, child.url)
         return child
 
@@ -315,43 +314,43 @@ class LlamaCppServer:
                 time.sleep(_POLL_S)
 
     def _watch(self, on_url: Callable[[str], None]) -> None:
-        failures = 0
         while (child := self._child) is not None:
             child.process.wait()
             if self._stopping.is_set():
                 return
-            if time.monotonic() - child.healthy_at >= STABLE_S:
-                failures = 0
-            delay = retry_delay(failures)
             log.error(
                 "llama.cpp's server (pid %d) died (%s); restarting in %.1f s",
                 child.process.pid,
                 child.status(),
-                delay,
+                FIRST_RETRY_S,
             )
             child.stop(STOP_GRACE_S)
-            replacement = self._restart(delay, failures)
+            replacement = self._restart()
             if replacement is None:
                 return
-            failures = replacement[1] + 1  # a death before STABLE_S counts as a failure
             with self._lock:
                 if self._stopping.is_set():
-                    replacement[0].stop(STOP_GRACE_S)
+                    replacement.stop(STOP_GRACE_S)
                     return
-                self._child = replacement[0]
-            on_url(replacement[0].url or "")
+                self._child = replacement
+            on_url(replacement.url or "")
 
-    def _restart(self, delay: float, failures: int) -> tuple[_Child, int] | None:
-        """A healthy new child and the failures before it; None once stopping."""
-        while not self._stopping.wait(delay):
+    def _restart(self) -> _Child | None:
+        """A healthy new child, the delay doubling with each start that fails; None once
+        stopping."""
+        failures = 0
+        while not self._stopping.wait(retry_delay(failures)):
             try:
-                return self._launch(), failures
+                return self._launch()
             except LlamaCppError as error:
                 if self._stopping.is_set():
                     return None
                 failures += 1
-                delay = retry_delay(failures)
-                log.error("llama.cpp's server did not restart (%s); again in %.1f s", error, delay)
+                log.error(
+                    "llama.cpp's server did not restart (%s); again in %.1f s",
+                    error,
+                    retry_delay(failures),
+                )
         return None
 
 

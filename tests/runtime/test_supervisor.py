@@ -187,12 +187,13 @@ SILENT_CHILD = "import os\nwhile os.read(0, 4096):\n    pass\n"
 class ScriptedChild(LlamaCppServer):
     """A supervisor whose child is a Python script of the test's own."""
 
-    def __init__(self, script: str) -> None:
+    def __init__(self, script: str, *args: str) -> None:
         super().__init__(config(start_timeout_s=2.0))
         self.script = script
+        self.args = args
 
     def _command(self) -> list[str]:
-        return [sys.executable, "-c", self.script]
+        return [sys.executable, "-c", self.script, *self.args]
 
 
 @pytest.mark.parametrize(
@@ -243,6 +244,58 @@ def test_restarts_back_off_from_half_a_second_to_thirty() -> None:
     assert delays[:3] == [FIRST_RETRY_S, 2 * FIRST_RETRY_S, 4 * FIRST_RETRY_S]
     assert delays == sorted(delays) and delays[-1] == MAX_RETRY_S == 30.0
     assert retry_delay(10_000) == MAX_RETRY_S
+
+
+# A healthy child the first time it starts; every later start exits at once (a marker file says
+# which start it is), so that every restart fails.
+ONCE_HEALTHY_CHILD = (
+    "import os, sys\n"
+    "marker = sys.argv[1]\n"
+    "if os.path.exists(marker):\n"
+    "    sys.exit(1)\n"
+    "open(marker, 'w').close()\n"
+) + HEALTHY_CHILD
+
+
+def restart_delays(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The delay each logged restart waits, as logged: ``restarting in`` after a death,
+    ``again in`` after a failed restart."""
+    lines = [r.getMessage() for r in caplog.records if r.name == "wschat.engine.llamacpp"]
+    return [line.rsplit(" in ", 1)[1] for line in lines if " in " in line and "restart" in line]
+
+
+async def test_each_death_of_a_child_that_became_healthy_restarts_after_half_a_second(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="wschat.engine.llamacpp")
+    server = ScriptedChild(HEALTHY_CHILD)
+    urls: list[str] = []
+    server.start()
+    server.supervise(on_url=urls.append)
+    try:
+        for _ in range(3):
+            pid, restarted = server.pid, len(urls) + 1
+            kill(pid)  # each child killed once it is healthy: within a second of the last
+            await wait_until(lambda n=restarted: len(urls) == n, timeout=TIMEOUT, interval=0.02)
+            assert server.pid != pid
+    finally:
+        server.stop()
+    assert restart_delays(caplog) == ["0.5 s", "0.5 s", "0.5 s"]
+
+
+async def test_restarts_that_fail_double_the_delay(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    caplog.set_level(logging.INFO, logger="wschat.engine.llamacpp")
+    server = ScriptedChild(ONCE_HEALTHY_CHILD, str(tmp_path / "started"))
+    server.start()
+    server.supervise(on_url=lambda url: None)
+    try:
+        kill(server.pid)
+        await wait_until(lambda: len(restart_delays(caplog)) >= 3, timeout=TIMEOUT)
+    finally:
+        server.stop()
+    assert restart_delays(caplog)[:3] == ["0.5 s", "1.0 s", "2.0 s"]
 
 
 def test_the_client_follows_a_server_that_moved() -> None:
