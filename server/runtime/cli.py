@@ -406,6 +406,23 @@ def device_problem(settings: Settings) -> str | None:
     return unusable_device(settings.device, settings.dtype)
 
 
+def model_problem(settings: Settings) -> str | None:
+    """Why the local engines cannot load ``--model`` (``model_checks.py``: a folder with no
+    model, a hub name neither cached nor to be had from the hub), said before they try; None
+    when they may."""
+    if settings.engine not in LOCAL_ENGINES or settings.model == "embedded":
+        return None
+    from ..engine.local.devmodel import is_devmodel_name
+    from .model_checks import folder_problem, hub_problem
+
+    path = Path(settings.model).expanduser()
+    if path.is_dir():
+        problem = folder_problem(path)
+    else:
+        problem = None if is_devmodel_name(settings.model) else hub_problem(settings.model)
+    return None if problem is None else f"--model {settings.model}: {problem}"
+
+
 def quiet_progress_bars() -> None:
     """No progress bars from transformers, the hub or tqdm: their carriage-return lines ran into
     the log lines while the first start converts the GGUF (the loader logs its own progress).
@@ -422,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if missing:  # a client-only install: one line that says what to install, no traceback
         print(missing_extra_message(missing, settings.engine), file=sys.stderr)
         return 2
-    for check in (llamacpp_model_problem, device_problem):
+    for check in (llamacpp_model_problem, device_problem, model_problem):
         if (problem := check(settings)) is not None:
             print(f"wschat-server: {problem}", file=sys.stderr)
             return 2
