@@ -130,11 +130,20 @@ class Finished:
 
 
 @dataclass(frozen=True, slots=True)
+class RemoteEngine:
+    """An engine over HTTP, as /readyz names it: what it is, where, and what it serves."""
+
+    kind: str  # its dialect's name: ``vllm``, ``llama.cpp``, ``sglang``
+    host: str  # the host of its base URL (a restarted llama.cpp child keeps it, not its port)
+    model: str  # the model as the engine names it (its /v1/models id)
+
+
+@dataclass(frozen=True, slots=True)
 class EngineInfo:
     name: str
     model: str
     # Where it generates: the device in this process (``cpu``, ``cuda:0``), else the host of the
-    # engine over HTTP (/readyz, /v1/stats and /metrics show it as ``device``)
+    # engine over HTTP (/v1/stats and /metrics show it as ``device``, /readyz as ``remote``)
     runs_on: str
     # What generates there: the weights' precision in this process (``bf16-packed``), else the
     # engine's kind (``vllm``, ``llama.cpp``) (``dtype`` on the wire)
@@ -153,6 +162,8 @@ class EngineInfo:
     # The model and tokenizer (``fingerprint``): token ids kept by one engine mean the same to
     # another only when theirs are equal
     fingerprint: str = ""
+    # An engine over HTTP (engine/openai): /readyz says this instead of a device and a dtype
+    remote: RemoteEngine | None = None
 
 
 def fingerprint(*parts: Any) -> str:

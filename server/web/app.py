@@ -65,15 +65,13 @@ async def readyz(request: Request) -> Response:
             {"ready": False, "status": "engine unreachable", "engine": info.name},
             status_code=503,
         )
-    return JSONResponse(
-        {
-            "ready": True,
-            "model": info.model,
-            "engine": info.name,
-            "device": info.runs_on,
-            "dtype": info.backend,
-        }
-    )
+    answer: dict[str, object] = {"ready": True, "model": info.model, "engine": info.name}
+    if info.remote is not None:  # no device or dtype here: the engine's own kind and host
+        remote = info.remote
+        answer["remote"] = {"kind": remote.kind, "host": remote.host, "model": remote.model}
+    else:
+        answer |= {"device": info.runs_on, "dtype": info.backend}
+    return JSONResponse(answer)
 
 
 async def chat(websocket: WebSocket) -> None:

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import httpx
+from wschat.server.runtime.llamacpp import EMBEDDED_ALIAS
+
 from tests.api.support import assistant, async_client, user
-from tests.support import running_server
+from tests.support import TIMEOUT, http_base, running_server
 
 if TYPE_CHECKING:
     from wschat.server.engine.openai import OpenAIEngine
@@ -37,3 +40,17 @@ async def test_a_streamed_conversation_through_the_gateway_reuses_the_remote_pre
     assert usage.prompt_tokens > first.usage.prompt_tokens
     # the first request's prompt was the remote engine's to keep: the second starts with it
     assert (usage.prompt_tokens_details.cached_tokens or 0) >= first.usage.prompt_tokens - 1
+
+
+async def test_readyz_of_a_gateway_names_the_engines_kind_host_and_model_not_a_device(
+    openai_engine: OpenAIEngine,
+) -> None:
+    async with running_server(openai_engine) as url, httpx.AsyncClient(timeout=TIMEOUT) as http:
+        answer = await http.get(f"{http_base(url)}/readyz")
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "ready": True,
+        "model": EMBEDDED_ALIAS,
+        "engine": "openai",
+        "remote": {"kind": "llama.cpp", "host": "127.0.0.1", "model": EMBEDDED_ALIAS},
+    }

@@ -36,6 +36,7 @@ from ..base import (
     Generation,
     GenerationRequest,
     KVUsage,
+    RemoteEngine,
     TokenPiece,
     fingerprint,
     vocabulary_fingerprint,
@@ -165,10 +166,11 @@ class OpenAIEngine:
         self.tokenizer = tokenizer
         self.prompt_format = prompt_format
         self.text_tokenizer = TextTokenizer()
+        host = urlsplit(http.api_url).hostname or http.api_url  # a restarted child keeps it
         self.info = EngineInfo(
             name,
             model,
-            urlsplit(http.api_url).hostname or http.api_url,  # a restarted child keeps its host
+            host,
             dialect.name,
             context_tokens,
             max_images > 0,
@@ -178,6 +180,7 @@ class OpenAIEngine:
             fingerprint=fingerprint(
                 model, vocabulary_fingerprint(tokenizer, tokenizer.vocab), prompt_format.name
             ),
+            remote=RemoteEngine(dialect.name, host, model),
         )
         self._vision = _vision_tokens(tokenizer, prompt_format) if max_images > 0 else None
         ends = sorted(prompt_format.end_ids)
