@@ -171,9 +171,11 @@ class RedisSessionStore:
         self.settings = settings
         self.resume_window_s = settings.resume_window_s
         self.lease_s = settings.session_lease_s
-        # the in-memory limits: images within max_session_image_bytes, ids within the context
+        # the in-memory limits: images within max_session_image_bytes, ids within the context,
+        # a reply that ended detached (its text twice, the record's and the done's, at up to
+        # 64 bytes a token)
         self.max_state_bytes = settings.max_session_image_bytes + 16 * settings.context_tokens
-        self.max_state_bytes += 1 << 20
+        self.max_state_bytes += 128 * settings.max_new_tokens + (1 << 20)
         items = max(2 * settings.context_tokens, MIN_KEPT_IDS)
         self.bounds = Bounds(
             items=items,

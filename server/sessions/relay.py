@@ -12,6 +12,10 @@ What is kept is bounded by one reply (its text and ids, and five integers per fr
 reader gets many frames), the next prompt's ``begin`` lets it go. A replay costs its frame, and
 one is in flight per session at most: a resume drops the connection it replaces (``drop_last``),
 which may still be flushing the last replay to a peer that never read it.
+
+A store outside this process (redis_store.py) keeps a reply that ended with no connection
+attached with the session's state (``export``, ``restore``), so a resume that rebuilds the
+session from the store gets the same catch-up as one that finds it in memory.
 """
 
 from __future__ import annotations
@@ -20,8 +24,19 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from wschat.protocol import Done, Error, Frame, Queued, Start, Token
+from wschat.protocol import (
+    Done,
+    Error,
+    Frame,
+    ProtocolError,
+    Queued,
+    Start,
+    Token,
+    decode_server_frame,
+    encode,
+)
 
 from ..engine import TextPieces
 from .error_boundary import Send
@@ -84,6 +99,34 @@ class ReplyRecord:
         # the kept text itself from index 0 (a slice of all of a str is that str), else its tail
         return Token(reply, self.text.join()[text_from:], self._indexes[-1], ids)
 
+    def export(self) -> dict[str, Any]:
+        """The frames as plain data: the text, and each frame's index, where its text ends and
+        its ids (None: the frames carried none)."""
+        frames: list[list[Any]] = []
+        for k, (index, text_end) in enumerate(zip(self._indexes, self._text_ends, strict=True)):
+            ids = list(self.ids[self._id_starts[k] : self._id_ends[k]]) if self._shows_ids else None
+            frames.append([index, text_end, ids])
+        return {"text": self.text.join(), "frames": frames}
+
+    @classmethod
+    def restore(cls, reply: str, kept: dict[str, Any]) -> ReplyRecord:
+        """``export``'s data, as the frames that made it; ``ValueError`` when it is not that."""
+        record, text, at = cls(), kept["text"], 0
+        if not isinstance(text, str):
+            raise ValueError("a reply's text is not a str")
+        for index, text_end, ids in kept["frames"]:
+            last = record._indexes[-1] if record._indexes else 0
+            if not (isinstance(index, int) and isinstance(text_end, int)) or index <= last:
+                raise ValueError("a reply's frame indexes are not rising integers")
+            if not at <= text_end <= len(text):
+                raise ValueError("a reply's frame ends outside its text")
+            shown = None if ids is None else tuple(ids)
+            record.add(shown or (), Token(reply, text[at:text_end], index, shown))
+            at = text_end
+        if at != len(text):
+            raise ValueError("a reply's frames do not cover its text")
+        return record
+
 
 class Relay:
     def __init__(self) -> None:
@@ -139,6 +182,36 @@ class Relay:
         after = self._record.after(self.reply, last or 0)
         replay: list[Frame] = [after] if after else []
         return CatchUp(self.reply, [*opening, *replay, *self._ending])
+
+    def export(self) -> dict[str, Any] | None:
+        """What a resume needs of a reply that ended while no connection was attached (its
+        frames, its error and done, whether it was in flight at the drop), as plain data; None
+        while a connection is attached or no reply has ended."""
+        if self._target is not None or self.reply is None:
+            return None
+        if not any(isinstance(frame, Done) for frame in self._ending):
+            return None
+        return {
+            "reply": self.reply,
+            "in_flight": self.in_flight,
+            "ending": [encode(frame) for frame in self._ending],
+            "record": self._record.export(),
+        }
+
+    def restore(self, kept: dict[str, Any]) -> None:
+        """``export``'s data, in a relay no connection was attached to; ``ValueError`` when it is
+        not that (nothing is changed then)."""
+        try:
+            reply, in_flight = kept["reply"], kept["in_flight"]
+            if not isinstance(reply, str) or not isinstance(in_flight, bool):
+                raise ValueError("a kept reply without its id")
+            ending: list[Frame] = [decode_server_frame(data) for data in kept["ending"]]
+            if not all(isinstance(f, Error | Done) and f.id == reply for f in ending):
+                raise ValueError("a kept reply's ending is not its error and done")
+            record = ReplyRecord.restore(reply, kept["record"])
+        except (KeyError, TypeError, OverflowError, ProtocolError) as e:
+            raise ValueError(f"not a kept reply: {e!r}") from e
+        self.reply, self.in_flight, self._ending, self._record = reply, in_flight, ending, record
 
     async def attach(self, send: Send) -> None:
         """Send what was held since the catch-up, in order, then pass frames on as they come."""

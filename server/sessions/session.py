@@ -383,10 +383,12 @@ class Session:
 
     def export_state(self) -> dict[str, Any]:
         """What a resume needs, as plain data (images in the engine's form): the conversation,
-        the defaults, the staged images as checked, every id used, and the running turn as it
-        was prompted (its reply's tokens are checkpointed on their own: ``reply_checkpoint``).
-        A running turn joins the conversation when it ends, the next boundary; should this
-        process die first, ``import_state`` keeps it as a cancelled exchange."""
+        the defaults, the staged images as checked, every id used, the running turn as it
+        was prompted (its reply's tokens are checkpointed on their own: ``reply_checkpoint``),
+        and a reply that ended with no connection attached (``Relay.export``: its frames and
+        its done, for the resume's catch-up). A running turn joins the conversation when it
+        ends, the next boundary; should this process die first, ``import_state`` keeps it as a
+        cancelled exchange."""
         run, running = self.run, self.chat.export_running()
         return {
             "running": {"id": run.id, "turn": running} if run and running else None,
@@ -400,6 +402,7 @@ class Session:
             "last_prompt": self.last_prompt,
             "turn_ids": list(self.turn_ids),
             "engine": self.engine.info.fingerprint,  # whose token ids these are
+            "relay": self.relay.export(),
         }
 
     def reply_checkpoint(self) -> dict[str, Any] | None:
@@ -434,8 +437,13 @@ class Session:
             chat_state = state["chat"]
             running = state.get("running")
             running_id = as_id(running["id"]) if running else None
+            relay = Relay()
+            if state.get("relay") is not None:
+                relay.restore(state["relay"])
         except (KeyError, TypeError, BadFrame, InvalidParams) as e:
             raise ValueError(f"not an exported session: {e!r}") from e
+        if relay.reply is not None and relay.reply not in ids:
+            raise ValueError("not an exported session: its kept reply's id was never used")
         if len(staged) > self.max_images:
             raise ValueError(f"not an exported session: over {self.max_images} staged images")
         self.chat.import_state(chat_state)
@@ -449,6 +457,7 @@ class Session:
             turn_ids.append(running_id)
         self.defaults, self._staged, self._ids = defaults, staged, ids
         self.turn_ids = turn_ids
+        self.relay = self.send = relay
 
     def _keep_cancelled(self, running: dict[str, Any], partial: dict[str, Any] | None) -> None:
         reply = partial["ids"] if partial and partial.get("id") == running.get("id") else []

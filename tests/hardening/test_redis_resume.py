@@ -1,6 +1,7 @@
 """Resuming through the Redis store when things go wrong, with a real ``redis-server`` and a real
-server and WebSocket clients: a reply dropped before its session was ever written, a Redis that
-stalls while a claim is under way, and states in Redis that were tampered with or are huge.
+server and WebSocket clients: a reply dropped before its session was ever written, a reply that
+ended with no connection (its ``done`` kept in Redis for the resume), a Redis that stalls while
+a claim is under way, and states in Redis that were tampered with or are huge.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from wschat.protocol import FinishReason
 from wschat.server.sessions.hub import Hub
 from wschat.server.sessions.redis_store import RedisSessionStore
 from wschat.server.sessions.snapshot import pack, unpack
@@ -22,7 +24,13 @@ from wschat.server.settings import Settings
 
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.prometheus import samples
-from tests.sessions.test_mid_reply_resume import drop, prompt, resume_url, tokens_until
+from tests.sessions.test_mid_reply_resume import (
+    drop,
+    prompt,
+    resume_url,
+    token_text,
+    tokens_until,
+)
 from tests.sessions.test_redis_replicas import REDIS_SERVER, detached, redis_server, turn
 from tests.support import TIMEOUT, RawPeer, http_base, raw_peer, running_server
 
@@ -98,6 +106,59 @@ async def test_a_reply_dropped_before_its_session_was_first_written_is_still_res
             await peer.send({"type": "cancel", "id": "p1"})
             done = (await peer.recv_until("done"))[-1]
     assert done["reason"] == "cancelled"
+
+
+# -- a reply that ended detached: its done kept in Redis for the resume (issue 32, EDIT-1) --
+
+
+async def test_a_reply_dropped_before_its_first_token_is_resumed_from_redis_with_its_done(
+    tmp_path: Path,
+) -> None:
+    """Cancelled at the drop (nothing to resume), the exchange kept: the resume, from the state
+    in Redis, is told how the reply ended, as it is from memory (PROTOCOL.md section 10)."""
+    # a token a second: the drop, right after start, comes before the first
+    engine = ScriptedEngine(lambda r: Script([f" t{i}" for i in range(100)], delay_s=1.0))
+    async with (
+        redis_server(tmp_path) as store,
+        running_server(engine, session_store=store.url) as url,
+    ):
+        async with raw_peer(url) as (peer, ready):
+            await prompt(peer, "p1")
+            assert (await peer.recv())["type"] == "start"
+            drop(peer)
+        await detached(store, ready["session"])  # let go here: the resume reads Redis
+        async with raw_peer(resume_url(url, ready, 0)) as (peer, resumed):
+            frames = await peer.recv_until("done")
+    assert resumed["session"] == ready["session"]
+    assert resumed["resumed"] == {"last_prompt": "p1", "reply": "p1", "turns": 1}
+    done = frames[-1]
+    assert (done["type"], done["id"], done["reason"]) == ("done", "p1", "cancelled")
+    # the one token the engine had under way, if any, comes before it
+    assert token_text(frames) == done["text"] and done["usage"]["completion_tokens"] <= 1
+
+
+async def test_a_reply_that_ended_while_held_is_replayed_from_redis_after_the_grace(
+    tmp_path: Path,
+) -> None:
+    """It ran on to its end while held, then the session was let go to Redis: a resume naming
+    the last token it got gets the rest in one frame, then the done, none of it twice."""
+    engine = ScriptedEngine(lambda r: Script([f" t{i}" for i in range(40)], delay_s=0.01))
+    async with (
+        redis_server(tmp_path) as store,
+        running_server(engine, session_store=store.url, resume_grace_s=0.5) as url,
+    ):
+        async with raw_peer(url) as (peer, ready):
+            await prompt(peer, "p1")
+            got = await tokens_until(peer, 1)
+            drop(peer)
+        await detached(store, ready["session"])  # the grace is over: written, let go
+        async with raw_peer(resume_url(url, ready, got[0]["index"])) as (peer, resumed):
+            rest = await peer.recv_until("done")
+    assert resumed["resumed"] == {"last_prompt": "p1", "reply": "p1", "turns": 1}
+    assert [f["type"] for f in rest] == ["token", "done"]
+    assert rest[-1]["reason"] == FinishReason.STOP.value
+    assert got[0]["text"] + token_text(rest) == rest[-1]["text"]
+    assert rest[-1]["text"] == "".join(f" t{i}" for i in range(40))
 
 
 # -- a claim that Redis runs after the resume gave up on it (item 7) -----------------------
@@ -198,6 +259,12 @@ def huge_last_prompt(state: dict[str, Any], _: dict[str, Any]) -> None:
     state["last_prompt"] = "x" * (4 << 20)
 
 
+def foreign_kept_reply(state: dict[str, Any], _: dict[str, Any]) -> None:
+    """A reply kept for the resume (EDIT-1) whose id the session never used."""
+    record = {"text": " t0", "frames": [[1, 3, None]]}
+    state["relay"] = {"reply": "zz", "in_flight": True, "ending": [], "record": record}
+
+
 @pytest.fixture
 async def batched3(tiny_text_loaded: LoadedModel) -> AsyncIterator[BatchedEngine]:
     from wschat.server.engine.local.batched import BatchedEngine
@@ -227,7 +294,14 @@ async def reply_of(peer: RawPeer) -> tuple[dict[str, Any], list[str]]:
 
 
 @pytest.mark.parametrize(
-    "change", [out_of_vocabulary, checkpoint_out_of_range, another_engine, huge_last_prompt]
+    "change",
+    [
+        out_of_vocabulary,
+        checkpoint_out_of_range,
+        another_engine,
+        huge_last_prompt,
+        foreign_kept_reply,
+    ],
 )
 async def test_a_tampered_state_gives_a_new_session_and_its_batch_mates_finish(
     tmp_path: Path, batched3: BatchedEngine, change: Callable[..., None]

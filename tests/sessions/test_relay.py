@@ -4,6 +4,10 @@ nothing twice, then the rest in order."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import pytest
 from wschat.protocol import (
     Done,
     Error,
@@ -159,6 +163,63 @@ async def test_a_new_prompt_forgets_the_last_reply() -> None:
     relay.detach(mid_reply=True)
     catch_up = relay.catch_up(0)
     assert (catch_up.reply, catch_up.frames) == ("s", [])
+
+
+async def ended_detached(ids: bool) -> Relay:
+    """A reply of three frames (their ids shown or not) that ended after its connection dropped."""
+    relay, _, run = await attached()
+    for text, index, shown in (("a", 1, (10,)), ("bc", 3, (11, 12)), ("d", 4, (13,))):
+        await run.token(Token("r", text, index, shown if ids else None))
+    relay.detach(mid_reply=True)
+    await relay(Error(ErrorCode.INTERNAL, "generation failed", "r"))
+    await relay(done("r", "abcd", FinishReason.ERROR))
+    run.record.settle()
+    return relay
+
+
+async def test_a_reply_that_ended_detached_is_exported_and_restored_with_its_catch_up() -> None:
+    for ids in (False, True):
+        relay = await ended_detached(ids)
+        kept = relay.export()
+        assert kept is not None
+        restored = Relay()
+        restored.restore(kept)
+        for last in (None, 0, 1, 3, 4):
+            assert restored.catch_up(last) == relay.catch_up(last)
+
+
+async def test_only_a_reply_that_ended_with_no_connection_is_exported() -> None:
+    relay, _, run = await attached()
+    await run.token(Token("r", "a", 1))
+    assert relay.export() is None  # a connection is attached
+    relay.detach(mid_reply=True)
+    assert relay.export() is None  # it runs on
+    await relay(done("r", "a"))
+    assert relay.export() is not None
+
+
+@pytest.mark.parametrize(
+    ("tamper", "message"),
+    [
+        (lambda kept: kept["record"]["frames"].reverse(), "indexes are not rising"),
+        (lambda kept: kept["record"]["frames"][-1].__setitem__(1, 99), "ends outside its text"),
+        (lambda kept: kept["record"].__setitem__("text", "abcde"), "do not cover its text"),
+        (lambda kept: kept["ending"].__setitem__(0, b"\x81\xa4type\xa4pong"), "not its error"),
+        (lambda kept: kept.__setitem__("reply", 7), "without its id"),
+        (lambda kept: kept["ending"].__setitem__(0, b"\xc1"), "not a kept reply"),
+    ],
+    ids=["falling", "past the text", "uncovered text", "not an ending", "no id", "not a frame"],
+)
+async def test_a_made_up_kept_reply_is_refused_and_changes_nothing(
+    tamper: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    kept = (await ended_detached(True)).export()
+    assert kept is not None
+    tamper(kept)
+    relay = Relay()
+    with pytest.raises(ValueError, match=message):
+        relay.restore(kept)
+    assert (relay.reply, relay.catch_up(0).frames) == (None, [])
 
 
 def test_every_sender_in_the_sessions_layer_takes_the_one_send_type() -> None:
