@@ -1,8 +1,8 @@
 """The public client: ``async with connect(url) as chat: async for piece in chat.prompt("...")``.
 
-A ``Chat`` runs two tasks on its connection: a reader that decodes every server frame and hands
-it to the ``FrameRouter``, and a writer that sends queued frames in the order they were asked
-for, so an answer without ``id`` always matches the request registered with it.
+A ``Chat`` talks over a ``Link`` (link.py): its connection, a reader task that routes each
+server frame and a writer task that sends queued frames in order; the link resumes a dropped
+connection.
 
 Concurrency: ``prompt`` and ``regenerate`` return at once (their frame is queued); every other
 request waits for the server's answer, at most ``timeout`` seconds (``TimeoutError``). One
@@ -13,29 +13,21 @@ Exchanges (a user message and its reply) are numbered from 1 as the server numbe
 (``done.turn``); ``turns`` is how many the conversation holds, so ``edit(k, ...)`` and
 ``rewind(k - 1)`` name an exchange without counting.
 
-A dropped connection (no close frame from the server) is resumed when ``connect`` says so
-(PROTOCOL.md section 10): the reader opens the session again through ``reopen``, naming the last
-token index of the reply in flight, and goes on reading; the writer waits for the new connection
-and sends what was queued meanwhile. The reply in flight goes on where it was (each piece once);
-a reply the server did not resume ends with ``ReplyLostError``; requests still waiting for an
-answer end with ``ConnectionClosedError`` (their answer may have been lost). A resume that fails
-ends everything as a close does.
+A dropped connection is resumed when ``connect`` says so (link.py, PROTOCOL.md section 10): the
+reply in flight goes on where it was; what a resume that fails ends with is said there.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any, Self
 
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
 from wschat.protocol import (
     Cancel,
     Capabilities,
@@ -48,7 +40,6 @@ from wschat.protocol import (
     Ping,
     Pong,
     Prompt,
-    ProtocolError,
     Ready,
     Regenerate,
     Reset,
@@ -56,24 +47,17 @@ from wschat.protocol import (
     Rewind,
     Rewound,
     ServerFrame,
-    decode_server_frame,
     encode,
 )
 
 from .connection import FrameRouter
 from .errors import ClientError, ConnectionClosedError, InvalidParamsError
 from .images import ImageInput, image_bytes
+from .link import Link, Reopen
 from .local import check_frame_size, check_image_size, check_prompt_id, local_params
 from .reply import Reply
 
-log = logging.getLogger("wschat.client")
-
-_CLOSED = object()
 DEFAULT_TIMEOUT = 30.0
-
-# (the ready of the session that dropped, the last token index of its reply in flight) -> the
-# connection resumed and its ready, or None when it could not be resumed
-Reopen = Callable[[Ready, int | None], Awaitable[tuple[ClientConnection, Ready] | None]]
 
 
 def _is_int(value: object) -> bool:
@@ -93,25 +77,25 @@ class Chat:
         on_goaway: Callable[[GoAway], None] | None = None,
         reopen: Reopen | None = None,
     ) -> None:
-        self.ready = ready
         self.timeout = timeout
         self.reply_timeout = reply_timeout
-        self.resumes = 0  # dropped connections resumed so far
-        self._ws = ws
-        self._reopen = reopen
-        self._closing = False  # close() was called: an end is not a drop
-        self._resuming = False  # the reader is opening the session again
-        self._swapped = asyncio.Event()  # set by the reader on a new connection, or the end
         self._router = FrameRouter(on_goaway, turns=ready.resumed.turns if ready.resumed else 0)
-        # frames to send; a prompt's comes with its reply, which learns it was sent
-        self._outbox: asyncio.Queue[bytes | tuple[bytes, Reply] | object] = asyncio.Queue()
+        self._link = Link(ws, ready, self._router, reopen=reopen)
         self._id_prefix = secrets.token_hex(3)  # ids stay unique across resumed connections
         self._next_id = 0
         self._ping_seq = 0
-        self._reader = asyncio.create_task(self._read(), name="wschat-client-reader")
-        self._writer = asyncio.create_task(self._write(), name="wschat-client-writer")
 
     # -- what the server said about the session ------------------------------------------------
+
+    @property
+    def ready(self) -> Ready:
+        """The server's last ``ready`` (a resume's, after one)."""
+        return self._link.ready
+
+    @property
+    def resumes(self) -> int:
+        """How many times a dropped connection was resumed."""
+        return self._link.resumes
 
     @property
     def session(self) -> str:
@@ -304,7 +288,7 @@ class Chat:
         reply = Reply(frame_id, send_cancel=self._send_cancel, timeout=self.reply_timeout)
         reply.prompt_frame = data
         self._router.add_reply(reply)
-        self._outbox.put_nowait((data, reply))
+        self._link.send(data, reply)
         return reply
 
     def _new_id(self) -> str:
@@ -317,18 +301,18 @@ class Chat:
 
     def _send(self, data: bytes) -> None:
         self._raise_if_closed()
-        self._outbox.put_nowait(data)
+        self._link.send(data)
 
     def _send_cancel(self, id: str) -> None:
         if self._router.closed is None:
-            self._outbox.put_nowait(encode(Cancel(id)))
+            self._link.send(encode(Cancel(id)))
 
     async def _request(
         self, data: bytes, expects: type[ServerFrame], id: str | None = None
     ) -> ServerFrame:
         self._raise_if_closed()
         waiter = self._router.expect(expects, id)
-        self._outbox.put_nowait(data)
+        self._link.send(data)
         try:
             async with asyncio.timeout(self.timeout):
                 return await waiter.future
@@ -345,94 +329,13 @@ class Chat:
             raise ClientError(f"the server's pong does not echo ping {seq}")
         return time.perf_counter() - sent
 
-    async def _write(self) -> None:
-        while (item := await self._outbox.get()) is not _CLOSED:
-            data, reply = item if isinstance(item, tuple) else (item, None)
-            assert isinstance(data, bytes)
-            if reply is not None:
-                reply.sent = True
-            ws = self._ws
-            try:
-                await ws.send(data)
-            except ConnectionClosed:
-                # lost with the connection; the reader resumes it (or ends everything)
-                while self._ws is ws and self._router.closed is None:
-                    self._swapped.clear()
-                    await self._swapped.wait()
-                if self._router.closed is not None:
-                    return
-
-    async def _read(self) -> None:
-        try:
-            while True:
-                await self._read_connection()
-                if not await self._resumed():
-                    break
-        finally:
-            self._router.close(
-                ConnectionClosedError(
-                    self._ws.close_code,
-                    self._ws.close_reason or "",
-                    error=self._router.unclaimed_error,
-                )
-            )
-            self._swapped.set()
-            self._outbox.put_nowait(_CLOSED)
-
-    async def _read_connection(self) -> None:
-        """Route every frame of the current connection until it ends."""
-        try:
-            async for message in self._ws:
-                if isinstance(message, str):
-                    log.warning("ignored a text message from the server")
-                    continue
-                try:
-                    frame = decode_server_frame(message)
-                except ProtocolError as error:  # a newer server's frame type, or a broken one
-                    log.warning("ignored a server frame that does not decode: %s", error.message)
-                    continue
-                self._router.route(frame)
-        except ConnectionClosed:
-            pass
-
-    async def _resumed(self) -> bool:
-        """After the connection ended: True once a dropped one is resumed (PROTOCOL.md
-        section 10); False when it was closed, or could not be resumed."""
-        dropped = self._ws.protocol.close_rcvd is None and not self._closing
-        if not dropped or self._reopen is None:
-            return False
-        self._router.fail_requests(ConnectionClosedError(1006, "the connection dropped"))
-        replies = [r for r in self._router.replies.values() if r.sent]
-        in_flight = next((r for r in replies if r.accepted), replies[-1] if replies else None)
-        self._resuming = True
-        try:
-            opened = await self._reopen(self.ready, in_flight.last_index if in_flight else None)
-        finally:
-            self._resuming = False
-        if opened is None:
-            return False
-        self._ws, self.ready = opened
-        self.resumes += 1
-        for lost in self._router.resumed(self.ready.resumed):
-            assert lost.prompt_frame is not None
-            self._outbox.put_nowait((lost.prompt_frame, lost))  # the server never had it
-        self._swapped.set()
-        return True
-
     async def close(self) -> None:
         """Close the connection (1000); replies still running end with ``ConnectionClosedError``."""
-        self._closing = True
-        if self._resuming:
-            self._reader.cancel()  # no connection to close: stop trying
-        await self._ws.close()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-        self._outbox.put_nowait(_CLOSED)
-        await self._writer
+        await self._link.close()
 
     async def wait_closed(self) -> ConnectionClosedError:
         """Wait until the server closes the connection; why it closed."""
-        await asyncio.shield(self._reader)
+        await asyncio.shield(self._link.reader)
         assert self._router.closed is not None
         return self._router.closed
 
