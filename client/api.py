@@ -14,7 +14,8 @@ Exchanges (a user message and its reply) are numbered from 1 as the server numbe
 ``rewind(k - 1)`` name an exchange without counting.
 
 A dropped connection is resumed when ``connect`` says so (link.py, PROTOCOL.md section 10): the
-reply in flight goes on where it was; what a resume that fails ends with is said there.
+reply in flight goes on where it was; what a resume that fails ends with is said there. So is a
+server that goes away (``goaway``, close 1001 or 1012), once its reply running there has ended.
 """
 
 from __future__ import annotations
@@ -76,11 +77,15 @@ class Chat:
         reply_timeout: float | None = None,
         on_goaway: Callable[[GoAway], None] | None = None,
         reopen: Reopen | None = None,
+        on_resume: Callable[[Ready], None] | None = None,
     ) -> None:
         self.timeout = timeout
         self.reply_timeout = reply_timeout
-        self._router = FrameRouter(on_goaway, turns=ready.resumed.turns if ready.resumed else 0)
-        self._link = Link(ws, ready, self._router, reopen=reopen)
+        self._told_goaway = on_goaway
+        self._router = FrameRouter(
+            self._on_goaway, turns=ready.resumed.turns if ready.resumed else 0
+        )
+        self._link = Link(ws, ready, self._router, reopen=reopen, on_resume=on_resume)
         self._id_prefix = secrets.token_hex(3)  # ids stay unique across resumed connections
         self._next_id = 0
         self._ping_seq = 0
@@ -94,7 +99,7 @@ class Chat:
 
     @property
     def resumes(self) -> int:
-        """How many times a dropped connection was resumed."""
+        """How many times a dropped or left connection was resumed."""
         return self._link.resumes
 
     @property
@@ -128,7 +133,8 @@ class Chat:
 
     @property
     def goaway(self) -> GoAway | None:
-        """The server's ``goaway`` once it said it is shutting down: reconnect elsewhere."""
+        """The server's ``goaway`` once it said it is shutting down (None again once the session
+        resumed elsewhere, which the chat does on its own when ``connect`` resumes)."""
         return self._router.goaway
 
     @property
@@ -258,6 +264,11 @@ class Chat:
         return answer
 
     # -- plumbing ------------------------------------------------------------------------------
+
+    def _on_goaway(self, frame: GoAway) -> None:
+        self._link.leave()
+        if self._told_goaway is not None:
+            self._told_goaway(frame)
 
     def _reply_id(self, id: str | None) -> str:
         return check_prompt_id(id, self._router.replies) if id is not None else self._new_id()

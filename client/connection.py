@@ -117,6 +117,12 @@ class FrameRouter:
     def forget(self, id: str) -> None:
         self._by_id.pop(id, None)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing sent waits for the server: no reply whose prompt left, no request."""
+        sent = any(reply.sent for reply in self.replies.values())
+        return not (sent or self._by_id or self._in_order)
+
     # -- routing -------------------------------------------------------------------------------
 
     def route(self, frame: ServerFrame) -> None:
@@ -229,6 +235,7 @@ class FrameRouter:
         it as cancelled); one whose prompt never reached it is returned, to be sent again (its
         id is unused). Replies whose prompt is still to be sent are not touched."""
         self.turns = resumed.turns if resumed else None
+        self.goaway = None  # said by the server left behind
         coming = resumed.reply if resumed else None
         kept = resumed.last_prompt if resumed else None
         again: list[Reply] = []

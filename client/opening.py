@@ -9,7 +9,8 @@ but still loading its model (a close 1013 with ``MODEL_LOADING_REASON``: ``Model
 
 A connection that drops (it ends without a close frame from the server: a lost network, a reset)
 is opened again to resume its session, the reply in flight included (PROTOCOL.md section 10):
-``connect(resume_within=...)`` says for how long it tries.
+``connect(resume_within=...)`` says for how long it tries. So is one whose server goes away
+(``goaway``, close 1001 or 1012): the session resumes on a replica that shares its store.
 """
 
 from __future__ import annotations
@@ -232,7 +233,10 @@ class connect:  # used like a function, as websockets' own ``connect``
     A connection that drops is resumed: tried again at once, then after 0.1 s, 0.2 s, 0.4 s...
     (at most 2 s apart) for ``resume_within`` seconds (0: never), naming the session, its resume
     token and the last token index of the reply in flight, which then goes on where it was:
-    each piece of it is yielded once. See ``Chat`` for what a resume that fails ends with.
+    each piece of it is yielded once. A server going away is left and the session resumed the
+    same way: after its ``goaway`` (``on_goaway(frame)`` is called) once the reply running
+    there has ended, or on its close 1001 or 1012. ``on_resume(ready)`` is called after each
+    resume. See ``Chat`` for what a resume that fails ends with.
     """
 
     def __init__(
@@ -249,6 +253,7 @@ class connect:  # used like a function, as websockets' own ``connect``
         on_loading: Callable[[], None] | None = None,
         on_waiting: Callable[[NotServingYetError], None] | None = None,
         resume_within: float = DEFAULT_RESUME_WITHIN,
+        on_resume: Callable[[Ready], None] | None = None,
         **websocket_options: Any,
     ) -> None:
         self.url = url
@@ -262,6 +267,7 @@ class connect:  # used like a function, as websockets' own ``connect``
         self.on_loading = on_loading
         self.on_waiting = on_waiting
         self.resume_within = resume_within
+        self.on_resume = on_resume
         self.websocket_options = websocket_options
         self._chat: Chat | None = None
 
@@ -305,6 +311,7 @@ class connect:  # used like a function, as websockets' own ``connect``
             reply_timeout=self.reply_timeout,
             on_goaway=self.on_goaway,
             reopen=self._reopen if self.resume_within > 0 else None,
+            on_resume=self.on_resume,
         )
 
     async def _reopen(

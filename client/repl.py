@@ -3,7 +3,9 @@
 Each reply streams to stdout piece by piece. Ctrl-C while a reply streams sends ``cancel`` and
 prints ``[stopped]`` once its ``done`` arrives; a second Ctrl-C before then, Ctrl-C at the prompt
 and end of input leave with status 0. A reply cut at the length limit is followed by a notice
-and the chat goes on. Notices and errors go to stderr.
+and the chat goes on. A server that goes away (``goaway``, close 1001) is left for another
+replica once the reply running there has ended, and the conversation goes on there
+(``RESUMED_NOTICE``). Notices and errors go to stderr.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from wschat.protocol import FinishReason, GoAway
+from wschat.protocol import FinishReason, GoAway, Ready
 
 from .api import Chat
 from .errors import ChatError, ClientError, ConnectionClosedError
 from .opening import connect
 from .reply import Reply
 from .status import (
+    RESUMED_NOTICE,
     STOPPING_NOTICE,
     ExitStatus,
     error_line,
@@ -339,12 +342,16 @@ async def chat_session(
     def on_goaway(frame: GoAway) -> None:
         print(f"[the server is shutting down in {frame.in_ms} ms]", file=err, flush=True)
 
+    def on_resume(ready: Ready) -> None:
+        print(RESUMED_NOTICE, file=err, flush=True)
+
     loop = asyncio.get_running_loop()
     opening = connect(
         url,
         token=token,
         timeout=timeout,
         on_goaway=on_goaway,
+        on_resume=on_resume,
         load_wait=load_wait,
         on_waiting=waiting_notice(load_wait, err),
     )

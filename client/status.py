@@ -73,6 +73,7 @@ def exit_status(error: BaseException, done: Done | None = None) -> ExitStatus:
 
 
 STOPPING_NOTICE = "[stopping: Ctrl-C again to leave without waiting]"
+RESUMED_NOTICE = "[reconnected: the conversation was kept]"
 WAITING_NOTICE = "waiting for the model to load (up to {seconds:g} s)..."
 NOT_LISTENING_NOTICE = "{error}; waiting for the server (up to {seconds:g} s)..."
 

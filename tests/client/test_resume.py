@@ -1,19 +1,24 @@
 """The client resumes a dropped connection on its own (PROTOCOL.md section 10): a real server
 behind a loopback TCP relay the test cuts mid-reply, as a lost network does (no close frame).
-The reply goes on where it was, each piece yielded once; a close by the server, or by the
-client, is no drop."""
+The reply goes on where it was, each piece yielded once; a close by the client is no drop. A
+server restarted in place (close 1012) that keeps its sessions in a real Redis: the chat resumes
+on the new process. (A drain behind HAProxy: tests/deploy/test_client_across_a_drain.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from wschat.client import Chat, ConnectionClosedError, Reply, connect
 
 from tests.client.engines import WAIT, slow_engine
+from tests.fakes.scripted import ScriptedEngine
 from tests.proxy import CuttableProxy, cuttable_proxy
+from tests.sessions.test_redis_replicas import redis_server
 from tests.support import running_server, wait_until
 
 WORDS = 120
@@ -119,3 +124,37 @@ async def test_a_prompt_sent_while_the_connection_is_down_goes_out_on_the_new_on
         reply = chat.prompt("go", max_new_tokens=5)  # queued: sent once resumed
         done = await reply.wait(WAIT)
     assert done.text == expected(5) and chat.resumes == 1
+
+
+async def resumed(chat: Chat, moved: asyncio.Event, timeout: float = WAIT) -> None:
+    """Until ``chat`` resumed its session (``moved``, set by ``on_resume``); fails at once
+    when it ended instead."""
+    ended = asyncio.ensure_future(chat.wait_closed())
+    waiting = asyncio.ensure_future(moved.wait())
+    try:
+        await asyncio.wait({ended, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        ended.cancel()
+        waiting.cancel()
+    assert moved.is_set(), f"the chat did not resume: {chat.closed}"
+
+
+async def test_a_server_restarted_in_place_with_its_sessions_in_redis_is_resumed(
+    tmp_path: Path,
+) -> None:
+    moved = asyncio.Event()
+    async with redis_server(tmp_path) as store, contextlib.AsyncExitStack() as first:
+        url = await first.enter_async_context(
+            running_server(ScriptedEngine(), session_store=store.url)
+        )
+        chat = await connect(url, timeout=WAIT, on_resume=lambda ready: moved.set())
+        assert (await chat.prompt("hello").wait(WAIT)).turn == 1
+        session = chat.session
+        await first.aclose()  # uvicorn closes the chat with 1012
+        async with running_server(
+            ScriptedEngine(), port=urlsplit(url).port or 0, session_store=store.url
+        ):
+            await resumed(chat, moved)
+            assert (chat.session, chat.turns, chat.resumes) == (session, 1, 1)
+            assert (await chat.prompt("again").wait(WAIT)).turn == 2
+            await chat.close()

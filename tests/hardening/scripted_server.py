@@ -1,10 +1,10 @@
 """``python -m tests.hardening.scripted_server PORT [--option value ...]``: the real ``serve``
 (signals, drain) on the scripted engine, for tests that need the server in a process of its own
 (signals, RSS, descriptor limits). Options are ``wschat-server``'s. A prompt with ``long`` in it
-runs for a minute; one with ``flood`` streams 20 MB of text in 2 s; one with ``burst`` streams
-20 MB at once and then nothing for a minute (still running); any other runs for about a
-second. With ``--fail-load`` the engine's factory raises instead, as a model that cannot load
-does."""
+runs for a minute; one with ``steady`` for 4 s (``STEADY_REPLY``); one with ``flood`` streams
+20 MB of text in 2 s; one with ``burst`` streams 20 MB at once and then nothing for a minute
+(still running); any other runs for about a second. With ``--fail-load`` the engine's factory
+raises instead, as a model that cannot load does."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ DEFAULTS = ["--max-concurrent", "4", "--shutdown-grace-s", "2", "--ping-interval
 LONG_MARK = [300 + ord(c) for c in "long"]
 FLOOD_MARK = [300 + ord(c) for c in "flood"]
 BURST_MARK = [300 + ord(c) for c in "burst"]
+STEADY_MARK = [300 + ord(c) for c in "steady"]
+STEADY_TOKENS = [f" m{i}" for i in range(40)]
+STEADY_REPLY = "".join(STEADY_TOKENS)
 
 
 def _has(ids: list[int], mark: list[int]) -> bool:
@@ -33,6 +36,8 @@ def script(request: GenerationRequest) -> Script:
         return Script(["x" * 20_000] * 1000, delay_s=0.002, end_with_eos=False)
     if _has(ids, BURST_MARK):  # the stall ends after 60 s, or at the engine's aclose
         return Script(["x" * 20_000] * 1000 + [" end"], end_with_eos=False, stall_after=1000)
+    if _has(ids, STEADY_MARK):
+        return Script(STEADY_TOKENS, delay_s=0.1)
     if _has(ids, LONG_MARK):
         return Script([f" l{i}" for i in range(1200)], delay_s=0.05)
     return Script([f" s{i}" for i in range(10)], delay_s=0.1)
