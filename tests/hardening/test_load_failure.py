@@ -47,20 +47,23 @@ async def exit_status(proc: asyncio.subprocess.Process, log: Path) -> int:
         ) from None
 
 
-async def test_a_model_folder_without_a_model_exits_non_zero_with_the_reason(
+async def test_a_model_folder_whose_weights_cannot_load_exits_non_zero_with_the_reason(
     tmp_path: Path,
 ) -> None:
-    # a folder that does not exist is refused before the start (tests/runtime/test_cli.py)
-    missing = tmp_path / "empty-model"
+    # a folder that does not exist is refused before the start (tests/runtime/test_cli.py), and
+    # one with no config or no weights too (tests/runtime/test_model_checks.py): this one has
+    # both, and its weights are not a safetensors file
+    missing = tmp_path / "broken-model"
     missing.mkdir()
+    (missing / "config.json").write_text('{"model_type": "gemma3_text"}')
+    (missing / "model.safetensors").write_bytes(b"not a safetensors file")
     log = tmp_path / "server.log"
     args = ["wschat.server", "--model", str(missing), "--port", str(free_port())]
     async with server_process(args, log) as proc:
         status = await exit_status(proc, log)
     text = log.read_text()
     assert status == 1, text
-    assert "the model failed to load" in text
-    assert str(missing) in text
+    assert "the model failed to load: Error while deserializing header" in text
 
 
 async def test_an_engine_factory_that_raises_exits_non_zero_with_the_reason(
