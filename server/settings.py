@@ -184,6 +184,11 @@ class Settings:
     )
     max_prompt_bytes: int = option(256 * 1024, "largest prompt text, in UTF-8 bytes")
     max_prompt_tokens: int = option(8192, "largest prompt text, in tokens")
+    max_messages: int = option(
+        2048,
+        "most messages in one OpenAI-compatible chat request, and most content parts in all "
+        "of them together (more: 400 before any is read)",
+    )
     frames_per_second: int = option(50, "client frames per second before a connection is closed")
     max_connections: int = option(1000, "chat connections in total")
     max_connections_per_client: int = option(100, "chat connections per client address")

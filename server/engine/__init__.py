@@ -28,12 +28,13 @@ from .errors import (
     PromptTooLong,
     TurnRefused,
 )
-from .history import Chat, PreparedTurn
+from .history import Chat, Conversation, PreparedTurn
 
 __all__ = [
     "CancelFlag",
     "Chat",
     "ContextExhausted",
+    "Conversation",
     "ConversationTooLong",
     "Engine",
     "EngineError",

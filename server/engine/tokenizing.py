@@ -11,7 +11,11 @@ the GIL while they encode.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 # Characters tokenized on the loop: well under a millisecond of work.
 INLINE_CHARS = 1024
@@ -26,11 +30,16 @@ class TextTokenizer:
 
     async def tokenize(self, tokenize: Callable[[str], list[int]], text: str) -> list[int]:
         """``tokenize(text)``: at once for a short text, else in the worker thread."""
-        if len(text) <= self._inline_chars:
-            return tokenize(text)
+        return await self.run(functools.partial(tokenize, text), len(text))
+
+    async def run(self, work: Callable[[], _T], chars: int) -> _T:
+        """``work()``, which tokenizes ``chars`` characters in all (several texts at once, say):
+        at once when that is short, else in the worker thread."""
+        if chars <= self._inline_chars:
+            return work()
         await self._worker.acquire()
         try:
-            done = asyncio.ensure_future(asyncio.to_thread(tokenize, text))
+            done = asyncio.ensure_future(asyncio.to_thread(work))
         except BaseException:
             self._worker.release()
             raise
@@ -38,7 +47,7 @@ class TextTokenizer:
         # shield: a cancelled caller must not release the worker while its thread still runs
         return await asyncio.shield(done)
 
-    def _thread_done(self, done: asyncio.Future[list[int]]) -> None:
+    def _thread_done(self, done: asyncio.Future[_T]) -> None:
         self._worker.release()
         if not done.cancelled():
             done.exception()  # retrieved: a caller that was cancelled no longer awaits it

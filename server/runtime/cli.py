@@ -199,6 +199,7 @@ _GROUPS: dict[str, tuple[str, ...]] = {
         "max_session_image_bytes",
         "max_prompt_bytes",
         "max_prompt_tokens",
+        "max_messages",
         "frames_per_second",
         "max_connections",
         "max_connections_per_client",

@@ -21,6 +21,7 @@ LIMITS: dict[str, Any] = {
     "max_image_bytes": 2000,
     "max_frame_bytes": 100_000,
     "max_prompt_bytes": 1000,
+    "max_messages": 4,
 }
 
 
@@ -59,6 +60,13 @@ CHAT_REFUSALS = [
         "messages",
     ),
     (chat(messages=[user("x" * 1001)]), 413, "too_large", None),
+    (chat(messages=[user("x")] * 5), 400, "invalid_params", "messages"),
+    (
+        chat(messages=[{"role": "user", "content": [{"type": "text", "text": "x"}] * 5}]),
+        400,
+        "invalid_params",
+        "messages",
+    ),
     (chat(messages=[user("w" * 300)]), 400, "context_length_exceeded", None),
     (
         chat(messages=[{"role": "user", "content": [image_part(samples.png())]}]),

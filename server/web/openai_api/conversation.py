@@ -21,6 +21,7 @@ from wschat.protocol import Prompt, TooLarge, Unsupported
 
 from ...engine import (
     Chat,
+    Conversation,
     ConversationTooLong,
     Engine,
     Message,
@@ -82,24 +83,31 @@ async def load_chat(
     session: Session, body: ChatBody, replies: ReplyIds, settings: Settings
 ) -> Prompt:
     """Rebuild the request's conversation in ``session``'s chat; the prompt frame of its last
-    user message (refusals as the session's: too large, unsupported, bad image)."""
+    user message (refusals as the session's: too large, unsupported, bad image, over the
+    context). Its texts are tokenized together, in the tokenizer's worker thread when they are
+    long, and the context checked before the conversation is rendered."""
     engine = session.engine
     conversation = session.chat.conversation
-    tokenize = engine.text_tokenizer.tokenize
-    if body.system:
-        _check_text(body.system, settings)
-        conversation.set_system(
-            body.system, await tokenize(conversation.tokenize_system, body.system)
+    texts = [body.system or "", *(p.text for exchange in body.exchanges for p in exchange)]
+    for text in texts:
+        _check_text(text, settings)
+    # the replies this API gave, as their ids (read on the loop: ``ReplyIds`` is its own)
+    known = [replies.get(assistant.text) for _, assistant in body.exchanges]
+    chars = sum(map(len, texts))
+    system_ids, exchange_ids = await engine.text_tokenizer.run(
+        functools.partial(_tokenized, conversation, body, known), chars
+    )
+    held = len(system_ids) + sum(len(u) + len(r) for u, r in exchange_ids)
+    context = engine.info.context_tokens
+    if held >= context:
+        raise ConversationTooLong(
+            f"the conversation's messages are {held} tokens; the context holds {context}"
         )
-    for user, assistant in body.exchanges:
-        _check_text(user.text, settings)
-        _check_text(assistant.text, settings)
-        user_ids = await tokenize(conversation.tokenize_user, user.text)
+    if body.system:
+        conversation.set_system(body.system, system_ids)
+    for (user, _), (user_ids, reply) in zip(body.exchanges, exchange_ids, strict=True):
         images = await _images(session, user, settings)
         placeholder = engine.image_placeholder_ids() if images else []
-        reply = replies.get(assistant.text)
-        if reply is None:
-            reply = await tokenize(conversation.tokenize_user, assistant.text)
         conversation.add_exchange(user_ids, [list(placeholder) for _ in images], images, reply)
     return Prompt(
         new_prompt_id("chatcmpl"),
@@ -107,6 +115,22 @@ async def load_chat(
         tuple(body.user.images),
         body.sampling.params,
     )
+
+
+def _tokenized(
+    conversation: Conversation, body: ChatBody, known: list[list[int] | None]
+) -> tuple[list[int], list[tuple[list[int], list[int]]]]:
+    """The system text's ids and each exchange's (user, reply) ids; a reply in ``known`` as it
+    is there. Pure work on the tokenizer, for its worker thread."""
+    system = conversation.tokenize_system(body.system) if body.system else []
+    exchanges = [
+        (
+            conversation.tokenize_user(user.text),
+            reply if reply is not None else conversation.tokenize_user(assistant.text),
+        )
+        for (user, assistant), reply in zip(body.exchanges, known, strict=True)
+    ]
+    return system, exchanges
 
 
 def _check_text(text: str, settings: Settings) -> None:

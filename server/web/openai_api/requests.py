@@ -7,6 +7,10 @@ unless neutral: ``n`` > 1, ``logprobs``/``top_logprobs``, tools and functions, `
 a ``response_format`` other than text, ``frequency_penalty``/``presence_penalty`` other than 0,
 and for completions ``echo``, ``suffix``, ``best_of`` > 1 and more than one prompt. Any other
 field (``user``, ``metadata``, ``store``, ...) is ignored.
+
+Every list is counted before any of it is read (messages and their content parts, a prompt's
+token ids), and each pass over a request is linear in its size: one body costs the event loop
+no more than reading it did.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wschat.protocol import GenerationParams, InvalidParams, parse_params
+from wschat.protocol import ContextOverflow, GenerationParams, InvalidParams, parse_params
 
 from .errors import ApiError, invalid, unsupported
 
@@ -71,7 +75,9 @@ class CompletionBody:
     ids: list[int] | None
 
 
-def chat_body(body: Any) -> ChatBody:
+def chat_body(body: Any, max_messages: int) -> ChatBody:
+    """``max_messages``: the most messages, and the most content parts of all of them together,
+    a request may have (``--max-messages``)."""
     body = _object(body)
     _refuse_unsupported(body)
     for name in ("tools", "functions"):
@@ -87,6 +93,7 @@ def chat_body(body: Any) -> ChatBody:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages must be a non-empty list", "messages")
+    _count(messages, max_messages)
     system, turns = _turns([_message(m, n) for n, m in enumerate(messages)])
     if not turns or turns[-1].role != "user":
         raise invalid("the last message must be a user message", "messages")
@@ -94,7 +101,8 @@ def chat_body(body: Any) -> ChatBody:
     return ChatBody(_sampling(body), system, exchanges, turns[-1])
 
 
-def completion_body(body: Any) -> CompletionBody:
+def completion_body(body: Any, context_tokens: int) -> CompletionBody:
+    """``context_tokens``: the model's context, which a prompt of token ids must fit."""
     body = _object(body)
     _refuse_unsupported(body)
     if body.get("logprobs") is not None:
@@ -113,6 +121,9 @@ def completion_body(body: Any) -> CompletionBody:
         if not prompt:
             raise invalid("prompt must not be empty", "prompt")
         return CompletionBody(_sampling(body), prompt, None)
+    if isinstance(prompt, list) and len(prompt) >= context_tokens and type(prompt[0]) is int:
+        too_long = f"the prompt is {len(prompt)} tokens; the context holds {context_tokens}"
+        raise ApiError.of(ContextOverflow(too_long))
     if isinstance(prompt, list) and prompt and all(type(i) is int and i >= 0 for i in prompt):
         return CompletionBody(_sampling(body), None, list(prompt))
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
@@ -166,6 +177,22 @@ def _sampling(body: dict[str, Any]) -> Sampling:
     return Sampling(parse_params(ours), bool(stream), include_usage)
 
 
+def _count(messages: list[Any], most: int) -> None:
+    """Refused before any message is read: more than ``most`` messages, or content parts."""
+    if len(messages) > most:
+        raise invalid(f"at most {most} messages in a request; it has {len(messages)}", "messages")
+    parts = sum(len(c) for m in messages if isinstance(c := _content(m), list))
+    if parts > most:
+        raise invalid(
+            f"at most {most} content parts in all the messages together; they have {parts}",
+            "messages",
+        )
+
+
+def _content(message: Any) -> Any:
+    return message.get("content") if isinstance(message, Mapping) else None
+
+
 def _message(message: Any, n: int) -> Part:
     param = f"messages[{n}]"
     if not isinstance(message, Mapping):
@@ -211,19 +238,21 @@ def _data_uri(value: Any, where: str) -> bytes:
 def _turns(parts: list[Part]) -> tuple[str | None, list[Part]]:
     """The system text (leading system messages) and the turns after it, each run of messages
     of one role joined (texts by a blank line): user, assistant, user, ..."""
-    systems: list[str] = []
-    while parts and parts[0].role == "system":
-        systems.append(parts.pop(0).text)
+    lead = next((n for n, part in enumerate(parts) if part.role != "system"), len(parts))
     turns: list[Part] = []
-    for part in parts:
+    texts: list[list[str]] = []  # each turn's texts, joined once at the end
+    for part in parts[lead:]:
         if part.role == "system":
             raise invalid("system messages must come before the conversation", "messages")
-        if turns and turns[-1].role == part.role:
-            turns[-1].text = "\n\n".join(t for t in (turns[-1].text, part.text) if t)
-            turns[-1].images += part.images
-        else:
-            turns.append(part)
+        if not turns or turns[-1].role != part.role:
+            turns.append(Part(part.role))
+            texts.append([])
+        turns[-1].images += part.images
+        if part.text:
+            texts[-1].append(part.text)
     if turns and turns[0].role != "user":
         raise invalid("the conversation must start with a user message", "messages")
-    system = "\n\n".join(s for s in systems if s) or None
+    for turn, run in zip(turns, texts, strict=True):
+        turn.text = "\n\n".join(run)
+    system = "\n\n".join(part.text for part in parts[:lead] if part.text) or None
     return system, turns

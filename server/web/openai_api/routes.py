@@ -331,11 +331,11 @@ class OpenAIApi:
             session.address = request.client.host if request.client else "unknown"
             reply = Reply(self, session, request, kind)
             if kind == "chat":
-                parsed = chat_body(body)
+                parsed = chat_body(body, hub.settings.max_messages)
                 prompt = await load_chat(session, parsed, self.replies, hub.settings)
                 sampling = parsed.sampling
             else:
-                completion = completion_body(body)
+                completion = completion_body(body, engine.info.context_tokens)
                 self._check_ids(completion.ids)
                 session.chat = CompletionChat(engine, session.key, completion.ids)
                 # the text is the prompt's (its size checked as a prompt's); ids need none
