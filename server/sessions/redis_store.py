@@ -25,15 +25,17 @@ Only another replica's owner value means a session is no longer this replica's: 
 key is none (the session's first write is still queued, or a lease lapsed), unless the token this
 replica last wrote is gone, which only a claim does.
 
-A claim's state is read, checked and rebuilt in a worker thread: each list, string and image
-within what a live session holds (``snapshot.Bounds``), its ids within the engine's vocabulary
-and context, its engine's fingerprint this engine's (``Session.import_state``); any other
-state is refused, logged, and the client gets a new session. What a claim rebuilds is the
-stored state; a turn that was running in it (its replica died
-mid-reply, or the claim beat a reply held elsewhere) joins the conversation as a cancelled
-exchange with the checkpointed tokens. The replica that held that reply finds out at its next
-write (the owner is another) and lets it go. A claim of a reply held here takes the session as
-it is in memory, its reply still going, so the client is sent every token it missed.
+A state (with its reply checkpoint) over ``max_state_bytes`` is refused by the claim's script by
+its size alone and dropped unread. Any other claimed state is read, checked and rebuilt in a
+worker thread: each list, string and image within what a live session holds
+(``snapshot.Bounds``), its ids within the engine's vocabulary and context, its engine's
+fingerprint this engine's (``Session.import_state``); any other state is refused, logged, and
+the client gets a new session. What a claim rebuilds is the stored state; a turn that was
+running in it (its replica died mid-reply, or the claim beat a reply held elsewhere) joins the
+conversation as a cancelled exchange with the checkpointed tokens. The replica that held that
+reply finds out at its next write (the owner is another) and lets it go. A claim of a reply held
+here takes the session as it is in memory, its reply still going, so the client is sent every
+token it missed.
 
 Writes do not hold up the session: a boundary marks it dirty and one task writes the latest
 state, retrying with a backoff while Redis is down (a detached session's write is given up once
@@ -72,10 +74,13 @@ CLAIM_DEADLINE_S = TIMEOUT_S / 2
 MIN_KEPT_IDS = 1 << 16  # prompt ids a restored session may have used, at the least
 HELD = "~"  # an owner value's prefix: a reply goes on there without a connection
 
-# KEYS: the token; ARGV: the owner, the lease (ms), the prefix, the deadline (Redis's clock, ms).
+# KEYS: the token; ARGV: the owner, the lease (ms), the prefix, the deadline (Redis's clock, ms),
+# the most bytes a state and its reply checkpoint may hold together.
 # {0}: no such token or session; {2, ms}: owned by a live connection, its lease lapses in ms
-# (the token stays); {3}: past the deadline (nothing changed); {1, key, state, reply checkpoint
-# or ''}: claimed (from a held owner too).
+# (the token stays); {3}: past the deadline (nothing changed); {4, key, bytes}: over the most
+# bytes, refused and dropped unread (STRLEN is O(1): a huge value is never sent, which would hold
+# Redis and this replica up while it crosses the socket); {1, key, state, reply checkpoint or
+# ''}: claimed (from a held owner too).
 _CLAIM = """
 local now = redis.call('TIME')
 if tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) > tonumber(ARGV[4]) then
@@ -89,10 +94,16 @@ if current and string.sub(current, 1, 1) ~= '~' then
   return {2, redis.call('PTTL', owner)}
 end
 redis.call('DEL', KEYS[1])
-local state = redis.call('GET', ARGV[3] .. 's:' .. key)
+local state_key, reply_key = ARGV[3] .. 's:' .. key, ARGV[3] .. 'r:' .. key
+local size = redis.call('STRLEN', state_key) + redis.call('STRLEN', reply_key)
+if size > tonumber(ARGV[5]) then
+  redis.call('DEL', state_key, reply_key)
+  return {4, key, size}
+end
+local state = redis.call('GET', state_key)
 if not state then return {0} end
 redis.call('SET', owner, ARGV[1], 'PX', ARGV[2])
-local reply = redis.call('GET', ARGV[3] .. 'r:' .. key)
+local reply = redis.call('GET', reply_key)
 return {1, key, state, reply or ''}
 """
 
@@ -242,6 +253,14 @@ class RedisSessionStore:
             self._failed("claim", e)
             return Claim(None, "the session store is unavailable")
         self._recovered()
+        if result[0] == 4:
+            key, size = result[1].decode(), result[2]
+            log.error(
+                "session %s: its stored state is refused unread (%d bytes, over %d); a new session",
+                key,
+                size,
+                self.max_state_bytes,
+            )
         if result[0] != 1:
             return Claim(None)
         key = result[1].decode()
@@ -249,8 +268,6 @@ class RedisSessionStore:
         if held is not None:
             return Claim(held)  # its reply goes on here
         try:
-            if len(result[2]) > self.max_state_bytes:
-                raise ValueError(f"{len(result[2])} bytes, over {self.max_state_bytes}")
             session = await asyncio.to_thread(self._restore, key, result[2], result[3])
         except Exception as e:  # whatever a made-up state raises, it is refused
             log.error("session %s: its stored state is refused (%s); a new session", key, e)
@@ -270,7 +287,7 @@ class RedisSessionStore:
         async with asyncio.timeout(TIMEOUT_S * 2):
             result: list[Any] = await self._claim(
                 keys=[f"{PREFIX}t:{token}"],
-                args=[self.replica, self._ms(self.lease_s), PREFIX, deadline],
+                args=[self.replica, self._ms(self.lease_s), PREFIX, deadline, self.max_state_bytes],
             )
         if result[0] == 3:
             raise TimeoutError("Redis ran the claim past its deadline: nothing was claimed")

@@ -31,7 +31,13 @@ from tests.sessions.test_mid_reply_resume import (
     token_text,
     tokens_until,
 )
-from tests.sessions.test_redis_replicas import REDIS_SERVER, detached, redis_server, turn
+from tests.sessions.test_redis_replicas import (
+    REDIS_SERVER,
+    RedisProcess,
+    detached,
+    redis_server,
+    turn,
+)
 from tests.support import TIMEOUT, RawPeer, http_base, raw_peer, running_server
 
 if TYPE_CHECKING:
@@ -352,12 +358,12 @@ def many_ids(state: dict[str, Any], _: dict[str, Any]) -> None:
     state["chat"]["exchanges"] = [{**exchange, "user": [70_000] * (1 << 16)}] * 32  # 10 MB
 
 
-@pytest.mark.parametrize("huge", [many_exchanges, many_ids])
-async def test_a_huge_stored_state_is_checked_without_stalling_other_sessions(
-    tmp_path: Path, huge: Callable[..., None]
-) -> None:
-    """A stored state far larger than a live session's: refused, and read and checked off the
-    event loop, so another session's pings are answered meanwhile."""
+@contextlib.asynccontextmanager
+async def tampered_session(
+    tmp_path: Path, change: Callable[..., None]
+) -> AsyncIterator[tuple[RedisProcess, str, dict[str, Any]]]:
+    """Redis and a server on the scripted engine, where one session had a turn and was let go,
+    its stored state then changed by ``change``: the store, the server's URL, that ``ready``."""
     async with (
         redis_server(tmp_path) as store,
         running_server(ScriptedEngine(), session_store=store.url) as url,
@@ -365,17 +371,79 @@ async def test_a_huge_stored_state_is_checked_without_stalling_other_sessions(
         async with raw_peer(url) as (peer, ready):
             await turn(peer, "p1", "hello there")
         await detached(store, ready["session"])
-        await tamper(store.url, ready["session"], huge)
-        async with raw_peer(url) as (other, _):
-            over = asyncio.Event()
-            pinger = asyncio.create_task(pings_while(other, over))
-            try:
-                async with raw_peer(f"{url}?resume={ready['resume']}") as (_, resumed):
-                    pass
-            finally:
-                over.set()
-            async with asyncio.timeout(TIMEOUT):
-                longest = await pinger
+        await tamper(store.url, ready["session"], change)
+        yield store, url, ready
+
+
+@pytest.mark.parametrize("huge", [many_exchanges, many_ids])
+async def test_a_huge_stored_state_is_checked_without_stalling_other_sessions(
+    tmp_path: Path, huge: Callable[..., None]
+) -> None:
+    """A stored state far larger than a live session's: refused, and read and checked off the
+    event loop, so another session's pings are answered meanwhile."""
+    async with tampered_session(tmp_path, huge) as (_, url, ready), raw_peer(url) as (other, _):
+        over = asyncio.Event()
+        pinger = asyncio.create_task(pings_while(other, over))
+        try:
+            async with raw_peer(f"{url}?resume={ready['resume']}") as (_, resumed):
+                pass
+        finally:
+            over.set()
+        async with asyncio.timeout(TIMEOUT):
+            longest = await pinger
     print(f"{huge.__name__}: other sessions' pings held up at most {longest * 1000:.0f} ms")
     assert resumed["session"] != ready["session"]
     assert longest < 1.0
+
+
+OVERSIZE = 64 << 20  # a scaled-down 200 MB: over any state a live session keeps
+
+
+def oversize_extra_field(state: dict[str, Any], _: dict[str, Any]) -> None:
+    state["extra"] = b"x" * OVERSIZE
+
+
+async def redis_output_bytes(store_url: str) -> int:
+    """What Redis has sent its clients in all, from its ``INFO stats``."""
+    client = aioredis.from_url(store_url)
+    try:
+        return int((await client.info("stats"))["total_net_output_bytes"])
+    finally:
+        await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def redis_commands(store_url: str) -> AsyncIterator[list[str]]:
+    """The commands Redis runs from entering to leaving, its scripts' included (``MONITOR``);
+    the list is whole once the block is left."""
+    client = aioredis.from_url(store_url)
+    marker = f"end-{time.monotonic_ns()}"
+    seen: list[str] = []
+    try:
+        async with client.monitor() as monitor:
+            yield seen
+            await client.echo(marker)
+            async with asyncio.timeout(TIMEOUT):
+                while (command := (await monitor.next_command())["command"]) != f"ECHO {marker}":
+                    seen.append(command)
+    finally:
+        await client.aclose()
+
+
+async def test_an_oversize_stored_state_is_refused_without_being_read(tmp_path: Path) -> None:
+    """Its size is looked at in Redis before any byte of it is sent: a new session, and no
+    command reads the value (which would hold Redis and the replica up while it crosses)."""
+    async with tampered_session(tmp_path, oversize_extra_field) as (store, url, ready):
+        before = await redis_output_bytes(store.url)
+        async with (
+            redis_commands(store.url) as commands,
+            raw_peer(f"{url}?resume={ready['resume']}") as (_, resumed),
+        ):
+            pass
+        sent = await redis_output_bytes(store.url) - before
+    print(f"a {OVERSIZE >> 20} MiB stored state refused: Redis sent {sent} bytes meanwhile")
+    assert resumed["session"] != ready["session"]
+    state = f"wschat:s:{ready['session']}"
+    assert [c for c in commands if c.startswith(f"GET {state}")] == []
+    assert any(c.startswith("EVALSHA") for c in commands)  # the claim ran
+    assert sent < 1 << 20
