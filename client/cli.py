@@ -1,7 +1,8 @@
 """The ``wschat`` command: ``wschat chat`` (interactive) and ``wschat ask "question"``.
 
 Both take ``--url`` (``wschat chat URL``, the older spelling, still works) and wait for a server
-still starting (not listening yet, or its model loading), for up to ``--wait`` seconds.
+still starting (not listening yet, or its model loading), for up to ``--wait`` seconds, saying
+so every ``WSCHAT_WAIT_NOTICE_S`` seconds (waiting.py).
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ from .status import (
     error_line,
     exit_status,
     length_notice,
-    waiting_notice,
 )
+from .waiting import DEFAULT_EVERY_S, WaitingNotices
 
 DEFAULT_URL = "ws://127.0.0.1:8000/v1/chat"
 # Long enough for a first start, which converts the embedded model (minutes on a busy 2-core
 # machine). Only a server starting is waited for (a failed load closes 1011, a wrong path is a
-# 404), and the waiting line names the URL, so a wrong port shows at once.
+# 404), and the first waiting line names the URL and says when no server ever answered there,
+# so a wrong port shows at once.
 DEFAULT_WAIT_S = 600.0
 
 
@@ -80,6 +82,7 @@ async def ask(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = 
         print(f"error: usage: cannot read image {e.filename}: {e.strerror}", file=err)
         return ExitStatus.USAGE
     reply = None
+    waiting = WaitingNotices(args.url, args.wait, err, args.wait_notice_s)
     try:
         params = sampling_params(args)
         local_params(params)  # a bad value fails here, before any connection
@@ -89,8 +92,9 @@ async def ask(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = 
             timeout=args.timeout,
             reply_timeout=args.timeout,
             load_wait=args.wait,
-            on_waiting=waiting_notice(args.wait, err),
+            on_waiting=waiting.notice,
         ) as chat:
+            waiting.stop(answered=True)
             if args.system is not None:
                 await chat.configure(system=args.system)
             reply = chat.prompt(args.question, images=images, **params)
@@ -123,6 +127,8 @@ async def ask(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = 
             out.flush()
         print(error_line(error), file=err)
         return exit_status(error, reply.done if reply is not None else None)
+    finally:
+        waiting.stop()
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -218,6 +224,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if given is not None and args.url is not None:
         parser.error("give the server URL once, as --url URL")
     args.url = args.url or given or _env("URL", DEFAULT_URL)
+    # how often a wait says it still waits: tests make it short, no option is worth it
+    every = _env("WAIT_NOTICE_S", f"{DEFAULT_EVERY_S:g}")
+    try:
+        args.wait_notice_s = seconds(every or "") or DEFAULT_EVERY_S  # 0: no pause, so not 0
+    except ValueError:
+        parser.error(f"WSCHAT_WAIT_NOTICE_S must be a number of seconds, not {every!r}")
     return args
 
 
@@ -234,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 system=args.system,
                 params=sampling_params(args),
                 load_wait=args.wait,
+                wait_notice_s=args.wait_notice_s,
             )
         )
     except KeyboardInterrupt:  # before the reply's own handler was in place

@@ -34,8 +34,8 @@ from .status import (
     error_line,
     exit_status,
     length_notice,
-    waiting_notice,
 )
+from .waiting import DEFAULT_EVERY_S, WaitingNotices
 
 T = TypeVar("T")
 
@@ -336,6 +336,7 @@ async def chat_session(
     system: str | None = None,
     params: dict[str, Any] | None = None,
     load_wait: float = 0.0,
+    wait_notice_s: float = DEFAULT_EVERY_S,
     out: TextIO = sys.stdout,
     err: TextIO = sys.stderr,
 ) -> int:
@@ -346,6 +347,7 @@ async def chat_session(
         print(RESUMED_NOTICE, file=err, flush=True)
 
     loop = asyncio.get_running_loop()
+    waiting = WaitingNotices(url, load_wait, err, wait_notice_s)
     opening = connect(
         url,
         token=token,
@@ -353,10 +355,11 @@ async def chat_session(
         on_goaway=on_goaway,
         on_resume=on_resume,
         load_wait=load_wait,
-        on_waiting=waiting_notice(load_wait, err),
+        on_waiting=waiting.notice,
     )
     try:
         async with opening as chat:
+            waiting.stop(answered=True)
             print(
                 f"connected to {chat.model} at {url}; /help lists the commands",
                 file=err,
@@ -373,3 +376,5 @@ async def chat_session(
     except (ClientError, TimeoutError) as error:
         print(error_line(error), file=err, flush=True)
         return exit_status(error)
+    finally:
+        waiting.stop()

@@ -3,9 +3,7 @@ notices about how a reply ended."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from enum import IntEnum
-from typing import TextIO
 
 from wschat.protocol import Done, FinishReason, Limits
 
@@ -13,7 +11,6 @@ from .errors import (
     ChatError,
     ConnectError,
     ConnectionClosedError,
-    ModelLoadingError,
     NotServingYetError,
 )
 
@@ -74,20 +71,6 @@ def exit_status(error: BaseException, done: Done | None = None) -> ExitStatus:
 
 STOPPING_NOTICE = "[stopping: Ctrl-C again to leave without waiting]"
 RESUMED_NOTICE = "[reconnected: the conversation was kept]"
-WAITING_NOTICE = "waiting for the model to load (up to {seconds:g} s)..."
-NOT_LISTENING_NOTICE = "{error}; waiting for the server (up to {seconds:g} s)..."
-
-
-def waiting_notice(seconds: float, err: TextIO) -> Callable[[NotServingYetError], None]:
-    """``connect``'s ``on_waiting``: one line on stderr as a wait begins, and as what it waits
-    for changes (nothing listening yet, then the model loading)."""
-
-    def notice(error: NotServingYetError) -> None:
-        loading = isinstance(error, ModelLoadingError)
-        line = WAITING_NOTICE if loading else NOT_LISTENING_NOTICE
-        print(line.format(error=error.message, seconds=seconds), file=err, flush=True)
-
-    return notice
 
 
 def length_notice(done: Done, limits: Limits) -> str:

@@ -1,10 +1,12 @@
 """Suite-wide fixtures: tiny random Gemma 3 models through the real loader, llama.cpp's server on
-the embedded GGUF (started once, for the openai engine's tests and the conformance tests), and a
-check that no generation thread outlives its test; and ``--coverage-only-in``, which lets one run
-of the whole suite measure the coverage gate's figure (.ci/coverage.sh)."""
+the embedded GGUF (started once, for the openai engine's tests and the conformance tests), a
+check that no generation thread outlives its test, and a state folder for the ``wschat``
+command; and ``--coverage-only-in``, which lets one run of the whole suite measure the coverage
+gate's figure (.ci/coverage.sh)."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
@@ -53,6 +55,19 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
         return (yield)
     finally:
         coverage.start()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def client_state_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The ``wschat`` command remembers the servers that answered under ``$XDG_STATE_HOME``
+    (client/waiting.py): the suite's, in a folder of this run rather than the user's."""
+    before = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("client-state"))
+    yield
+    if before is None:
+        del os.environ["XDG_STATE_HOME"]
+    else:
+        os.environ["XDG_STATE_HOME"] = before
 
 
 @pytest.fixture(autouse=True)

@@ -30,8 +30,21 @@ WAITING = "waiting for the model to load (up to {} s)...\n"
 NOT_LISTENING = (
     "cannot connect to {}: nothing is listening there; waiting for the server (up to {} s)...\n"
 )
+NEVER_ANSWERED = (
+    "cannot connect to {0}: nothing is listening there, and no server has answered at "
+    "127.0.0.1:{1} before (is the port right?); waiting up to {2} s for one to start there "
+    "(--wait SECONDS to shorten, --wait 0 not to wait)...\n"
+)
+STILL_WAITING = "still waiting for {}: {} ({} s of {})\n"
 STILL_LOADING = "the server closed the connection (code 1013): the model is still loading"
 WAIT_HINT = " (wait for it with --wait SECONDS)"
+
+
+@pytest.fixture(autouse=True)
+def own_state_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's CLI remembers the servers that answered (client/waiting.py) in a folder of
+    its own: one test's server never counts as having answered for another's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
 
 
 def cli_env(**extra: str) -> dict[str, str]:
@@ -192,7 +205,7 @@ async def test_ask_waits_for_a_server_not_listening_yet_then_prints_the_reply() 
     port = free_port()
     url = f"ws://127.0.0.1:{port}/v1/chat"
     async with cli("ask", "--url", url, "--wait", "30", "hello") as ask:
-        assert await ask.stderr_line() == NOT_LISTENING.format(url, 30)
+        assert await ask.stderr_line() == NEVER_ANSWERED.format(url, port, 30)
         async with running_server(ScriptedEngine(), port=port):  # starts while it waits
             assert await ask.read_until("\n") == W8 + "\n"
             assert await ask.exit_status() == 0
@@ -200,11 +213,58 @@ async def test_ask_waits_for_a_server_not_listening_yet_then_prints_the_reply() 
 
 
 async def test_ask_gives_up_on_a_server_not_listening_after_wait_and_exits_3() -> None:
-    url = f"ws://127.0.0.1:{free_port()}/v1/chat"
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}/v1/chat"
     status, out, err = await run_cli("ask", "--url", url, "--wait", "1", "hello")
     gave_up = f"cannot connect to {url}: nothing is listening there, still after waiting 1 s"
     assert (status, out) == (3, "")
-    assert err == NOT_LISTENING.format(url, 1) + f"error: connect: {gave_up}{WAIT_HINT}\n"
+    assert err == NEVER_ANSWERED.format(url, port, 1) + f"error: connect: {gave_up}{WAIT_HINT}\n"
+
+
+@pytest.mark.parametrize("command", ["ask", "chat"])
+async def test_a_wait_where_no_server_ever_answered_says_so_then_how_long_it_has_waited(
+    command: str,
+) -> None:
+    port = free_port()
+    url = f"ws://127.0.0.1:{port}/v1/chat"
+    question = ["hello"] if command == "ask" else []
+    env = cli_env(WSCHAT_WAIT_NOTICE_S="1")
+    status, out, err = await run_cli(command, "--url", url, "--wait", "2.5", *question, env=env)
+    gave_up = f"cannot connect to {url}: nothing is listening there, still after waiting 2.5 s"
+    assert (status, out) == (3, "")
+    assert err == (
+        NEVER_ANSWERED.format(url, port, 2.5)
+        + STILL_WAITING.format(url, "nothing listening", 1, 2.5)
+        + STILL_WAITING.format(url, "nothing listening", 2, 2.5)
+        + f"error: connect: {gave_up}{WAIT_HINT}\n"
+    )
+
+
+async def test_a_wait_where_a_server_answered_before_says_it_waits_for_the_server() -> None:
+    port = free_port()
+    async with running_server(ScriptedEngine(), port=port) as url:
+        assert (await run_cli("ask", "--url", url, "hello"))[0] == 0
+    env = cli_env(WSCHAT_WAIT_NOTICE_S="1")
+    status, _, err = await run_cli("ask", "--url", url, "--wait", "1.5", "hello", env=env)
+    gave_up = f"cannot connect to {url}: nothing is listening there, still after waiting 1.5 s"
+    assert status == 3
+    assert err == (
+        NOT_LISTENING.format(url, 1.5)
+        + STILL_WAITING.format(url, "nothing listening", 1, 1.5)
+        + f"error: connect: {gave_up}{WAIT_HINT}\n"
+    )
+
+
+async def test_a_wait_for_a_loading_model_says_every_interval_that_it_still_loads() -> None:
+    async with loading_server(ScriptedEngine()) as (url, load):
+        env = cli_env(WSCHAT_WAIT_NOTICE_S="0.5")
+        async with cli("ask", "--url", url, "--wait", "30", "hello", env=env) as ask:
+            assert await ask.stderr_line() == WAITING.format(30)
+            loading = STILL_WAITING.format(url, "the model is loading", 0.5, 30)
+            assert await ask.stderr_line() == loading
+            load.release()
+            assert await ask.read_until("\n") == W8 + "\n"
+            assert await ask.exit_status() == 0
 
 
 @pytest.mark.parametrize("path", ["", "/chat"])
@@ -226,6 +286,9 @@ async def test_ask_with_an_unreadable_image_or_bad_arguments_exits_2(tmp_path: P
     assert status == 2 and "invalid int value: 'many'" in err
     status, _, err = await run_cli("ask", "--wait", "-1", "x")
     assert status == 2 and "invalid seconds value: '-1'" in err
+    status, _, err = await run_cli("ask", "x", env=cli_env(WSCHAT_WAIT_NOTICE_S="often"))
+    assert status == 2
+    assert err.endswith("WSCHAT_WAIT_NOTICE_S must be a number of seconds, not 'often'\n")
 
 
 async def test_ask_interrupted_mid_reply_stops_it_and_exits_130() -> None:
@@ -457,7 +520,7 @@ async def test_chat_waits_for_a_server_not_listening_yet_then_chats() -> None:
     port = free_port()
     url = f"ws://127.0.0.1:{port}/v1/chat"
     async with cli("chat", "--url", url, "--wait", "30") as chat:
-        assert await chat.stderr_line() == NOT_LISTENING.format(url, 30)
+        assert await chat.stderr_line() == NEVER_ANSWERED.format(url, port, 30)
         async with running_server(ScriptedEngine(), port=port):
             assert (
                 await chat.stderr_line()
