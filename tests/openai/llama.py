@@ -81,6 +81,16 @@ class LlamaServer:
     def busy_slots(self) -> int:
         return sum(1 for slot in self.slots() if slot.get("is_processing"))
 
+    def predicted_tokens(self) -> int:
+        """Tokens the server has generated since it started, a reply given up included
+        (``/metrics``' ``llamacpp:tokens_predicted_total``)."""
+        response = httpx.get(f"{self.url}/metrics", timeout=5)
+        response.raise_for_status()
+        for line in response.text.splitlines():
+            if line.startswith("llamacpp:tokens_predicted_total "):
+                return int(float(line.split()[1]))
+        raise AssertionError("no llamacpp:tokens_predicted_total in /metrics")
+
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         response = httpx.post(f"{self.api_url}/completions", json=body, timeout=TIMEOUT)
         response.raise_for_status()

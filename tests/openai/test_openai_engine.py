@@ -21,7 +21,15 @@ from wschat.server.engine.openai.tokenizer import TokenizerError, embedded_token
 from wschat.server.sessions.error_boundary import error_frame
 
 from tests.openai.llama import SLOT_CONTEXT, LlamaServer
-from tests.support import RawPeer, collect, http_base, raw_peer, running_server, wait_until
+from tests.support import (
+    TIMEOUT,
+    RawPeer,
+    collect,
+    http_base,
+    raw_peer,
+    running_server,
+    wait_until,
+)
 
 # One line of many tokens: long enough to be cancelled mid-reply.
 LONG = "Write the numbers from 1 to 200 separated by spaces."
@@ -119,6 +127,26 @@ async def test_a_client_that_drops_mid_reply_with_no_grace_leaves_the_engine_idl
 ) -> None:
     _, seconds = await _cancelled_then_idle(live_llama, openai_engine, "drop")
     assert seconds < IDLE_WITHIN_S, seconds
+
+
+async def test_an_api_stream_its_client_drops_stops_the_engines_reply(
+    openai_engine: OpenAIEngine, live_llama: LlamaServer
+) -> None:
+    """The API's disconnect cancels the reply as a WebSocket drop does: the engine stops
+    within a few tokens, where the reply would have run to its 400."""
+    before = await asyncio.to_thread(live_llama.predicted_tokens)
+    body = {"model": "any", "messages": [{"role": "user", "content": LONG}], "stream": True}
+    async with running_server(openai_engine) as url, httpx.AsyncClient(timeout=TIMEOUT) as http:
+        chat = f"{http_base(url)}/v1/chat/completions"
+        async with http.stream("POST", chat, json={**body, "max_tokens": 400}) as response:
+            events = 0
+            async for line in response.aiter_lines():
+                events += line.startswith("data:")
+                if events == 5:
+                    break  # leaving the block closes the connection mid-stream
+        await wait_until(lambda: live_llama.busy_slots() == 0, timeout=TIMEOUT, interval=0.05)
+    generated = await asyncio.to_thread(live_llama.predicted_tokens) - before
+    assert 4 <= generated < 50, generated
 
 
 async def test_an_engine_killed_mid_reply_gives_error_then_the_session_goes_on(

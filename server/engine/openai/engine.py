@@ -123,7 +123,9 @@ def _ended_by(error: BaseException) -> Finished:
 
 
 class HttpGeneration(Generation):
-    """A generation whose cancel also stops the task that reads the engine's stream."""
+    """A generation whose cancel also stops the task that reads the engine's stream, once: a
+    second cancel of the task would land in the stream's close (a client that leaves cancels
+    its reply twice, from its stream and from its disconnect)."""
 
     _task: asyncio.Task[None] | None = None
     _loop: asyncio.AbstractEventLoop | None = None
@@ -132,6 +134,8 @@ class HttpGeneration(Generation):
         self._loop, self._task = loop, task
 
     def cancel(self) -> None:
+        if self.cancel_flag.is_set():
+            return
         super().cancel()
         if self._loop is not None and self._task is not None:
             self._loop.call_soon_threadsafe(self._task.cancel)
