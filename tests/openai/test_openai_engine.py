@@ -88,6 +88,33 @@ async def test_seeded_sampling_repeats_and_a_stop_string_ends_the_reply(
     assert stopped["reason"] == "stop" and stopped["text"] == "The capital"
 
 
+async def test_a_temperature_penalty_or_top_p_near_zero_is_served_as_its_limit(
+    openai_engine: OpenAIEngine,
+) -> None:
+    """Values inside the protocol's ranges that are 0 or past float32's range once an engine
+    divides by them reply as their limit does, as in process, never ``internal``: a
+    temperature or a top-p near 0 is greedy, a penalty near 0 is one of 1e-10."""
+    cases = {
+        "greedy": {"temperature": 0.0},
+        "temperature": {"temperature": 1e-38, "seed": 1},
+        "top_p": {"temperature": 1.0, "top_p": 1e-300, "seed": 1},
+        "penalty": {"temperature": 0.0, "repetition_penalty": 1e-300},
+        "small penalty": {"temperature": 0.0, "repetition_penalty": 1e-10},
+    }
+    dones: dict[str, dict[str, Any]] = {}
+    async with running_server(openai_engine) as url, raw_peer(url) as (peer, _):
+        for name, params in cases.items():
+            frames = await prompt(peer, name, "Name three colours.", max_new_tokens=12, **params)
+            dones[name] = frames[-1]
+            await peer.send({"type": "reset"})
+            await peer.recv_until("reset_ok")
+    reasons = {name: done["reason"] for name, done in dones.items()}
+    assert set(reasons.values()) <= {"stop", "length"}, reasons
+    texts = {name: done["text"] for name, done in dones.items()}
+    assert texts["temperature"] == texts["top_p"] == texts["greedy"], texts
+    assert texts["penalty"] == texts["small penalty"], texts
+
+
 async def _cancelled_then_idle(
     live_llama: LlamaServer, engine: OpenAIEngine, how: str
 ) -> tuple[str | None, float]:

@@ -34,6 +34,12 @@ _I64 = 1 << 63
 LLAMA_CPP_PENALTY_WINDOW = 64
 # the largest count a chunk may give (cached prompt tokens): far over any context
 MAX_COUNT = (1 << 31) - 1
+# The smallest temperature and repetition penalty sent (``divisor``). Engines divide float32
+# logits by each, a repeated token's by both; under 1e-38 a value is 0 in float32 (llama.cpp
+# refuses such a penalty), and one that divides a logit past float32's range makes the draw
+# read infinities (llama.cpp draws at random from there). At 1e-15 each, logits up to 1e4
+# stay finite, and the reply is the one their limit gives, as in process.
+MIN_DIVISOR = 1e-15
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +132,7 @@ class Dialect:
         return {
             **_openai_sampling(params, stop),
             "top_k": params.top_k or self.top_k_off,
-            "repetition_penalty": params.repetition_penalty,
+            "repetition_penalty": divisor(params.repetition_penalty),
             "stop_token_ids": list(stop_token_ids),
             "seed": None if params.seed is None else self.seed(params.seed),
         }
@@ -279,7 +285,7 @@ class LlamaCppDialect(Dialect):
             **_openai_sampling(params, stop),
             "samplers": self.samplers(params),
             "top_k": 1 if greedy else params.top_k or self.top_k_off,
-            "repeat_penalty": params.repetition_penalty,
+            "repeat_penalty": divisor(params.repetition_penalty),
             "repeat_last_n": LLAMA_CPP_PENALTY_WINDOW,
             "typical_p": 1.0,
             "top_n_sigma": -1.0,
@@ -357,13 +363,19 @@ def names() -> str:
 def _openai_sampling(params: SamplingParams, stop: Sequence[str]) -> dict[str, Any]:
     """The fields every engine reads under OpenAI's names."""
     return {
-        "temperature": params.temperature,
+        "temperature": divisor(params.temperature) if params.temperature else 0.0,
         "top_p": params.top_p,
         "min_p": 0.0,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
         "stop": list(stop),
     }
+
+
+def divisor(value: float) -> float:
+    """A temperature or repetition penalty (greater than 0) as the engine is sent it: at least
+    ``MIN_DIVISOR``."""
+    return max(value, MIN_DIVISOR)
 
 
 def _streamed(
