@@ -138,7 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as error:  # llama.cpp has logged why
         print(f"llama.cpp's server did not start: {error}", file=sys.stderr, flush=True)
         return 1
-    print(f"listening on {server.listening_address}", flush=True)
+    # one write, its end of line included: in a terminal shared with llama.cpp's log (stderr),
+    # a second write for the end of line let a llama.cpp line in between
+    sys.stdout.write(f"listening on {server.listening_address}\n")
+    sys.stdout.flush()
     stop.wait()
     del server
     return 0

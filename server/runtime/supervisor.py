@@ -19,9 +19,10 @@ unreachable, as with any remote engine; a reply that was streaming ends in an er
 No child outlives us: closing the engine stops it (SIGTERM, SIGKILL after ``STOP_GRACE_S``), and
 it stops by itself once its standard input ends, a pipe whose other end only this process holds,
 which the kernel closes however this process dies. Its output goes to our log line by line,
-prefixed ``llama.cpp:``, at its own level; its info lines (five a request) only where our log
-takes debug lines: each line wakes a thread here, which takes the interpreter from the event
-loop while replies start.
+prefixed ``llama.cpp:``, at its own level but for the warnings known to be harmless
+(``llamacpp_output.py``); its info lines (five a request) only where our log takes debug lines:
+each line wakes a thread here, which takes the interpreter from the event loop while replies
+start.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from ..engine.openai.client import EngineHttp
 from ..engine.openai.engine import OpenAIEngine, OpenAIEngineConfig, connect
 from ..engine.openai.tokenizer import EMBEDDED, gguf_path
 from .llamacpp import API_KEY_VARIABLE, model_alias
+from .llamacpp_output import relayed
 
 log = logging.getLogger("wschat.engine.llamacpp")
 
@@ -61,9 +63,6 @@ _LISTENING = "listening on "
 # prints only once its call into llama.cpp returns, which under load has been seen not to
 # happen after llama.cpp had logged that it listened. /health then says whether it serves.
 _LISTENING_AT = re.compile(r"(?:^|\s)listening on (http://\S+)")
-# llama.cpp's log lines: "0.01.206.038 I srv          init: listening on ..."
-_LOG_LINE = re.compile(r"^\d+\.\d+\.\d+\.\d+ ([DIWE]) +(.*)$")
-_LEVELS = {"D": logging.DEBUG, "I": logging.DEBUG, "W": logging.WARNING, "E": logging.ERROR}
 
 
 class LlamaCppError(RuntimeError):
@@ -132,19 +131,28 @@ def launch(config: LlamaCppConfig, *, tokenizer: str | None, prompt_format: str)
 
 class _Child:
     """One started process: what its output said (the URL it listens on, its error lines), read
-    by a thread of its own that forwards every line to our log."""
+    by a thread per pipe that forwards every line to our log (``llamacpp_output.py``).
+
+    Its stdout and stderr are two pipes: llama.cpp logs to stderr, and the launcher says where it
+    listens on stdout. In one pipe the two writers' bytes met mid-line (the launcher's line and
+    its end of line are two writes where Python's output is unbuffered), which glued a llama.cpp
+    line to the URL ("...:8080I srv  init: ...")."""
 
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         self.process = process
         self.url: str | None = None
-        self.listening = threading.Event()  # set by the reader once the URL is known
+        self.listening = threading.Event()  # set by a reader once the URL is known
         self.errors: list[str] = []  # llama.cpp's first error lines: why it failed
         self.last_other = ""  # the last line not in llama.cpp's format (Python's own error)
-        assert process.stdout is not None
-        self._reader = threading.Thread(
-            target=self._read, args=(process.stdout,), name="wschat-llamacpp-log", daemon=True
-        )
-        self._reader.start()
+        assert process.stdout is not None and process.stderr is not None
+        self._readers = [
+            threading.Thread(
+                target=self._read, args=(stream,), name="wschat-llamacpp-log", daemon=True
+            )
+            for stream in (process.stdout, process.stderr)
+        ]
+        for reader in self._readers:
+            reader.start()
 
     def _read(self, stream: IO[bytes]) -> None:
         for raw in stream:
@@ -154,18 +162,18 @@ class _Child:
                 self.listening.set()
             if line.startswith(_LISTENING):
                 continue
-            match = _LOG_LINE.match(line)
-            level, text = (_LEVELS[match[1]], match[2]) if match else (logging.WARNING, line)
-            text = " ".join(text.split())
-            if match and level >= logging.ERROR and len(self.errors) < _REASON_LINES:
-                self.errors.append(text)
-            elif not match and text:
-                self.last_other = text
-            log.log(level, "llama.cpp: %s", text)
+            said = relayed(line)
+            if said.llama_cpp and said.level >= logging.ERROR:
+                if len(self.errors) < _REASON_LINES:
+                    self.errors.append(said.text)
+            elif not said.llama_cpp and said.text:
+                self.last_other = said.text
+            log.log(said.level, "llama.cpp: %s", said.text)
 
     def finish_reading(self) -> None:
-        """Until the reader has read the output of a child that exited (its pipe's end)."""
-        self._reader.join(STOP_GRACE_S)
+        """Until the readers have read the output of a child that exited (its pipes' ends)."""
+        for reader in self._readers:
+            reader.join(STOP_GRACE_S)
 
     def status(self) -> str:
         code = self.process.returncode
@@ -189,7 +197,7 @@ class _Child:
                 self.process.kill()
                 self.process.wait()
         self.finish_reading()
-        for pipe in (self.process.stdin, self.process.stdout):
+        for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
             if pipe is not None:
                 pipe.close()
 
@@ -270,7 +278,7 @@ class LlamaCppServer:
             self._command(),
             stdin=subprocess.PIPE,  # never written: its end is how the child learns we are gone
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,  # apart from stdout (_Child)
             env=env,
         )
         child = _Child(process)
