@@ -341,13 +341,15 @@ async def wait_ready(
     log: Path,
     timeout: float = TIMEOUT,
     host: str = "127.0.0.1",
+    path: str = "/readyz",
 ) -> None:
-    """Until a server process answers ``/readyz`` 200; fails with its log if it exits."""
+    """Until a server process answers ``path`` 200 (``/healthz``: it listens, its model may
+    still load); fails with its log if it exits."""
     async with asyncio.timeout(timeout), httpx.AsyncClient(timeout=5) as http:
-        while True:  # another process: nothing to await but its /readyz
+        while True:  # another process: nothing to await but its answer
             assert proc.poll() is None, log.read_text()
             try:
-                if (await http.get(f"http://{host}:{port}/readyz")).status_code == 200:
+                if (await http.get(f"http://{host}:{port}{path}")).status_code == 200:
                     return
             except httpx.TransportError:
                 pass

@@ -13,6 +13,7 @@ from ..engine import Engine
 from ..settings import Settings
 from ..web.app import EngineFactory, build_app
 from .engines import make_engine
+from .log_levels import routine_lines_to_debug
 from .redaction import install_log_filters, settings_secrets
 from .shutdown import CLOSE_S, GracefulServer
 from .transport import http_protocol, raise_descriptor_limit, websocket_protocol
@@ -103,7 +104,8 @@ def serve(settings: Settings, engine: Engine | EngineFactory | None = None) -> i
     model fails to load, stop at once: exit status 1, the reason in the log."""
     install_log_filters(settings_secrets(settings))
     app = build_app(settings, engine or (lambda: make_engine(settings)))
-    config = uvicorn_config(settings, app)
+    config = uvicorn_config(settings, app)  # configures uvicorn's loggers
+    routine_lines_to_debug()
     try:  # the model loads once uvicorn starts (the app's lifespan)
         sockets = listen(settings.host, settings.port, config.backlog)
     except CannotListen as error:

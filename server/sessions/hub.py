@@ -32,6 +32,8 @@ class Hub:
     # the sessions of HTTP API requests running or waiting (web/openai_api): never in the store
     requests: set[Session] = field(default_factory=set)
     load_error: BaseException | None = None  # set once, when the engine factory raised
+    # the addresses told that the model is still loading (web/admission.py logs each once)
+    told_loading: set[str] = field(default_factory=set)
     shutting_down: bool = False
 
     def __post_init__(self) -> None:

@@ -6,6 +6,7 @@ place outlives its connection while its reply goes on for a resume (``Session.he
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 
 from starlette.websockets import WebSocket
@@ -14,7 +15,11 @@ from wschat.protocol import MODEL_LOADING_REASON, SUBPROTOCOL, CloseCode
 from ..sessions.hub import Hub
 from .access import admit
 
+log = logging.getLogger("wschat.admission")
+
 MODEL_FAILED_REASON = "the model failed to load (see the server's log)"
+# addresses remembered as told that the model is loading: past this many, no more lines
+MAX_TOLD_LOADING = 1024
 
 # Accepts the handshake, with these headers on its response.
 Accept = Callable[[Sequence[tuple[bytes, bytes]]], Awaitable[None]]
@@ -40,11 +45,13 @@ async def serve_admitted(
         subprotocol = SUBPROTOCOL if SUBPROTOCOL in offered else None
         await websocket.accept(subprotocol=subprotocol, headers=headers)
 
+    client = websocket.client.host if websocket.client else "unknown"
     if (closed := _unservable(hub, needs_engine)) is not None:
+        if closed[1] == MODEL_LOADING_REASON:
+            _tell_loading(hub, client)
         await accept()
         await websocket.close(*closed)
         return
-    client = websocket.client.host if websocket.client else "unknown"
     full = hub.caps.acquire(client, resuming="resume" in websocket.query_params)
     if full is not None:
         await accept()
@@ -59,6 +66,15 @@ async def serve_admitted(
         else:  # a reply held for a resume counts as a connection of its address until it ends
             hub.caps.hold(client)
             held.add_done_callback(lambda _: hub.caps.release_held(client))
+
+
+def _tell_loading(hub: Hub, client: str) -> None:
+    """One line for each address that waits for the model: a waiting client reconnects every
+    2 s, and the connection lines are debug lines (runtime/log_levels.py)."""
+    if client in hub.told_loading or len(hub.told_loading) >= MAX_TOLD_LOADING:
+        return
+    hub.told_loading.add(client)
+    log.info("a client at %s waits for the model to load (closed with 1013 until then)", client)
 
 
 def _unservable(hub: Hub, needs_engine: bool) -> tuple[CloseCode, str] | None:

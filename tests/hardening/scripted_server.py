@@ -4,12 +4,14 @@
 runs for a minute; one with ``steady`` for 4 s (``STEADY_REPLY``); one with ``flood`` streams
 20 MB of text in 2 s; one with ``burst`` streams 20 MB at once and then nothing for a minute
 (still running); any other runs for about a second. With ``--fail-load`` the engine's factory
-raises instead, as a model that cannot load does."""
+raises instead, as a model that cannot load does; with ``--hold-load`` it takes two minutes to
+return, as a model loading."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 
 from wschat.server.engine import Engine, GenerationRequest
 from wschat.server.runtime.cli import settings_from_args
@@ -21,6 +23,7 @@ DEFAULTS = ["--max-concurrent", "4", "--shutdown-grace-s", "2", "--ping-interval
 LONG_MARK = [300 + ord(c) for c in "long"]
 FLOOD_MARK = [300 + ord(c) for c in "flood"]
 BURST_MARK = [300 + ord(c) for c in "burst"]
+HOLD_S = 120.0
 STEADY_MARK = [300 + ord(c) for c in "steady"]
 STEADY_TOKENS = [f" m{i}" for i in range(40)]
 STEADY_REPLY = "".join(STEADY_TOKENS)
@@ -47,13 +50,21 @@ def refuse_to_load() -> Engine:
     raise RuntimeError("the scripted engine refuses to load")
 
 
+def load_for_two_minutes() -> Engine:
+    threading.Event().wait(HOLD_S)  # the test kills the process before
+    return ScriptedEngine(script)
+
+
+LOADS = {"--fail-load": refuse_to_load, "--hold-load": load_for_two_minutes}
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     port, *options = sys.argv[1:]
-    fail_load = "--fail-load" in options
-    options = [o for o in options if o != "--fail-load"]
+    load = next((LOADS[o] for o in options if o in LOADS), None)
+    options = [o for o in options if o not in LOADS]
     settings = settings_from_args(["--port", port, *DEFAULTS, *options])
-    return serve(settings, refuse_to_load if fail_load else ScriptedEngine(script))
+    return serve(settings, load or ScriptedEngine(script))
 
 
 if __name__ == "__main__":
