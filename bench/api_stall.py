@@ -8,10 +8,13 @@ Bodies (``--kinds``):
 
 - ``user``: N one-line user messages in a row (joined into one user turn);
 - ``system``: N empty system messages, then one user message;
-- ``exchanges``: N messages, user and assistant in turn, of ``--chars`` characters each.
+- ``exchanges``: N messages, user and assistant in turn, of ``--chars`` characters each (and a
+  last user message when N is even).
 
-Each body is encoded before the probe starts; the figures are the server's status, the time to
-the answer and the stall, per kind and N, one line each.
+Each body is encoded before the probe starts; one body of 101 messages goes first, unmeasured
+(the server's first thread hops and tokenizer calls), then the figures: the server's status,
+the time to the answer and the stall, per kind and N, one line each. On a shared machine a
+probe round trip varies by a tenth of a second or so by itself: repeat a figure to trust it.
 """
 
 from __future__ import annotations
@@ -108,6 +111,7 @@ def main() -> None:
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="server options")
     args = parser.parse_args()
     with procs.wschat(args.engine, args.logs, extra=args.extra) as server:
+        measure(server.base, body("exchanges", 101, 1000))  # the first one's start-up left out
         for kind in args.kinds:
             for n in args.messages:
                 payload = body(kind, n, args.chars)

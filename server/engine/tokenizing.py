@@ -5,7 +5,8 @@ tokenizing that much takes a large fraction of a second. Short texts (most chat 
 tokenized at once, where a thread hop would cost more than the work; longer ones go to a worker
 thread, one at a time for the whole server, so a flood of them costs one core's worth of
 tokenizing at most and never stalls other clients' frames. transformers' fast tokenizers release
-the GIL while they encode.
+the GIL while they encode. ``run`` puts other such work in the same thread: a conversation's
+texts tokenized together, an API request's large JSON body parsed.
 """
 
 from __future__ import annotations

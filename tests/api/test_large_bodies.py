@@ -123,3 +123,37 @@ async def test_a_conversation_over_the_context_is_refused_before_it_is_rendered(
         response = await post_chat(url, messages)
     message = "the conversation's messages are 4000 tokens; the context holds 4000"
     assert_invalid(response, message, None, "context_length_exceeded")
+
+
+async def test_a_large_body_is_parsed_while_the_event_loop_goes_on() -> None:
+    """5,000,000 token ids (10 MiB): json's C parser would hold the loop for all of it."""
+    payload = json.dumps(
+        {"model": "any", "prompt": [1] * 5_000_000}, separators=(",", ":")
+    ).encode()
+    gaps: list[float] = []
+    answered = asyncio.Event()
+
+    async def ticker() -> None:  # on the server's loop: a gap is a time the loop was held
+        last = time.perf_counter()
+        while not answered.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with running_server(ScriptedEngine()) as url:
+        headers = {"Content-Type": "application/json"}
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http, asyncio.TaskGroup() as tasks:
+            tasks.create_task(ticker())
+            started = time.perf_counter()
+            try:
+                response = await http.post(
+                    f"{http_base(url)}/v1/completions", content=payload, headers=headers
+                )
+            finally:
+                answered.set()
+            took = time.perf_counter() - started
+    message = "the prompt is 5000000 tokens; the context holds 4096"
+    assert_invalid(response, message, None, "context_length_exceeded")
+    # a ratio, not a speed: parsed on the loop, the longest gap was most of the answer's time
+    assert max(gaps) < took / 4, (max(gaps), took)

@@ -41,6 +41,7 @@ from ...sessions.generation import GenerationRun
 from ...sessions.hub import Hub
 from ...sessions.session import Session
 from ..access import owner_scope, refusal
+from .bodies import json_body
 from .conversation import CompletionChat, ReplyIds, api_session, load_chat, new_prompt_id
 from .cors import cors_route
 from .errors import ApiError, refusal_error
@@ -325,7 +326,7 @@ class OpenAIApi:
             self._admit(request)
             engine = self.hub.engine
             assert engine is not None
-            body = await _json(request, self.hub.settings.max_frame_bytes)
+            body = await json_body(request, self.hub.settings.max_frame_bytes, engine)
             hub = self.hub
             session = api_session(engine, hub.settings, hub.stats, hub.slots)
             session.address = request.client.host if request.client else "unknown"
@@ -389,21 +390,3 @@ class OpenAIApi:
         if error.wire is not None:
             self.hub.stats.count_error(error.wire)
         return error.response()
-
-
-async def _json(request: Request, limit: int) -> Any:
-    declared = request.headers.get("content-length", "")
-    too_large = ApiError(f"the request body is over {limit} bytes", status=413, code="too_large")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    try:
-        return json.loads(b"".join(chunks))
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError("the request body is not JSON", code="invalid_params") from None
