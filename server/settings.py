@@ -190,8 +190,16 @@ class Settings:
         "of them together (more: 400 before any is read)",
     )
     frames_per_second: int = option(50, "client frames per second before a connection is closed")
-    max_connections: int = option(1000, "chat connections in total")
-    max_connections_per_client: int = option(100, "chat connections per client address")
+    max_connections: int = option(
+        1000,
+        "chat connections in total; a `/v1/stats` socket and an OpenAI-compatible API request, "
+        "from its head to its response's end, count as one each (past it: close 1013, HTTP 429)",
+    )
+    max_connections_per_client: int = option(
+        100,
+        "chat connections, `/v1/stats` sockets and API requests in flight from one client "
+        "address (an IPv6 address counts as its /64)",
+    )
     idle_timeout_s: float = option(
         600.0, "close a connection with no frames and no generation this long"
     )
@@ -203,12 +211,25 @@ class Settings:
         "generation is cancelled)",
     )
     handshake_timeout_s: float = option(
-        10.0, "drop a connection whose HTTP request (a handshake included) is not whole by then"
+        10.0,
+        "drop a connection whose HTTP request head (a WebSocket handshake included) has not "
+        "come whole by then",
+    )
+    body_timeout_s: float = option(
+        30.0,
+        "answer 408 and close a connection whose HTTP request body has not come whole this long "
+        "after its head (a 12 MiB body needs 3.4 Mbit/s)",
     )
     max_pending_handshakes: int = option(
         256,
-        "connections still sending their HTTP request, at once (more are dropped at once; "
-        "`--max-connections-per-client` from one address)",
+        "connections still sending their HTTP request (its head, or a body that did not come "
+        "with it), at once; one address may take them all, but when all are taken a newcomer "
+        "from an address holding fewer than its share, and fewer than the address holding the "
+        "most, takes the place of that address's oldest (dropped); any other is dropped at once",
+    )
+    max_pending_handshakes_per_client: int = option(
+        16,
+        "an address's share of `--max-pending-handshakes` (an IPv6 address counts as its /64)",
     )
     shutdown_grace_s: float = option(
         10.0, "on SIGTERM, how long running replies may take to finish"

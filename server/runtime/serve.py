@@ -13,10 +13,11 @@ from ..engine import Engine
 from ..settings import Settings
 from ..web.app import EngineFactory, build_app
 from .engines import make_engine
+from .http_protocol import http_protocol
 from .log_levels import routine_lines_to_debug
 from .redaction import install_log_filters, settings_secrets
 from .shutdown import CLOSE_S, GracefulServer
-from .transport import http_protocol, raise_descriptor_limit, websocket_protocol
+from .transport import raise_descriptor_limit, websocket_protocol
 
 log = logging.getLogger("wschat.serve")
 

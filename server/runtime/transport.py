@@ -5,9 +5,8 @@ to drain (its ``send`` awaits ``resume_writing``), for a closing transport to fl
 never finishes its request or stops reading would hold a descriptor, a task and, on a chat
 connection, a generation slot for good (README "Security and limits"). Here:
 
-- ``BoundedHTTPProtocol``: a request must arrive whole within ``handshake_timeout_s``; at most
-  ``max_pending_handshakes`` connections, and ``max_connections_per_client`` from one address,
-  may be waiting for theirs; more are dropped on arrival.
+- ``BoundedHTTPProtocol`` (http_protocol.py): deadlines for a request's head and body, and
+  places for the connections still sending theirs.
 - ``BoundedWebSocketProtocol``: a send buffer that stays full for ``send_timeout_s``, or a
   transport still flushing that long after it was closed, aborts the connection; the app sees a
   disconnect and its generation is cancelled. The app may also drop a connection at once
@@ -35,15 +34,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.frames import Frame
 from websockets.http11 import Request
 from wschat.protocol import CloseCode
 
 from ..sessions.connection import DROP_EXTENSION
-from ..sessions.quotas import ConnectionCaps, FrameRate
+from ..sessions.quotas import FrameRate
 from ..settings import Settings
 
 log = logging.getLogger("wschat.transport")
@@ -82,7 +79,6 @@ class RateLimitedLog:
 
 
 _accept_log = RateLimitedLog(log)
-_arrival_log = RateLimitedLog(log)
 _stuck_log = RateLimitedLog(log)
 
 
@@ -179,61 +175,6 @@ class StuckPeerGuard(asyncio.Protocol):
     def _abort(self) -> None:
         _stuck_log.warning("dropped a connection that took nothing for %.0f s", self.send_timeout_s)
         self.transport.abort()
-
-
-class BoundedHTTPProtocol(StuckPeerGuard, H11Protocol):
-    """h11 with a deadline for each request's head, a cap on connections waiting for one, and
-    no response waiting on a peer that does not read."""
-
-    handshake_timeout_s: ClassVar[float]
-    pending: ClassVar[ConnectionCaps]  # connections that have not sent a whole request yet
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # armed while waiting for a request's head: at the start and between keep-alive requests
-        self.request_due = Deadline(self.loop, self.handshake_timeout_s, self._timed_out)
-        self.pending_from: str | None = None  # the address counted in ``pending``, until released
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        no_delay(transport)
-        address = self.client[0] if self.client else "unknown"
-        refused = self.pending.acquire(address)
-        if refused is not None:
-            _arrival_log.warning("dropped a connection on arrival (handshakes: %s)", refused)
-            transport.abort()
-            return
-        self.pending_from = address
-        self.request_due.arm()
-
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.conn.their_state is not h11.IDLE:  # a whole request head (or an upgrade) came
-            self._request_arrived()
-
-    def handle_websocket_upgrade(self, event: h11.Request) -> None:
-        super().handle_websocket_upgrade(event)
-        self.stuck.disarm()  # the transport is the WebSocket protocol's now, with its own guard
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self.request_due.arm()  # keep-alive: the next request has the same deadline
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        self._request_arrived()
-
-    def _request_arrived(self) -> None:
-        self.request_due.disarm()
-        if self.pending_from is not None:
-            self.pending.release(self.pending_from)
-            self.pending_from = None
-
-    def _timed_out(self) -> None:
-        if self.conn.their_state is h11.IDLE:
-            log.debug("dropped a connection: no whole request in %.0f s", self.handshake_timeout_s)
-            self.transport.abort()
 
 
 class BoundedWebSocketProtocol(StuckPeerGuard, WebSocketsSansIOProtocol):
@@ -343,20 +284,6 @@ def _dropper(transport: asyncio.Transport) -> Callable[[], None]:
             alive.abort()
 
     return drop
-
-
-def http_protocol(settings: Settings) -> type[BoundedHTTPProtocol]:
-    """The HTTP protocol class for one server: its limits and its own count of pending
-    handshakes."""
-
-    class HTTPProtocol(BoundedHTTPProtocol):
-        send_timeout_s = settings.send_timeout_s
-        handshake_timeout_s = settings.handshake_timeout_s
-        pending = ConnectionCaps(
-            settings.max_pending_handshakes, settings.max_connections_per_client
-        )
-
-    return HTTPProtocol
 
 
 def websocket_protocol(settings: Settings) -> type[BoundedWebSocketProtocol]:

@@ -15,9 +15,9 @@ from tests.install.test_console_scripts import PYPROJECT, canonical
 
 # the package, and what of its insides the server uses
 INTERNALS = {
-    "uvicorn": "runtime/transport.py subclasses its h11 and websockets-sansio protocols and "
-    "reads their state (close_timer, disconnected: first in 0.53); runtime/shutdown.py "
-    "subclasses its Server",
+    "uvicorn": "runtime/http_protocol.py and runtime/transport.py subclass its h11 and "
+    "websockets-sansio protocols and read their state (close_timer, disconnected, the request "
+    "cycle: first in 0.53); runtime/shutdown.py subclasses its Server",
     "websockets": "runtime/transport.py empties the frames its parser keeps and fails the "
     "connection through its protocol object",
     "transformers": "engine/local registers attention under the model's own name, reads "
