@@ -33,6 +33,10 @@ OPTIONS = (
     "session_store",
     "resume_grace_s",
     "session_lease_s",
+    "max_connections_per_client",
+    "body_timeout_s",
+    "max_pending_handshakes",
+    "max_pending_handshakes_per_client",
 )
 
 

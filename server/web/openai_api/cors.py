@@ -40,14 +40,19 @@ def cors_route(path: str, endpoint: Endpoint, method: str, settings: Settings) -
         if request.method == "OPTIONS":
             return preflight(request, method, settings)
         response = await endpoint(request)
-        origin = listed_origin(request, settings)
-        if origin is not None:
-            response.headers["Access-Control-Allow-Origin"] = origin
-            response.headers["Access-Control-Expose-Headers"] = EXPOSED
-            response.headers.add_vary_header("Origin")
+        allow_origin(response, request, settings)
         return response
 
     return Route(path, answer, methods=[method, "OPTIONS"], name=endpoint.__name__)
+
+
+def allow_origin(response: Response, request: Request, settings: Settings) -> None:
+    """Mark ``response`` as readable by the request's Origin, when that Origin is listed."""
+    origin = listed_origin(request, settings)
+    if origin is not None:
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Expose-Headers"] = EXPOSED
+        response.headers.add_vary_header("Origin")
 
 
 def preflight(request: Request, method: str, settings: Settings) -> Response:

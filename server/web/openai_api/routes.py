@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute
 from wschat.protocol import (
@@ -45,6 +45,7 @@ from .bodies import json_body
 from .conversation import CompletionChat, ReplyIds, api_session, load_chat, new_prompt_id
 from .cors import cors_route
 from .errors import ApiError, refusal_error
+from .in_flight import in_flight
 from .prefix_keys import CacheKeys
 from .requests import Sampling, chat_body, completion_body
 
@@ -291,8 +292,8 @@ class OpenAIApi:
         settings = self.hub.settings
         return [
             cors_route("/v1/models", self.models, "GET", settings),
-            cors_route("/v1/chat/completions", self.chat, "POST", settings),
-            cors_route("/v1/completions", self.completions, "POST", settings),
+            in_flight(self.hub, cors_route("/v1/chat/completions", self.chat, "POST", settings)),
+            in_flight(self.hub, cors_route("/v1/completions", self.completions, "POST", settings)),
         ]
 
     async def models(self, request: Request) -> Response:
@@ -346,6 +347,8 @@ class OpenAIApi:
             await reply.begin(prompt, owner_scope(request))
         except (ApiError, ProtocolError, EngineError) as e:
             return self._refused(ApiError.of(e))
+        except ClientDisconnect:  # gone, or dropped, before its body was whole: nobody reads it
+            return Response(status_code=499)
         first = await reply.first()
         if isinstance(first, ApiError):
             return self._refused(first)
