@@ -49,13 +49,19 @@ def offered_tokens(conn: HTTPConnection) -> list[str]:
     return [t for t in tokens if t]
 
 
-def owner_scope(conn: HTTPConnection) -> str:
+def owner_scope(conn: HTTPConnection, tokens: tuple[str, ...]) -> str:
     """Whose cached state a request may share, the API's prefix keys and a conversation's
-    opening with a system prompt: its first offered token's, whether something is cached
-    saying something about what another client sent. A digest, so the token is kept nowhere
-    past the request; "" when none is offered (no tokens set: every client one owner)."""
-    tokens = offered_tokens(conn)
-    return hashlib.sha256(tokens[0].encode()).hexdigest() if tokens else ""
+    opening with a system prompt: its token's, whether something is cached saying something
+    about what another client sent. The token is the first offered that is one of ``tokens``
+    (an offered token that is none would let one client name owners at will, each with a share
+    of its own); a digest, so the token is kept nowhere past the request; "" without tokens
+    (every client one owner)."""
+    owner = ""
+    for candidate in offered_tokens(conn):
+        for token in tokens:  # every comparison runs, in constant time, as in token_matches
+            if hmac.compare_digest(candidate.encode(), token.encode()) and not owner:
+                owner = token
+    return hashlib.sha256(owner.encode()).hexdigest() if owner else ""
 
 
 def token_matches(offered: list[str], configured: tuple[str, ...]) -> bool:

@@ -96,7 +96,7 @@ async def _serve_session(
     resumed = claim.session if claim else None
     session = resumed or hub.new_session()
     # a resumed session is its new connection's: the resume token proved the right to it
-    session.chat.scope = owner_scope(websocket)
+    session.chat.scope = owner_scope(websocket, hub.settings.tokens)
     resume_token = await hub.sessions.add(session)
     connection = Connection(websocket, hub)
     hub.connections.add(connection)

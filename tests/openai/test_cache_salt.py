@@ -1,8 +1,9 @@
 """The gateway salts a vLLM engine's prefix cache per owner: every request it sends carries
-``cache_salt``, its owner's scope (``web/access.owner_scope``: the digest of the first token
-offered, never the token), so ``cached_tokens`` tells no client what another one sent. Without
-tokens no salt is sent (every client one owner), nor to an engine that reads none (llama.cpp).
-The engine is the fake of ``tests/fakes/openai_engine.py``, which keeps each body it is sent."""
+``cache_salt``, its owner's scope (``web/access.owner_scope``: the digest of its token, the
+first offered that is one of the server's; never the token), so ``cached_tokens`` tells no
+client what another one sent. Without tokens no salt is sent (every client one owner), nor to
+an engine that reads none (llama.cpp). The engine is the fake of
+``tests/fakes/openai_engine.py``, which keeps each body it is sent."""
 
 from __future__ import annotations
 
@@ -91,6 +92,20 @@ async def test_without_tokens_no_cache_salt_is_sent(tokenizer: GatewayTokenizer)
         await prompt_as(url, None)
         await prompt_as(url, None, system="Be brief.")
     assert [("cache_salt" in served.body) for served in engine.served] == [False, False]
+
+
+async def test_the_salt_is_the_token_a_client_was_let_in_with_not_one_it_made_up(
+    tokenizer: GatewayTokenizer,
+) -> None:
+    """A client that offers a made-up token before its own is the owner of its own token: one
+    token holder cannot name owners at will."""
+    alice = TOKENS[0]
+    async with gateway(tokenizer, VLLM, TOKENS) as (engine, url):
+        await prompt_as(url, f"made-up&token={alice}")
+    async with gateway(tokenizer, VLLM) as (untokened, url):
+        await prompt_as(url, "made-up")  # no tokens set: every client one owner
+    assert salts(engine) == [digest(alice)]
+    assert "cache_salt" not in untokened.served[0].body
 
 
 async def test_llama_cpp_is_sent_no_cache_salt(tokenizer: GatewayTokenizer) -> None:

@@ -344,7 +344,7 @@ class OpenAIApi:
                 text = completion.text if completion.text is not None else "ids"
                 prompt = Prompt(new_prompt_id("cmpl"), text, (), completion.sampling.params)
                 sampling = completion.sampling
-            await reply.begin(prompt, owner_scope(request))
+            await reply.begin(prompt, owner_scope(request, hub.settings.tokens))
         except (ApiError, ProtocolError, EngineError) as e:
             return self._refused(ApiError.of(e))
         except ClientDisconnect:  # gone, or dropped, before its body was whole: nobody reads it
