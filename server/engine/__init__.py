@@ -29,6 +29,8 @@ from .errors import (
     TurnRefused,
 )
 from .history import Chat, Conversation, PreparedTurn
+from .prefixes import common_prefix
+from .shares import share_victim
 
 __all__ = [
     "CancelFlag",
@@ -56,4 +58,6 @@ __all__ = [
     "TokenPiece",
     "Turn",
     "TurnRefused",
+    "common_prefix",
+    "share_victim",
 ]

@@ -9,8 +9,11 @@ Cancel, reset, disconnect and shutdown close the HTTP stream, which the engine t
 request's abort; so does a reply that reaches its token limit, whatever the engine does with the
 ``max_tokens`` it was sent. What the engine streams is checked as it comes (ids in the
 vocabulary, a chunk's text and a line within their byte limits): a bad answer ends the reply as
-``EngineFailed``. This class is the adapter; the HTTP client (``client``), the engines'
-spellings (``dialect``) and the error mapping (``errors``) do not depend on the interface.
+``EngineFailed``. Where the engine's prefix cache is every client's (no salt: llama.cpp,
+SGLang), a reply's cached tokens are at most the prefix its owner sent itself
+(``prefixes.OwnPrefixes``): the engine's own count would tell one client what another sent.
+This class is the adapter; the HTTP client (``client``), the engines' spellings (``dialect``)
+and the error mapping (``errors``) do not depend on the interface.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from ..formats import (
     choose_format,
     looks_instruction_tuned,
 )
+from ..prefixes import OwnPrefixes
 from ..stopping import completed, final_reason, token_budget
 from ..tokenizing import TextTokenizer
 from .burst import Burst
@@ -101,6 +105,7 @@ class _Reply:
     limit: int
     prompt_tokens: int
     strip: bool  # the prompt format drops the reply's leading space
+    known: int  # the most prompt tokens its owner may be told were cached (``_sent``)
     ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     finish: str | None = None
@@ -196,6 +201,8 @@ class OpenAIEngine:
         self._line_bytes = LINE_BASE_BYTES + LINE_BYTES_PER_TOKEN * context_tokens
         self._tasks: set[asyncio.Task[None]] = set()
         self._burst = Burst()  # prompts sent together reach the engine together
+        # what each owner sent, where the engine's prefix cache is every owner's (no salt)
+        self._own = None if dialect.salts_cache else OwnPrefixes()
         self._reachable: tuple[float, bool] = (0.0, True)
 
     # -- the engine interface -------------------------------------------------------------
@@ -284,6 +291,17 @@ class OpenAIEngine:
         stop = list(params.stop) + (["\n"] if self._newline_end else [])
         return self.dialect.sampling(params, stop=stop, stop_token_ids=self._stop_token_ids)
 
+    def _sent(self, request: GenerationRequest, ids: list[int]) -> int:
+        """``ids`` go to the engine for the request's owner, who may be told of as many cached
+        prompt tokens as this returns: all of them where the engine keeps each owner's prefixes
+        apart (a salt) or every client is one owner (no tokens); else what it sent itself
+        before, or the opening every conversation without a system prompt shares (PROTOCOL.md
+        section 7)."""
+        if self._own is None or not request.cache_scope:
+            return len(ids)
+        everyones = 0 if request.opening_scope else request.opening
+        return max(self._own.add(request.cache_scope, ids), everyones)
+
     def _call(self, request: GenerationRequest) -> Call:
         """Where the request goes and how its reply is read: a prompt with images through the
         chat API, any other as ids."""
@@ -296,6 +314,7 @@ class OpenAIEngine:
             self._max_tokens(request),
             len(request.prompt_ids),
             self.prompt_format.strips_leading_space,
+            self._sent(request, request.prompt_ids),
         )
         try:
             call = self._call(request)
@@ -308,6 +327,7 @@ class OpenAIEngine:
             finished = Finished(reply.reason())
         except (asyncio.CancelledError, Exception) as error:
             finished = _ended_by(error)
+        self._sent(request, [*request.prompt_ids, *reply.ids])
         ended = completed(
             dataclasses.replace(finished, completion_ids=tuple(reply.ids)),
             text="".join(reply.texts),
@@ -324,7 +344,7 @@ class OpenAIEngine:
         piece = call.read(chunk)
         if piece.cached_tokens is not None:
             # an engine may count an image's tokens otherwise: at most the prompt
-            generation.cached_tokens = min(piece.cached_tokens, reply.prompt_tokens)
+            generation.cached_tokens = min(piece.cached_tokens, reply.prompt_tokens, reply.known)
         text, ids = self._checked(piece.text, list(piece.ids))
         if call.ids_from_text and text and not ids:  # an engine that gives chat text alone
             ids = self.tokenizer.tokenize_text(text)

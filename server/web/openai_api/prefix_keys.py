@@ -18,7 +18,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-_BLOCK = 256
+from ...engine import common_prefix
+
 # Keys kept: each remembers at most a context of ids (4 bytes each)
 MAX_KEYS = 128
 
@@ -28,17 +29,6 @@ class _Entry:
     owner: str
     ids: array[int] = field(default_factory=lambda: array("i"))
     busy: bool = False
-
-
-def common_prefix(a: array[int], b: array[int]) -> int:
-    """How many ids ``a`` and ``b`` share from the start: blocks compared in C, then one by one."""
-    n = min(len(a), len(b))
-    i = 0
-    while i + _BLOCK <= n and a[i : i + _BLOCK] == b[i : i + _BLOCK]:
-        i += _BLOCK
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class CacheKeys:
