@@ -1,4 +1,7 @@
-"""A request's body as the API reads it: its bytes within the size limit, then JSON.
+"""A request's body as the API reads it: its bytes within the size limit, then JSON, refused
+(400) where it is not JSON, nests deeper than the parser goes, or holds a string that is not
+text (a lone UTF-16 surrogate, ``"\\ud800"``: valid JSON, but no UTF-8 encodes it, and every
+later step that encodes it would fail).
 
 json's C parser holds the GIL from the first byte to the last: a 10 MiB body of small objects
 or numbers held the event loop for half a second to two. A body over ``INLINE_BYTES`` is
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -20,6 +24,10 @@ from .errors import ApiError
 
 # Parsed on the loop at once: well under a millisecond of work.
 INLINE_BYTES = 64 * 1024
+# How a surrogate gets into a JSON text (raw UTF-8 cannot hold one): a body without such an
+# escape needs no look at its strings
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # what is left once json joined the pairs
 
 
 async def json_body(request: Request, limit: int, engine: Engine) -> Any:
@@ -45,9 +53,32 @@ async def _read(request: Request, limit: int) -> bytearray:
 
 def _parsed(data: bytearray, loads: Any) -> Any:
     try:
-        return loads(data)
+        value = loads(data)
     except (ValueError, UnicodeDecodeError):
         raise ApiError("the request body is not JSON", code="invalid_params") from None
+    except RecursionError:
+        raise ApiError("the request body nests too deeply", code="invalid_params") from None
+    if _SURROGATE_ESCAPE.search(data) and _holds_surrogate(value):
+        message = "a string in the request body holds a lone UTF-16 surrogate: it is not text"
+        raise ApiError(message, code="invalid_params")
+    return value
+
+
+def _holds_surrogate(value: Any) -> bool:
+    """Whether a string in ``value`` (keys included) holds a lone surrogate; iterative, so that
+    the deepest value json parsed is no deeper here."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            pending += item.keys()
+            pending += item.values()
+        elif isinstance(item, list):
+            pending += item
+    return False
 
 
 def _loads(data: bytearray) -> Any:

@@ -10,7 +10,6 @@ the API's token goes in a header, never in a cookie.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -19,7 +18,7 @@ from starlette.routing import Route
 
 from ...settings import Settings
 from ..access import Refusal, host_allowed, listed_origin
-from .errors import invalid, refusal_error
+from .errors import Endpoint, invalid, refusal_error
 
 # How long a browser may reuse a preflight's answer before it asks again.
 MAX_AGE_S = 600
@@ -28,8 +27,6 @@ MAX_ASKED_HEADERS = 64
 # A 429's retry hint, which a page could not read otherwise.
 EXPOSED = "Retry-After"
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
-
-Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def cors_route(path: str, endpoint: Endpoint, method: str, settings: Settings) -> Route:

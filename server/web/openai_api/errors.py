@@ -9,13 +9,21 @@ follows the code: the peer's fault 400 (413 over a size limit), capacity 429 wit
 
 from __future__ import annotations
 
+import functools
+import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.responses import JSONResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from wschat.protocol import Error, ErrorCode, InvalidParams, Unsupported
 
 from ...sessions.error_boundary import error_frame
 from ..access import Refusal
+
+log = logging.getLogger("wschat.openai_api")
+
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 # A full queue or a busy engine: a retry this soon after is likely to find room.
 RETRY_AFTER_S = 1
@@ -79,6 +87,21 @@ class ApiError(Exception):
         if self.status == 401:
             headers["WWW-Authenticate"] = "Bearer"
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def guarded(endpoint: Endpoint) -> Endpoint:
+    """``endpoint``, whose failure of ours is answered as any other error: 500 ``internal`` in
+    OpenAI's shape with a generic message (error_boundary.py), its traceback logged only."""
+
+    @functools.wraps(endpoint)
+    async def answer(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except Exception as error:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return ApiError.of(error).response()
+
+    return answer
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:

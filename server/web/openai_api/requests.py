@@ -36,6 +36,9 @@ _SAMPLING = {
     "top_k": "top_k",
     "repetition_penalty": "repetition_penalty",
 }
+# The longest value of the client's an error message repeats
+SHOWN_CHARS = 40
+_JSON_TYPES = {list: "an array", dict: "an object", bool: "a boolean", type(None): "null"}
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
 
@@ -197,9 +200,10 @@ def _message(message: Any, n: int) -> Part:
     param = f"messages[{n}]"
     if not isinstance(message, Mapping):
         raise invalid("each message must be an object", param)
-    role = _ROLES.get(message.get("role"))  # type: ignore[arg-type]
+    named = message.get("role")
+    role = _ROLES.get(named) if isinstance(named, str) else None
     if role is None:
-        raise unsupported(f"role {message.get('role')!r} is not supported", f"{param}.role")
+        raise unsupported(f"role {_shown(named)} is not supported", f"{param}.role")
     if message.get("tool_calls") or message.get("function_call"):
         raise unsupported("tool calls are not supported", f"{param}.tool_calls")
     content = message.get("content")
@@ -217,9 +221,18 @@ def _message(message: Any, n: int) -> Part:
         elif kind == "image_url" and role == "user":
             part.images.append(_data_uri(item.get("image_url"), where))
         else:
-            raise unsupported(f"a content part of type {kind!r} is not supported here", where)
+            raise unsupported(f"a content part of type {_shown(kind)} is not supported here", where)
     part.text = "\n".join(texts)
     return part
+
+
+def _shown(value: Any) -> str:
+    """A value the client sent, as an error message names it: a string or a number, cut short
+    (a message never repeats a large part of the body)."""
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        return f"({_JSON_TYPES.get(type(value), 'a value')})"
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
 def _data_uri(value: Any, where: str) -> bytes:

@@ -44,7 +44,7 @@ from ..access import owner_scope, refusal
 from .bodies import json_body
 from .conversation import CompletionChat, ReplyIds, api_session, load_chat, new_prompt_id
 from .cors import cors_route
-from .errors import ApiError, refusal_error
+from .errors import ApiError, guarded, refusal_error
 from .in_flight import in_flight
 from .prefix_keys import CacheKeys
 from .requests import Sampling, chat_body, completion_body
@@ -204,6 +204,9 @@ class Reply:
                         yield self._event(self._usage_chunk(frame))
                     yield b"data: [DONE]\n\n"
                     return
+        except Exception as error:  # a failure of ours: the client is told, as a socket is
+            log.exception("reply %s failed", self.run.id if self.run else "?")
+            yield self._event(ApiError.of(error).body())
         finally:
             self.cancel()  # nothing if it ended; else the client went away mid-stream
 
@@ -291,9 +294,14 @@ class OpenAIApi:
     def routes(self) -> list[BaseRoute]:
         settings = self.hub.settings
         return [
-            cors_route("/v1/models", self.models, "GET", settings),
-            in_flight(self.hub, cors_route("/v1/chat/completions", self.chat, "POST", settings)),
-            in_flight(self.hub, cors_route("/v1/completions", self.completions, "POST", settings)),
+            cors_route("/v1/models", guarded(self.models), "GET", settings),
+            in_flight(
+                self.hub, cors_route("/v1/chat/completions", guarded(self.chat), "POST", settings)
+            ),
+            in_flight(
+                self.hub,
+                cors_route("/v1/completions", guarded(self.completions), "POST", settings),
+            ),
         ]
 
     async def models(self, request: Request) -> Response:
@@ -322,33 +330,48 @@ class OpenAIApi:
         return await self._answer(request, "completion")
 
     async def _answer(self, request: Request, kind: str) -> Response:
-        reply: Reply | None = None
         try:
-            self._admit(request)
-            engine = self.hub.engine
-            assert engine is not None
-            body = await json_body(request, self.hub.settings.max_frame_bytes, engine)
-            hub = self.hub
-            session = api_session(engine, hub.settings, hub.stats, hub.slots)
-            session.address = request.client.host if request.client else "unknown"
-            reply = Reply(self, session, request, kind)
-            if kind == "chat":
-                parsed = chat_body(body, hub.settings.max_messages)
-                prompt = await load_chat(session, parsed, self.replies, hub.settings)
-                sampling = parsed.sampling
-            else:
-                completion = completion_body(body, engine.info.context_tokens)
-                self._check_ids(completion.ids)
-                session.chat = CompletionChat(engine, session.key, completion.ids)
-                # the text is the prompt's (its size checked as a prompt's); ids need none
-                text = completion.text if completion.text is not None else "ids"
-                prompt = Prompt(new_prompt_id("cmpl"), text, (), completion.sampling.params)
-                sampling = completion.sampling
-            await reply.begin(prompt, owner_scope(request, hub.settings.tokens))
+            reply, sampling = await self._begin(request, kind)
         except (ApiError, ProtocolError, EngineError) as e:
             return self._refused(ApiError.of(e))
         except ClientDisconnect:  # gone, or dropped, before its body was whole: nobody reads it
             return Response(status_code=499)
+        try:
+            return await self._respond(reply, sampling)
+        except BaseException:
+            reply.cancel()  # a failure of ours (cors.py answers it), or the task cancelled
+            raise
+
+    async def _begin(self, request: Request, kind: str) -> tuple[Reply, Sampling]:
+        """The request read and its prompt queued, or its refusal raised."""
+        self._admit(request)
+        engine = self.hub.engine
+        assert engine is not None
+        body = await json_body(request, self.hub.settings.max_frame_bytes, engine)
+        hub = self.hub
+        session = api_session(engine, hub.settings, hub.stats, hub.slots)
+        session.address = request.client.host if request.client else "unknown"
+        reply = Reply(self, session, request, kind)
+        if kind == "chat":
+            parsed = chat_body(body, hub.settings.max_messages)
+            prompt = await load_chat(session, parsed, self.replies, hub.settings)
+            sampling = parsed.sampling
+        else:
+            completion = completion_body(body, engine.info.context_tokens)
+            self._check_ids(completion.ids)
+            session.chat = CompletionChat(engine, session.key, completion.ids)
+            # the text is the prompt's (its size checked as a prompt's); ids need none
+            text = completion.text if completion.text is not None else "ids"
+            prompt = Prompt(new_prompt_id("cmpl"), text, (), completion.sampling.params)
+            sampling = completion.sampling
+        try:
+            await reply.begin(prompt, owner_scope(request, hub.settings.tokens))
+        except BaseException:
+            reply.cancel()  # what began of it ends: its slot is given back
+            raise
+        return reply, sampling
+
+    async def _respond(self, reply: Reply, sampling: Sampling) -> Response:
         first = await reply.first()
         if isinstance(first, ApiError):
             return self._refused(first)
