@@ -7,6 +7,7 @@ from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SETUP_MARKER = "<!-- set-up command: tests/e2e/test_readme_commands.py runs it as written -->"
+VENV_MARKER = "<!-- virtualenv step: tests/e2e/test_readme_commands.py runs it as written -->"
 
 
 def _first_bash_block(text: str) -> list[str]:
@@ -16,13 +17,23 @@ def _first_bash_block(text: str) -> list[str]:
     return block.group(1).splitlines()
 
 
-def readme_setup_command() -> str:
-    """The one-line set-up and run command (the block after the marker)."""
+def _marked_line(marker: str) -> str:
+    """The one-line command in the bash block after ``marker``."""
     text = README.read_text()
-    assert SETUP_MARKER in text, "the README lost the set-up command's marker"
-    lines = _first_bash_block(text.split(SETUP_MARKER, 1)[1])
-    assert len(lines) == 1, f"the set-up command is one line, not {lines}"
+    assert marker in text, f"the README lost the marker {marker}"
+    lines = _first_bash_block(text.split(marker, 1)[1])
+    assert len(lines) == 1, f"the command after {marker} is one line, not {lines}"
     return lines[0]
+
+
+def readme_setup_command() -> str:
+    """The one-line set-up and run command (the block after its marker)."""
+    return _marked_line(SETUP_MARKER)
+
+
+def readme_venv_command() -> str:
+    """The virtual environment step before it (the block after its marker)."""
+    return _marked_line(VENV_MARKER)
 
 
 def readme_test_command() -> str:

@@ -19,9 +19,13 @@ from ..settings import DTYPES, ENGINE_DIALECTS, ENGINES, STORE_SCHEMES, Settings
 
 _DEFAULTS = Settings()
 
-# The pinned CPU build the README, tests/run and the Dockerfile install (a test keeps them in step).
+# The pinned torch the README, tests/run and the Dockerfile install (a test keeps them in step):
+# its CPU build from PyTorch's index, added to the index pip already uses (where torch's own
+# dependencies are: with --index-url in its place, a mirror's users found no filelock).
 TORCH_PIN = "torch==2.13.0"
+TORCH_CPU_PIN = f"{TORCH_PIN}+cpu"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH_CPU_INSTALL = f"pip install {TORCH_CPU_PIN} --extra-index-url {TORCH_CPU_INDEX}"
 # The top-level modules of the server extra (pyproject.toml), less the base install's; a test
 # keeps the two in step. The CLI itself needs none of them, so --help works without the extra.
 # --engine openai needs the gateway extra's alone (no torch, no transformers).
@@ -380,7 +384,7 @@ def missing_extra_message(missing: Sequence[str], engine: str = "batched") -> st
         )
     return (
         f"wschat-server needs the server extra (missing: {', '.join(missing)}): "
-        f"pip install {TORCH_PIN} --index-url {TORCH_CPU_INDEX} (or the torch build for your "
+        f"{TORCH_CPU_INSTALL} (or the torch build for your "
         'machine), then pip install -e ".[server]" in the wschat checkout'
     )
 

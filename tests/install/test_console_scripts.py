@@ -13,7 +13,7 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
-from wschat.server.runtime.cli import SERVER_EXTRA_MODULES, TORCH_PIN
+from wschat.server.runtime.cli import SERVER_EXTRA_MODULES, TORCH_CPU_INSTALL
 
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import running_server
@@ -105,7 +105,7 @@ async def test_wschat_server_without_its_extra_says_what_to_install_and_exits_2(
     assert len(lines) == 1, result.stderr
     missing = ", ".join(SERVER_EXTRA_MODULES)
     assert lines[0].startswith(f"wschat-server needs the server extra (missing: {missing}): ")
-    assert f"pip install {TORCH_PIN} " in lines[0] and 'pip install -e ".[server]"' in lines[0]
+    assert TORCH_CPU_INSTALL in lines[0] and 'pip install -e ".[server]"' in lines[0]
     assert set(asked) == set(SERVER_EXTRA_MODULES)  # the prelude really hid them
 
 
