@@ -243,6 +243,12 @@ class Settings:
         "clean close, `cancel`, `reset` and shutdown still cancel at once, as does a drop before "
         "the reply's first token; 0: cancelled at once (PROTOCOL.md section 10)",
     )
+    max_replays: int = option(
+        2,
+        "replays of a reply to resumed connections (`?last=N`: what a client missed) written at "
+        "once, server-wide; more wait their turn. One holds a copy of its reply until the peer "
+        "has taken it (the send buffer drained) or the connection ends (`--send-timeout-s`)",
+    )
     session_store: str = option(
         "memory",
         "where a dropped session is kept for `?resume=`: `memory` (this process), or a Redis "

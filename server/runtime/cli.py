@@ -95,6 +95,17 @@ def concurrency(value: str) -> int | None:
     return _count_or_auto(value, "generations", "WSCHAT_MAX_CONCURRENT")
 
 
+def at_least_one(value: str) -> int:
+    """A whole number, 1 or more (a bound on work at once: 0 would let nothing through)."""
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number, 1 or more; got {value!r}")
+    return count
+
+
 def session_store(value: str) -> str:
     """``--session-store``: 'memory' or a Redis URL."""
     if value == "memory" or value.startswith(STORE_SCHEMES):
@@ -141,6 +152,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "max_concurrent": concurrency,
     "threads": thread_count,
     "session_store": session_store,
+    "max_replays": at_least_one,
     "log_level": str.lower,
 }
 # The repeatable options: a field of several values, its flag named for one of them
@@ -211,6 +223,7 @@ _GROUPS: dict[str, tuple[str, ...]] = {
         "send_timeout_s",
         "resume_window_s",
         "resume_grace_s",
+        "max_replays",
     ),
     "network and security": (
         "host",

@@ -9,10 +9,11 @@ connection, a generation slot for good (README "Security and limits"). Here:
   places for the connections still sending theirs.
 - ``BoundedWebSocketProtocol``: a send buffer that stays full for ``send_timeout_s``, or a
   transport still flushing that long after it was closed, aborts the connection; the app sees a
-  disconnect and its generation is cancelled. The app may also drop a connection at once
-  (``DROP_EXTENSION`` in the scope): a resume drops the one it replaces. Pings and pongs are
-  limited to ``frames_per_second`` like messages (each ping queues a pong that a peer that does
-  not read never takes): past it, close 1008. permessage-deflate is not offered
+  disconnect and its generation is cancelled. The app may also drop a connection at once, and
+  wait until what it wrote has left the send buffer (``TRANSPORT_EXTENSION`` in the scope): a
+  resume drops the one it replaces, and a replay holds its turn until the peer took it. Pings
+  and pongs are limited to ``frames_per_second`` like messages (each ping queues a pong that a
+  peer that does not read never takes): past it, close 1008. permessage-deflate is not offered
   (``uvicorn_config``).
 - Every accepted connection gets ``TCP_NODELAY``: a reply is a stream of small frames, and
   without it a frame written while the previous one is unacknowledged waits for the peer's
@@ -39,7 +40,7 @@ from websockets.frames import Frame
 from websockets.http11 import Request
 from wschat.protocol import CloseCode
 
-from ..sessions.connection import DROP_EXTENSION
+from ..sessions.connection import TRANSPORT_EXTENSION
 from ..sessions.quotas import FrameRate
 from ..settings import Settings
 
@@ -229,7 +230,10 @@ class BoundedWebSocketProtocol(StuckPeerGuard, WebSocketsSansIOProtocol):
         super().handle_connect(event)
         extensions = self.scope.get("extensions") if self.response.status_code == 101 else None
         if extensions is not None:
-            extensions[DROP_EXTENSION] = {"drop": _dropper(self.transport)}
+            extensions[TRANSPORT_EXTENSION] = {
+                "drop": _dropper(self.transport),
+                "drained": self.writable.wait,  # set below the low-water mark, and when lost
+            }
 
     # -- messages ---------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from starlette.types import Message
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -52,8 +53,10 @@ log = logging.getLogger("wschat.connection")
 # a peer's close codes that end its reply at once; any other end is a drop (section 10)
 CLEAN_CLOSES = frozenset({CloseCode.NORMAL, CloseCode.GOING_AWAY})
 # The ASGI scope extension under which the transport (runtime/transport.py) gives
-# {"drop": callable}: drops the connection at once, with whatever it has not sent yet.
-DROP_EXTENSION = "wschat.drop"
+# {"drop": callable}: drops the connection at once, with whatever it has not sent yet;
+# {"drained": coroutine function}: returns once what was written has left the send buffer (below
+# its low-water mark) or the connection is gone.
+TRANSPORT_EXTENSION = "wschat.transport"
 
 
 class Connection:
@@ -65,6 +68,10 @@ class Connection:
         self.clean_end = False
         self._send_lock = asyncio.Lock()  # one frame at a time on the socket, in order
         self.outbox = Outbox(self._send_now, hub.stats.count_error)
+        # a message that came while a resume's catch-up waited its turn: handled first after it
+        self._early: Message | None = None
+        # a replay's send buffer draining: its end ends the replay's turn (_drain_then_release)
+        self._draining: asyncio.Future[object] | None = None
         s = hub.settings
         self.rate = FrameRate(s.frames_per_second)
         self.last_frame_at = time.monotonic()
@@ -100,30 +107,89 @@ class Connection:
         catch_up = session.resume(last) if resumed else None
         session.relay.drop_last = self._drop_transport()
         try:
-            await self._open(session, resume_token, catch_up)
-            while not self.closed and await self._handle_next():
-                pass
+            if await self._open(session, resume_token, catch_up):
+                while not self.closed and await self._handle_next():
+                    pass
         except WebSocketDisconnect as e:
             self.clean_end = self.clean_end or e.code in CLEAN_CLOSES
         finally:
             self.closed = True
             await session.disconnect(0.0 if self.clean_end else self._grace_s())
 
-    async def _open(self, session: Session, resume_token: str, catch_up: CatchUp | None) -> None:
-        """``ready``, what a resumed reply's client missed, then the session's frames live."""
+    async def _open(self, session: Session, resume_token: str, catch_up: CatchUp | None) -> bool:
+        """``ready``, what a resumed reply's client missed, then the session's frames live;
+        False when the peer left while the catch-up waited its turn."""
         ready = self._ready(session, resume_token)
         if catch_up is not None:
             resumed = Resumed(session.last_prompt, catch_up.reply, session.chat.turns)
             ready = dataclasses.replace(ready, resumed=resumed)
         await self.send(ready)
-        for frame in catch_up.frames if catch_up else ():
-            await self.send(frame)
+        if catch_up is not None and catch_up.frames:
+            if not await self._replay_turn():
+                return False
+            try:
+                for frame in catch_up.frames:
+                    await self.send(frame)
+            finally:
+                self._drain_then_release()
         await session.relay.attach(self.outbox)
+        return True
+
+    async def _replay_turn(self) -> bool:
+        """Until the catch-up may be written (``hub.replays``): a replay (a token frame of all
+        the client missed, a done that repeats the reply) is a copy of the reply until the peer
+        takes it, so a few are written at once, server-wide. False when the peer left first.
+        Meanwhile messages are read, so a peer that leaves is noticed (the session's next resume
+        waits for the connection holding it to end); the first other message waits for the
+        catch-up (nothing of the session goes before it), and reading stops there."""
+        gate = self.hub.replays
+        if gate.free:  # taken at once: the catch-up follows ready with nothing in between
+            await gate.acquire()
+            return True
+        turn = asyncio.ensure_future(gate.acquire())
+        message: asyncio.Future[Message] | None = None
+        taken = False
+        try:
+            while self._early is None:
+                message = asyncio.ensure_future(self.ws.receive())
+                await asyncio.wait({turn, message}, return_when=asyncio.FIRST_COMPLETED)
+                if not message.done():
+                    break  # the turn came first
+                # handled after the catch-up; a disconnect too, when the turn came with it
+                self._early = message.result()
+                if not turn.done() and self._early["type"] == "websocket.disconnect":
+                    self.clean_end = self._early.get("code") in CLEAN_CLOSES
+                    return False
+            await turn
+            taken = True
+            return True
+        finally:
+            if message is not None and not message.done():
+                message.cancel()  # a queue's get: cancelled, it takes nothing
+            if not taken:
+                turn.cancel()
+                if turn.done() and not turn.cancelled() and turn.exception() is None:
+                    gate.release()  # granted as the peer left
+
+    def _drain_then_release(self) -> None:
+        """The replay's turn ends once the peer has taken it or the connection is gone; the
+        connection goes on meanwhile (it reads the peer's frames, a close among them)."""
+        drained = self._transport("drained")
+        if not callable(drained) or self.closed:
+            self.hub.replays.release()
+            return
+        self._draining = asyncio.ensure_future(drained())
+        self._draining.add_done_callback(lambda _: self.hub.replays.release())
+
+    def _transport(self, name: str) -> Any:
+        """What the transport gives under ``name`` (TRANSPORT_EXTENSION); None where it gives
+        nothing."""
+        extension = (self.ws.scope.get("extensions") or {}).get(TRANSPORT_EXTENSION) or {}
+        return extension.get(name)
 
     def _drop_transport(self) -> Callable[[], None] | None:
         """What drops this connection's transport; None where the server gives nothing."""
-        extension = (self.ws.scope.get("extensions") or {}).get(DROP_EXTENSION) or {}
-        drop = extension.get("drop")
+        drop = self._transport("drop")
         return drop if callable(drop) else None
 
     def _grace_s(self) -> float:
@@ -138,7 +204,7 @@ class Connection:
         """Receive and handle one message; False once the connection is over. The message's
         bytes are let go once decoded, before anything is awaited: held across a send or the
         next receive, they would pin up to twice max_frame_bytes per connection."""
-        message = await self._receive_or_idle()
+        message, self._early = self._early or await self._receive_or_idle(), None
         if message is None:
             return False
         if message["type"] == "websocket.disconnect":

@@ -1,5 +1,6 @@
 """``Hub``: what all connections share: settings, the engine, generation slots, connection
-quotas, server stats and the ``SessionStore`` (store.py: in memory or in Redis)."""
+quotas, the gates of costly work (gates.py), server stats and the ``SessionStore`` (store.py:
+in memory or in Redis)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine import Engine
 from ..settings import UNBATCHED_CONCURRENT, Settings
+from .gates import Gate
 from .quotas import ConnectionCaps
 from .session import DETACHED_STATES, Session
 from .slots import GenerationSlots
@@ -28,6 +30,7 @@ class Hub:
     sessions: SessionStore = field(init=False)
     stats: ServerStats = field(init=False)
     caps: ConnectionCaps = field(init=False)
+    replays: Gate = field(init=False)  # replays to resumed connections being written
     connections: set[Connection] = field(default_factory=set)
     # the sessions of HTTP API requests running or waiting (web/openai_api): never in the store
     requests: set[Session] = field(default_factory=set)
@@ -45,6 +48,7 @@ class Hub:
         self.caps = ConnectionCaps(
             self.settings.max_connections, self.settings.max_connections_per_client
         )
+        self.replays = Gate(self.settings.max_replays)
 
     def set_engine(self, engine: Engine) -> None:
         """The engine, loaded; under ``--max-concurrent auto`` the slots take its batch width

@@ -138,6 +138,14 @@ class _HubCollector(Collector):
         yield _gauge("wschat_generations_running", "Generations decoding now.", hub.slots.running)
         yield _gauge("wschat_generations_queued", "Prompts waiting for a slot.", hub.slots.queued)
         yield _gauge("wschat_sessions_active", "Connected chat sessions.", len(hub.sessions.live))
+        yield _gauge(
+            "wschat_replays_in_flight",
+            "Replays to resumed connections being written (--max-replays).",
+            hub.replays.running,
+        )
+        yield _gauge(
+            "wschat_replays_waiting", "Replays waiting for their turn.", hub.replays.waiting
+        )
         yield _counter(
             "wschat_session_store_errors",
             "Session store operations that failed (Redis unreachable or erroring).",

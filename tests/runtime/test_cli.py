@@ -46,6 +46,7 @@ VALID_SAMPLES = {
     "engine_images": "2",
     "device": "cpu",
     "port": "9000",
+    "max_replays": "5",
 }
 
 
@@ -119,6 +120,11 @@ def test_log_level_ignores_case() -> None:
             [],
             {"WSCHAT_PORT": "eighty"},
             "argument --port: expected a port from 0 to 65535; got 'eighty'",
+        ),
+        (
+            ["--max-replays", "0"],
+            {},
+            "argument --max-replays: expected a whole number, 1 or more; got '0'",
         ),
     ],
 )
