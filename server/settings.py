@@ -170,8 +170,10 @@ class Settings:
         "conversation openings whose KV cache new sessions share (the prompt format's fixed "
         "start and a system prompt: what every conversation with that system prompt begins "
         "with, so its first prompt prefills only what follows), one per system prompt in use, "
-        "least recently used out first, counted in `--kv-budget-mib` (0: none; local engines); "
-        "one with a system prompt is shared only by sessions of the same bearer token",
+        "counted in `--kv-budget-mib` (0: none; local engines); one with a system prompt is "
+        "shared only by sessions of the same bearer token, and past the limit the token that "
+        "holds the most gives up its least recently used (the one without a system prompt "
+        "goes last)",
     )
     max_frame_bytes: int = option(12 * 1024 * 1024, "largest frame accepted")
     max_image_bytes: int = option(10 * 1024 * 1024, "largest image accepted")

@@ -185,3 +185,19 @@ def test_an_opening_serves_only_requests_of_its_scope() -> None:
     bobs = store.take("b", prompt, tuple, "bob")
     assert bobs is not None and bobs is store._openings[("bob", (1, 2, 3))]
     assert bobs is not mine
+
+
+def test_an_owners_openings_evict_its_own_and_the_one_without_a_system_prompt_stays() -> None:
+    store = KVStore(1 << 20, openings=4)
+    store.put_opening(entry(10))  # everyone's: no system prompt
+    store.put_opening(entry(11), "alice")
+    for columns in range(12, 16):  # bob's four system prompts
+        store.put_opening(entry(columns), "bob")
+    assert [(scope, len(ids)) for scope, ids in store._openings] == [
+        ("", 10),
+        ("alice", 11),
+        ("bob", 14),
+        ("bob", 15),
+    ]
+    store.put_opening(entry(16), "carol")  # under its share: bob, over his, gives one up
+    assert [(scope, len(ids)) for scope, ids in store._openings][2:] == [("bob", 15), ("carol", 16)]

@@ -209,6 +209,25 @@ async def test_an_opening_without_a_system_prompt_is_shared_by_every_token(
     assert cached == [0, n, n]
 
 
+async def test_another_tokens_system_prompts_evict_its_own_openings_not_others(
+    transcript_engine: Engine,
+) -> None:
+    """One token's sessions with more system prompts than there are openings give up their own
+    openings: another token's stays, and so does the one without a system prompt."""
+    engine = transcript_engine
+    everyones = len(engine.prompt_format.opening(None))
+    alices = opening_length(engine)
+    async with running_server(engine, tokens=("alice", "bob")) as url:
+        assert await first_prompt(url, "Hi", None, "token=alice") == 0
+        assert await first_prompt(url, "Hi", SYSTEM, "token=alice") == 0
+        for n in range(SHARED_OPENINGS):
+            assert await first_prompt(url, "Yo", f"Rule {n}.", "token=bob") == 0
+        cached = [
+            await first_prompt(url, "Hey", system, "token=alice") for system in (None, SYSTEM)
+        ]
+    assert cached == [everyones, alices]
+
+
 async def test_a_resumed_session_shares_the_openings_of_the_token_that_resumed_it(
     engines: tuple[Engine, Engine],
 ) -> None:

@@ -14,18 +14,21 @@ Besides the sessions' entries it keeps a few openings (``put_opening``): the KV 
 every conversation with one prompt format and system prompt starts with
 (``GenerationRequest.opening``), shared read-only by every session of its scope
 (``GenerationRequest.opening_scope``: everyone's without a system prompt, its owner's with one)
-whose prompt starts with them: a new session prefills only what follows its opening.
+whose prompt starts with them: a new session prefills only what follows its opening. Past
+their limit an owner's system prompts evict its own openings (``shares``), and the one without
+a system prompt goes last.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..base import KVUsage
+from ..shares import share_victim
 
 if TYPE_CHECKING:
     import torch
@@ -226,7 +229,7 @@ class KVStore:
     def put_opening(self, entry: CachedPrefix, scope: str = "") -> None:
         """Keep ``entry`` (no marks) as an opening shared by every session of ``scope`` whose
         prompt starts with its ids; one already kept for them stays as it is. Past ``openings``
-        of them, all scopes together, the least recently used goes."""
+        of them, all scopes together, one goes (``_opening_victim``)."""
         if self.openings <= 0 or entry.nbytes > self.budget_bytes:
             return
         entry.shared = True
@@ -236,8 +239,18 @@ class KVStore:
                 return
             self._openings[key] = entry
             while len(self._openings) > self.openings:
-                self._openings.popitem(last=False)
+                del self._openings[self._opening_victim()]
             self._fit()
+
+    def _opening_victim(self) -> tuple[str, tuple[int, ...]]:
+        """The opening that goes when there are too many (the lock held): the least recently
+        used of the owner (scope) holding the most, so that an owner's system prompts evict its
+        own; the one without a system prompt, everyone's, only where no other is left."""
+        held = Counter(scope for scope, _ in self._openings)
+        owned = [(key, key[0]) for key in self._openings if key[0]]
+        victim = share_victim(owned or [(key, key[0]) for key in self._openings], held)
+        assert victim is not None  # over the limit: something is kept
+        return victim
 
     def _fit(self) -> None:
         """Under the budget again (the lock held). Over it, marks go before any entry (a whole

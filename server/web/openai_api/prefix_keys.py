@@ -7,18 +7,19 @@ the longest prefix with the new prompt. The engine's KV store holds the state un
 budget (``--kv-budget-mib``), evicting the least recently used across sessions and these keys
 alike; this index only says which key to try. A key serves one request at a time, and only
 requests of the same owner (the bearer token): whether a prefix is cached says something about
-what another client sent.
+what another client sent. The keys are shared per owner (``engine/shares.py``): once they run
+out, the owner that holds the most gives up its least recently used.
 """
 
 from __future__ import annotations
 
 import secrets
 from array import array
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ...engine import common_prefix
+from ...engine import common_prefix, share_victim
 
 # Keys kept: each remembers at most a context of ids (4 bytes each)
 MAX_KEYS = 128
@@ -79,10 +80,15 @@ class CacheKeys:
 
     def _new_key(self, owner: str) -> str:
         if len(self._entries) >= self.max_keys:
-            idle = next((k for k, e in self._entries.items() if not e.busy), None)
-            if idle is not None:  # the least recently used; all busy: one more for a while
-                self._entries.pop(idle)
-                self._forget(idle)
+            held = Counter(entry.owner for entry in self._entries.values())
+            held[owner] += 1  # the key it takes now
+            idle = ((k, e.owner) for k, e in self._entries.items() if not e.busy)
+            # the least recently used of the owner holding the most: a client's many requests
+            # evict its own keys, not another's; all busy: one more for a while
+            victim = share_victim(idle, held)
+            if victim is not None:
+                self._entries.pop(victim)
+                self._forget(victim)
         key = f"api-{secrets.token_hex(8)}"
         self._entries[key] = _Entry(owner)
         return key
