@@ -42,6 +42,7 @@ from .errors import (
 )
 from .frames import (
     ABSENT,
+    HISTORY_SERIES,
     Cancel,
     Capabilities,
     ClientFrame,
@@ -79,6 +80,7 @@ __all__ = [
     "BEARER_PREFIX",
     "CHAT_PATH",
     "DEFAULT_LIMITS",
+    "HISTORY_SERIES",
     "MODEL_LOADING_REASON",
     "SERVER_FRAME_LIMITS",
     "SESSION_HEADER",

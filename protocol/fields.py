@@ -54,3 +54,21 @@ def as_id(value: object, name: str = "id") -> str:
     if not 1 <= len(text) <= MAX_ID_CHARS:
         raise BadFrame(f"{name} must be 1 to {MAX_ID_CHARS} characters")
     return text
+
+
+def as_series(
+    value: object, name: str, keys: tuple[str, ...]
+) -> dict[str, tuple[float | None, ...]]:
+    """A map of ``keys`` (each present; others ignored) to lists of equal length of numbers or
+    nil: samples in columns (``stats.history``)."""
+    if not isinstance(value, dict):
+        raise BadFrame(f"{name} must be a map")
+    series: dict[str, tuple[float | None, ...]] = {}
+    for key in keys:
+        column = value.get(key)
+        if type(column) is not list:
+            raise BadFrame(f"{name}.{key} must be a list")
+        series[key] = tuple(None if v is None else as_float(v, name, BadFrame) for v in column)
+    if len({len(column) for column in series.values()}) > 1:
+        raise BadFrame(f"{name}'s lists must be of one length")
+    return series

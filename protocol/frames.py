@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Self
 
 from .constants import ErrorCode, FinishReason, FrameType
 from .errors import BadFrame, InvalidParams
-from .fields import as_bool, as_bytes, as_float, as_id, as_int, as_str
+from .fields import as_bool, as_bytes, as_float, as_id, as_int, as_series, as_str
 from .params import GenerationParams, parse_params
 
 
@@ -291,6 +291,7 @@ class Ready(Frame):
     engine: str | None = spec(optional(_str), default=None)
     prompt_format: str | None = spec(optional(_str), default=None)
     resumed: Resumed | None = spec(optional(_nested(Resumed)), default=None)
+    about: str | None = spec(optional(_str), default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,9 +390,14 @@ class GoAway(Frame):
     in_ms: int = spec(required(_int))
 
 
+# ``stats.history``'s series: what the dashboard charts, one sample a second
+HISTORY_SERIES = ("tokens_per_s", "running", "queued", "sessions", "ttft_p50_ms", "ttft_p95_ms")
+
+
 @dataclass(frozen=True, slots=True)
 class Stats(Frame):
-    """Dashboard snapshot, one a second on ``/v1/stats``."""
+    """Dashboard snapshot, one a second on ``/v1/stats``; the first a socket gets carries the
+    last minutes' samples (``history``)."""
 
     TYPE = FrameType.STATS
     sessions: int = spec(required(_int))
@@ -411,6 +417,9 @@ class Stats(Frame):
     kv_budget_bytes: int | None = spec(optional(_int), default=None)
     rewinds: int | None = spec(optional(_int), default=None)
     regenerates: int | None = spec(optional(_int), default=None)
+    history: dict[str, tuple[float | None, ...]] | None = spec(
+        optional(lambda v, k: as_series(v, k, HISTORY_SERIES)), default=None
+    )
 
 
 ServerFrame = (

@@ -164,6 +164,9 @@ class EngineInfo:
     fingerprint: str = ""
     # An engine over HTTP (engine/openai): /readyz says this instead of a device and a dtype
     remote: RemoteEngine | None = None
+    # What the model can and cannot do, in one line, where it is known (``ready.about``; the
+    # runtime sets it for the embedded model: embedded.EMBEDDED_ABOUT)
+    about: str = ""
 
 
 def fingerprint(*parts: Any) -> str:

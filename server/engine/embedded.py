@@ -12,6 +12,18 @@ import fcntl
 from collections.abc import Iterator
 from pathlib import Path
 
+# Plain questions the embedded model answered right, of those asked: the committed answer-rate
+# measurement's (`python -m bench.answers`, bench/results/answers.json: the default variant's new
+# set, less its statements, which are not questions). When that file is measured again, this is
+# the one line to change; tests/engine/test_embedded.py compares the two.
+EMBEDDED_ANSWERED = (17, 47)
+# What it can and cannot do, in the one line a client shows before the first message
+# (``ready.about``)
+EMBEDDED_ABOUT = (
+    f"A small base model: {EMBEDDED_ANSWERED[0]} of {EMBEDDED_ANSWERED[1]} plain questions right "
+    "in our test. Expect mistakes; no code or long reasoning."
+)
+
 
 @contextlib.contextmanager
 def cache_lock(path: Path) -> Iterator[None]:

@@ -3,11 +3,13 @@ own) or connected (an OpenAI-compatible server)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import Any
 
 from ..engine import Engine
+from ..engine.embedded import EMBEDDED_ABOUT
 from ..settings import ENGINES, UNBATCHED_CONCURRENT, Settings
 from .redaction import install_log_filters
 
@@ -15,6 +17,15 @@ log = logging.getLogger("wschat.serve")
 
 
 def make_engine(settings: Settings) -> Engine:
+    """The engine the settings name, with what its model can do said where it is the embedded
+    one (``EngineInfo.about``)."""
+    engine = _make_engine(settings)
+    if settings.model == "embedded" and settings.engine != "openai":
+        engine.info = dataclasses.replace(engine.info, about=EMBEDDED_ABOUT)
+    return engine
+
+
+def _make_engine(settings: Settings) -> Engine:
     """The engine ``settings.engine`` names: 'batched' (BatchedEngine) or 'generate' (HFEngine).
 
     Loading runs in a thread of its own that exits once it is done. OpenMP keeps a pool of

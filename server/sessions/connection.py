@@ -302,4 +302,5 @@ class Connection:
             ),
             engine=info.name,
             prompt_format=info.prompt_format or None,
+            about=info.about or None,
         )

@@ -140,9 +140,11 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
             loader = asyncio.create_task(_load(app, hub, engine))
         else:
             hub.set_engine(engine)
+        sampler = asyncio.create_task(stats_feed.sample_forever())
         try:
             yield
         finally:
+            sampler.cancel()
             if loader is not None:
                 loader.cancel()
             await hub.aclose()

@@ -1,5 +1,7 @@
 """What ``/v1/stats`` sends: a ``Stats`` frame built from the hub, with a table of live sessions,
-and ``StatsFeed``, which serves it to every subscriber.
+and ``StatsFeed``, which serves it to every subscriber and keeps the last minutes of what the
+dashboard charts (one sample a second, whether anyone watches), sent with a socket's first frame
+so that a dashboard opened now does not start blank.
 
 Session keys never leave the server as they are: the table names a session by a short hash of
 its key (the same key the chat client sees as ``ready.session``, so an operator can match a row
@@ -10,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
-from wschat.protocol import CloseCode, Stats, encode
+from wschat.protocol import HISTORY_SERIES, CloseCode, Stats, encode
 
 from ..sessions.session import Session
 from ..sessions.stats import OPENAI_API, WEBSOCKET
@@ -25,6 +29,8 @@ if TYPE_CHECKING:
     from ..sessions.hub import Hub
 
 MAX_TABLE_ROWS = 200
+# samples kept for a new dashboard's charts, one each interval: the 3 minutes a chart spans
+HISTORY_SAMPLES = 180
 _STATE_ORDER = {"running": 0, "queued": 1, "idle": 2, "closed": 3}
 
 
@@ -82,10 +88,23 @@ def snapshot(hub: Hub) -> Stats:
     )
 
 
+def sample(hub: Hub) -> tuple[float | None, ...]:
+    """What the dashboard charts now, in ``HISTORY_SERIES``' order."""
+    p50, p95 = hub.stats.ttft_percentiles()
+    return (
+        hub.stats.tokens_per_s(),
+        hub.slots.running,
+        hub.slots.queued,
+        len(hub.sessions.live),
+        p50,
+        p95,
+    )
+
+
 class StatsFeed:
-    """Every ``/v1/stats`` socket gets a ``stats`` frame at once and then one each
-    ``interval_s``; the snapshot is built and encoded once per interval whatever the number of
-    subscribers, and the sockets are known so that a shutdown closes them with 1001."""
+    """Every ``/v1/stats`` socket gets a ``stats`` frame at once, with the history, and then one
+    each ``interval_s``; the snapshot is built and encoded once per interval whatever the number
+    of subscribers, and the sockets are known so that a shutdown closes them with 1001."""
 
     def __init__(
         self, hub: Hub, interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic
@@ -93,16 +112,34 @@ class StatsFeed:
         self.hub = hub
         self.interval_s = interval_s
         self._clock = clock
+        self._snapshot: Stats | None = None
         self._frame: bytes | None = None
         self._built_at = 0.0
         self.sockets: set[WebSocket] = set()
+        # one sample an interval (``sample_forever``), oldest first; bounded
+        self.samples: deque[tuple[float | None, ...]] = deque(maxlen=HISTORY_SAMPLES)
 
     def frame(self) -> bytes:
         """The latest snapshot, encoded; rebuilt once it is ``interval_s`` old."""
         now = self._clock()
         if self._frame is None or now - self._built_at >= self.interval_s:
-            self._frame, self._built_at = encode(snapshot(self.hub)), now
+            self._snapshot = snapshot(self.hub)
+            self._frame, self._built_at = encode(self._snapshot), now
         return self._frame
+
+    def first_frame(self) -> bytes:
+        """The latest snapshot with the samples kept: what a new socket gets first."""
+        self.frame()
+        assert self._snapshot is not None
+        columns = [tuple(s[i] for s in self.samples) for i in range(len(HISTORY_SERIES))]
+        history = dict(zip(HISTORY_SERIES, columns, strict=True))
+        return encode(dataclasses.replace(self._snapshot, history=history))
+
+    async def sample_forever(self) -> None:
+        """Keep a sample each ``interval_s`` until cancelled (the app's lifespan runs it)."""
+        while True:
+            self.samples.append(sample(self.hub))
+            await asyncio.sleep(self.interval_s)
 
     async def serve(self, websocket: WebSocket) -> None:
         """Stream to an accepted socket until the peer leaves or ``close_all``."""
@@ -119,12 +156,14 @@ class StatsFeed:
 
         reader = asyncio.create_task(read_until_gone())
         self.sockets.add(websocket)
+        first = True
         try:
             while not gone.is_set():
                 if self.hub.shutting_down:
                     await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
                     break
-                await websocket.send_bytes(self.frame())
+                await websocket.send_bytes(self.first_frame() if first else self.frame())
+                first = False
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.interval_s):
                         await gone.wait()

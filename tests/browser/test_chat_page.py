@@ -3,6 +3,7 @@ keyboard and scrolling, as a reader uses them."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,30 @@ async def test_autoscroll_follows_the_reply_until_the_reader_scrolls_up(
 def _contains(haystack: list[int], needle: list[int]) -> bool:
     n = len(needle)
     return any(haystack[i : i + n] == needle for i in range(len(haystack) - n + 1))
+
+
+ABOUT = "A scripted test model: it says what it is told to."
+
+
+async def test_an_empty_conversation_says_what_the_model_can_do_until_it_starts(
+    new_page: NewPage,
+) -> None:
+    engine = ScriptedEngine(in_turn(words(3)))
+    engine.info = dataclasses.replace(engine.info, about=ABOUT)
+    async with running_server(engine) as url:
+        chat = await ChatPage(await new_page(), http_base(url)).open()
+        about = chat.page.locator("#about")
+        await expect(about).to_have_text(ABOUT)
+        await expect(about).to_be_visible()
+        assert await chat.finished(await chat.send("hi")) == "stop"
+        await expect(about).to_be_hidden()
+        await chat.page.get_by_role("button", name="New conversation").click()
+        await expect(about).to_be_visible()
+
+
+async def test_a_model_the_server_says_nothing_of_gets_a_plain_warning(new_page: NewPage) -> None:
+    async with running_server(ScriptedEngine()) as url:
+        chat = await ChatPage(await new_page(), http_base(url)).open()
+        await expect(chat.page.locator("#about")).to_have_text(
+            "Replies come from scripted, a language model: they can be wrong."
+        )

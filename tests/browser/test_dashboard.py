@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import httpx
 import pytest
 from playwright.async_api import expect
 from wschat.server.engine.base import KVUsage
+from wschat.server.engine.local.loader import EMBEDDED_NAME
 
 from tests.fakes.scripted import ScriptedEngine
 from tests.prometheus import samples
@@ -89,10 +91,16 @@ async def test_dashboard_says_its_token_counts_are_per_session_and_the_kv_tile_i
 
 @pytest.mark.parametrize("width", [PHONE["width"], 320])
 async def test_dashboard_fits_a_phone_screen(new_page: NewPage, width: int) -> None:
-    async with running_server(KeepingEngine(in_turn(words(5)))) as url:
+    engine = KeepingEngine(in_turn(words(5)))
+    engine.info = dataclasses.replace(engine.info, model=EMBEDDED_NAME)
+    async with running_server(engine) as url:
         dashboard = await new_page(viewport={**PHONE, "width": width}, is_mobile=True)
         await dashboard.goto(http_base(url) + "/dashboard")
         await expect(dashboard.locator("#t-kv")).to_contain_text("1,234,567 tokens")
+        # the model's name whole (it was cut to one letter at 390 px)
+        model = dashboard.locator("#model")
+        await expect(model).to_have_text(EMBEDDED_NAME)
+        assert await shown_whole(model, width)
         wide = await dashboard.evaluate(
             """(w) => [...document.querySelectorAll('body *')]
                  .filter((e) => e.getBoundingClientRect().right > w + 0.5)
@@ -143,3 +151,21 @@ async def test_metrics_counters_move_after_a_generation(new_page: NewPage) -> No
     assert after["wschat_inter_token_latency_seconds_count"] == 7
     assert after["wschat_sessions_active"] == 1
     assert after["wschat_model_info{device=cpu,dtype=none,model=scripted}"] == 1
+
+
+async def test_a_dashboard_opened_after_a_reply_charts_the_seconds_before_it(
+    new_page: NewPage,
+) -> None:
+    engine = ScriptedEngine(in_turn(words(30, delay_s=0.1)))
+    async with running_server(engine) as url:
+        async with raw_peer(url) as (peer, _):  # about 3 s of tokens, sampled each second
+            await peer.send({"type": "prompt", "id": "a", "text": "hi"})
+            await peer.recv_until("done")
+        dashboard = await new_page()
+        await dashboard.goto(http_base(url) + "/dashboard")
+        body = dashboard.locator("body")
+        await expect(body).to_have_attribute("data-history", re.compile(r"^[1-9]\d*$"))
+        history = int(await body.get_attribute("data-history") or 0)
+        charted = await dashboard.locator("#c-tokens").get_attribute("data-samples")
+    assert history >= 2
+    assert int(charted or 0) >= history + 1  # the samples before, then the frames since

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from playwright.async_api import expect
+from wschat.server.engine.embedded import EMBEDDED_ABOUT, EMBEDDED_ANSWERED
 
 from tests.support import running_server
 
@@ -27,10 +28,11 @@ WATCH_GROWTH = """() => {
 
 
 def embedded_engine() -> object:
-    from wschat.server.engine.local.hf import HFEngine
-    from wschat.server.engine.local.loader import load_model
+    """The embedded model as the runtime builds it (``make_engine``: its ``about`` line too)."""
+    from wschat.server.runtime.engines import make_engine
+    from wschat.server.settings import Settings
 
-    return HFEngine(load_model("embedded"))
+    return make_engine(Settings(engine="generate"))
 
 
 async def test_embedded_gemma_streams_a_reply_into_the_page(
@@ -41,6 +43,10 @@ async def test_embedded_gemma_streams_a_reply_into_the_page(
     async with running_server(engine) as url:  # type: ignore[arg-type]
         chat = await ChatPage(await new_page(), http_base(url)).open()
         await expect(chat.page.locator("#model")).to_contain_text("gemma")
+        # the empty page says what the model can do, with its measured answer rate
+        about = chat.page.locator("#about")
+        await expect(about).to_have_text(EMBEDDED_ABOUT)
+        await expect(about).to_contain_text(f"{EMBEDDED_ANSWERED[0]} of {EMBEDDED_ANSWERED[1]}")
         await chat.page.evaluate(WATCH_GROWTH)
         reply = await chat.send("What is the capital of France?")
         # the base model answers in one line and ends it itself, before any length limit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import msgpack
 import pytest
@@ -132,3 +133,12 @@ async def test_healthz_and_readyz_answer() -> None:
             ready = (await http.get(f"{base}/readyz")).json()
         assert ready["ready"] is True and ready["engine"] == "scripted"
     await asyncio.sleep(0)
+
+
+async def test_ready_says_what_the_model_can_do_where_the_server_knows() -> None:
+    engine = ScriptedEngine()
+    engine.info = dataclasses.replace(engine.info, about="A scripted model: replies are fixed.")
+    async with running_server(engine) as url, raw_peer(url) as (_, ready):
+        assert ready["about"] == "A scripted model: replies are fixed."
+    async with running_server(ScriptedEngine()) as url, raw_peer(url) as (_, ready):
+        assert "about" not in ready

@@ -11,6 +11,10 @@ import pytest
 import websockets
 from prometheus_client.parser import text_string_to_metric_families
 from websockets.typing import Origin, Subprotocol
+from wschat.protocol import HISTORY_SERIES, Stats, decode_server_frame
+from wschat.server.sessions.hub import Hub
+from wschat.server.settings import Settings
+from wschat.server.web.stats_feed import HISTORY_SAMPLES, StatsFeed, sample
 
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.prometheus import samples
@@ -195,3 +199,29 @@ async def test_stats_socket_refuses_an_origin_outside_the_allow_list() -> None:
         finally:
             async with asyncio.timeout(TIMEOUT):
                 await ws.close()
+
+
+async def test_a_new_stats_socket_gets_the_seconds_before_it_in_its_first_frame() -> None:
+    engine = ScriptedEngine(lambda request: Script([f" w{i}" for i in range(30)], delay_s=0.1))
+    async with running_server(engine) as url:
+        async with raw_peer(url) as (peer, _):  # about 3 s of tokens, sampled each second
+            await peer.send({"type": "prompt", "id": "a", "text": "hi"})
+            await peer.recv_until("done")
+        async with stats_socket(url) as ws:
+            first, second = await next_stats(ws), await next_stats(ws)
+    assert first.history is not None and second.history is None
+    assert list(first.history) == list(HISTORY_SERIES)
+    lengths = {len(series) for series in first.history.values()}
+    assert len(lengths) == 1 and 2 <= lengths.pop() <= HISTORY_SAMPLES
+    assert max(v or 0 for v in first.history["tokens_per_s"]) > 0  # the reply was sampled
+    assert all(v is not None for v in first.history["running"])
+
+
+async def test_the_samples_kept_for_new_dashboards_are_bounded() -> None:
+    hub = Hub(Settings())
+    feed = StatsFeed(hub)
+    for _ in range(3 * HISTORY_SAMPLES):
+        feed.samples.append(sample(hub))
+    history = decode_server_frame(feed.first_frame())
+    assert isinstance(history, Stats) and history.history is not None
+    assert {len(series) for series in history.history.values()} == {HISTORY_SAMPLES}

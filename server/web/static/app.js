@@ -8,7 +8,7 @@ import { Transcript } from "./transcript.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
-  conn: $("conn"), model: $("model"), notices: $("notices"), input: $("input"),
+  conn: $("conn"), model: $("model"), about: $("about"), notices: $("notices"), input: $("input"),
   send: $("send"), stop: $("stop"), reset: $("new"), attach: $("attach"), file: $("file"),
   composer: $("composer"), tokenForm: $("token-form"), token: $("token"),
   tokenMessage: $("token-message"), systemForm: $("system-form"), system: $("system"),
@@ -286,6 +286,8 @@ const handlers = {
     document.body.dataset.session = f.session;
     ui.model.textContent = f.model;
     ui.model.title = f.model; // the header may cut it short
+    // what the model can and cannot do, above an empty conversation (the server's line)
+    ui.about.textContent = f.about || `Replies come from ${f.model}, a language model: they can be wrong.`;
     ui.tokenForm.hidden = true;
     setConnection(ui.conn, "connected", "Connected");
     applyLimits(f);

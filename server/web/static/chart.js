@@ -15,12 +15,24 @@ export class LineChart {
   }
 
   push(values) {
+    this.add(values);
+    this.draw();
+  }
+
+  // Several samples at once (a new dashboard's history), oldest first, drawn once.
+  extend(rows) {
+    rows.forEach((values) => this.add(values));
+    this.draw();
+  }
+
+  add(values) {
     values.forEach((v, i) => {
       const points = this.series[i];
       points.push(v === null || v === undefined ? null : Number(v));
       if (points.length > this.capacity) points.shift();
     });
-    this.draw();
+    // how many samples it holds, for a reader of the page (the canvas shows them)
+    this.canvas.dataset.samples = String(Math.max(...this.series.map((p) => p.length)));
   }
 
   draw() {

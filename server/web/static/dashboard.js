@@ -66,6 +66,16 @@ function show(stats) {
   showSessions(stats.live || []);
 }
 
+// The samples of the last minutes a socket's first frame carries (PROTOCOL.md "stats"), so the
+// charts do not start blank; servers before history send none.
+function showHistory(h) {
+  const rows = (...names) => h[names[0]].map((_, i) => names.map((n) => h[n][i]));
+  charts.tokens.extend(rows("tokens_per_s"));
+  charts.generations.extend(rows("running", "queued", "sessions"));
+  charts.ttft.extend(rows("ttft_p50_ms", "ttft_p95_ms"));
+  document.body.dataset.history = String(h.tokens_per_s.length);
+}
+
 function cell(text, className) {
   const td = document.createElement("td");
   td.textContent = text;
@@ -110,7 +120,9 @@ function connect() {
   };
   ws.onmessage = (event) => {
     const frame = readFrame(event);
-    if (frame.type === "stats") show(frame);
+    if (frame.type !== "stats") return;
+    if (frame.history) showHistory(frame.history);
+    show(frame);
   };
   ws.onclose = async () => {
     if (socket !== ws) return;
