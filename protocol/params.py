@@ -26,6 +26,7 @@ class GenerationParams:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     repetition_penalty: float | None = None
     stop: tuple[str, ...] | None = None
     seed: int | None = None
@@ -76,6 +77,12 @@ def _top_k(value: object) -> int:
     return k
 
 
+def _min_p(value: object) -> float:
+    p = as_float(value, "min_p")
+    _in_range("min_p", p, 0.0, 1.0)
+    return p
+
+
 def _repetition_penalty(value: object) -> float:
     r = as_float(value, "repetition_penalty")
     _in_range("repetition_penalty", r, 0.0, 2.0, low_open=True)
@@ -112,6 +119,7 @@ _CHECKS: dict[str, Callable[[object], Any]] = {
     "temperature": _temperature,
     "top_p": _top_p,
     "top_k": _top_k,
+    "min_p": _min_p,
     "repetition_penalty": _repetition_penalty,
     "stop": _stop,
     "seed": _seed,

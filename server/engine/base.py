@@ -54,6 +54,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None

@@ -490,6 +490,7 @@ class Session:
             temperature=0.0 if p.temperature is None else p.temperature,
             top_p=1.0 if p.top_p is None else p.top_p,
             top_k=p.top_k or 0,
+            min_p=p.min_p or 0.0,
             repetition_penalty=p.repetition_penalty or 1.0,
             stop=p.stop or (),
             seed=p.seed,

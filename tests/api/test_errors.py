@@ -44,6 +44,7 @@ CHAT_REFUSALS = [
     (chat(logit_bias={"1": 5}), 400, "unsupported", "logit_bias"),
     (chat(response_format={"type": "json_object"}), 400, "unsupported", "response_format"),
     (chat(temperature=3), 400, "invalid_params", "temperature"),
+    (chat(min_p=1.5), 400, "invalid_params", "min_p"),
     (chat(max_tokens=65), 400, "invalid_params", None),
     (chat(max_completion_tokens=0), 400, "invalid_params", "max_completion_tokens"),
     (chat(stop=[""]), 400, "invalid_params", "stop"),

@@ -93,6 +93,20 @@ async def test_completions_take_a_prompt_string_or_token_ids(tiny_engine: HFEngi
     assert from_ids.choices[0].finish_reason == "length"
 
 
+async def test_every_sampling_field_of_a_request_reaches_the_engine() -> None:
+    engine = ScriptedEngine()
+    fields = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "seed": 9}
+    async with running_server(engine) as url, httpx.AsyncClient(timeout=TIMEOUT) as http:
+        answer = await http.post(
+            f"{http_base(url)}/v1/chat/completions",
+            json=body(repetition_penalty=1.1, max_tokens=4, **fields),
+        )
+    assert answer.status_code == 200
+    params = engine.requests[0].params
+    assert {name: getattr(params, name) for name in fields} == fields
+    assert params.repetition_penalty == 1.1 and params.max_new_tokens == 4
+
+
 async def test_the_model_list_names_the_model_served() -> None:
     async with running_server(ScriptedEngine()) as url, async_client(url) as client:
         models = await client.models.list()

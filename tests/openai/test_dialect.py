@@ -151,6 +151,11 @@ def test_every_sampling_field_llama_cpp_reads_is_sent() -> None:
             ["penalties", "top_k", "temperature", "top_p"],
             50,
         ),
+        (
+            SamplingParams(8, temperature=0.8, top_p=0.95, min_p=0.05),
+            ["temperature", "top_p", "min_p"],
+            0,
+        ),
     ],
 )
 def test_the_sampler_chain_holds_only_the_samplers_that_act(
@@ -158,6 +163,7 @@ def test_the_sampler_chain_holds_only_the_samplers_that_act(
 ) -> None:
     fields = LLAMA.sampling(params, stop=[], stop_token_ids=[])
     assert fields["samplers"] == chain and fields["top_k"] == top_k
+    assert fields["min_p"] == params.min_p
 
 
 @pytest.mark.parametrize(("seed", "sent"), [(None, -1), (7, 7), (-1, (1 << 32) - 2)])

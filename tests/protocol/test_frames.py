@@ -171,6 +171,7 @@ params = st.builds(
     temperature=st.none() | st.floats(0, 2),
     top_p=st.none() | st.floats(0, 1, exclude_min=True),
     top_k=st.none() | st.integers(0, 1000),
+    min_p=st.none() | st.floats(0, 1),
     repetition_penalty=st.none() | st.floats(0, 2, exclude_min=True),
     stop=st.none() | st.lists(st.text(min_size=1, max_size=64), max_size=4).map(tuple),
     seed=st.none() | st.integers(-(2**63), 2**64 - 1),

@@ -115,6 +115,7 @@ param_names = st.sampled_from(
         "temperature",
         "top_p",
         "top_k",
+        "min_p",
         "repetition_penalty",
         "stop",
         "seed",

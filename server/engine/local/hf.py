@@ -65,7 +65,7 @@ from .kvstore import (
 )
 from .loader import LoadedModel
 from .memory import give_back, out_of_memory
-from .sampling import penalize, tempered
+from .sampling import Filters, penalize, row_generator, sample
 from .streamer import StopWhen, TokenStreamer, cancel_or_stop
 from .threads import ThreadPolicy
 
@@ -307,8 +307,6 @@ class HFEngine:
         kwargs = _sampling_kwargs(params)
         if self._images is not None:
             kwargs |= self._images.model_inputs(input_ids, request.images, cached, self.model)
-        if params.seed is not None:
-            torch.manual_seed(params.seed)
         with torch.inference_mode():
             out = self.model.generate(
                 input_ids=input_ids,
@@ -355,32 +353,54 @@ class HFEngine:
 
 
 def _sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
-    # The penalty and temperature are _SafeScores'; 1.0 keeps generate's own out of it, whatever
-    # the model's generation_config says.
-    kwargs: dict[str, Any] = {
+    # generate picks greedily from the scores the processors leave: the penalty's, then
+    # _Draw's (one finite score, the drawn token). 1.0 and None keep generate's own penalty and
+    # warpers out of it, whatever the model's generation_config says.
+    processors: list[LogitsProcessor] = []
+    if params.repetition_penalty != 1.0:
+        processors.append(_Penalty(params.repetition_penalty))
+    if params.temperature > 0:
+        processors.append(_Draw(params))
+    return {
         "temperature": 1.0,
         "repetition_penalty": 1.0,
-        "logits_processor": LogitsProcessorList([_SafeScores(params)]),
+        "do_sample": False,
+        "top_k": None,
+        "top_p": None,
+        "min_p": None,
+        "logits_processor": LogitsProcessorList(processors),
     }
-    if params.temperature == 0:
-        return kwargs | {"do_sample": False, "top_k": None, "top_p": None}
-    return kwargs | {"do_sample": True, "top_p": params.top_p, "top_k": params.top_k}
 
 
-class _SafeScores(LogitsProcessor):
-    """The repetition penalty and temperature of sampling.py, safe for every value the protocol
-    allows, in place of generate's own (which turn the extremes into NaN). Generate runs it
-    before its top-k and top-p warpers, in generate's order."""
+class _Penalty(LogitsProcessor):
+    """The repetition penalty of sampling.py, safe for every value the protocol allows, in
+    place of generate's own (which turns the extremes into NaN)."""
+
+    def __init__(self, penalty: float) -> None:
+        self.penalty = penalty
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return penalize(scores, input_ids, self.penalty)
+
+
+class _Draw(LogitsProcessor):
+    """sampling.py's draw (temperature, top-k, top-p, min-p; no sort of the vocabulary, its
+    own seeded generator) in place of generate's warpers and multinomial: every score but the
+    drawn token's becomes -inf, and generate's greedy pick takes it."""
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
+        self.filters = Filters.of(params)
+        self.generator: torch.Generator | None = None
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.params.repetition_penalty != 1.0:
-            scores = penalize(scores, input_ids, self.params.repetition_penalty)
-        if self.params.temperature > 0:
-            scores = tempered(scores, self.params.temperature)
-        return scores
+        if self.generator is None:
+            self.generator = row_generator(self.params, scores.device)
+        picked = [sample(row.float(), self.filters, self.generator) for row in scores]
+        out = torch.full_like(scores, -torch.inf)
+        rows = torch.arange(len(picked), device=scores.device)
+        out[rows, torch.tensor(picked, device=scores.device)] = 0.0
+        return out
 
 
 class _OpeningCopy:

@@ -1,14 +1,24 @@
 """Per-row token choice for a batch: each row its own parameters and random generator.
 
 The order of operations is ``generate``'s: repetition penalty over every token of the sequence
-(prompt included), then temperature, top-k and top-p (nucleus), then a draw. A row's draws come
-from its own ``torch.Generator``, so a seeded request gives the same tokens whatever else shares
-its batch.
+(prompt included), then temperature, top-k, top-p (nucleus) and min-p, then a draw. A row's
+draws come from its own ``torch.Generator``, so a seeded request gives the same tokens whatever
+else shares its batch.
 
 A row's pick holds up every row of its pass, so no setting may make it cost much more than a
-greedy pick: top-k is taken before the temperature (k logits to scale, not the vocabulary), the
-nucleus is found without sorting the vocabulary (``nucleus``), and the draw inverts a running
-sum (``draw``) where ``torch.multinomial`` over a vocabulary takes ~100x longer on CPU.
+greedy pick, and no pick sorts the vocabulary (262,144 entries for Gemma 3). Every filter keeps
+the most probable tokens down to a cut, so what a draw may pick is every logit at or above one
+value (``kept``). That value is found in a window: every logit at or above the ``WINDOW``-th
+largest block maximum, which holds at least ``WINDOW`` tokens and is found from the block
+maxima, not by ``topk`` over the vocabulary (``window``). top-k and min-p cut inside it always;
+top-p does when the window's mass reaches ``top_p`` of the whole vocabulary's (a
+log-sum-exp), and otherwise (a flat distribution) finds its cut from a histogram of the
+weights (``_nucleus_cut``). The draw inverts a running sum over the kept tokens in vocabulary
+order (``draw``), where ``torch.multinomial`` over a vocabulary takes ~100x longer on CPU.
+
+Ties at a cut are kept together (top-k as transformers' ``TopKLogitsWarper``: every logit at
+or above the k-th), so the kept set is a function of the logits alone, whatever order a sort
+would put equal values in.
 
 Every value PROTOCOL.md "params" allows is safe in float32 (``penalize``, ``tempered``): a
 temperature or penalty near zero divides logits into infinities, and one that rounds to 0.0
@@ -22,14 +32,18 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from ..base import SamplingParams
 
-NUCLEUS_CANDIDATES = 1024
-_BUCKET_SHIFT = 20  # float32 bits >> 20: the exponent and 3 bits of mantissa
-_BUCKETS = 1 << (31 - _BUCKET_SHIFT)  # of a non-negative float32
+WINDOW = 1024  # tokens at least in the window a cut is looked for in first (vLLM's top-k window)
+_WINDOW_BLOCK = 32  # the window's blocks: 8,192 of them for Gemma 3's vocabulary
+_ARGMAX_BLOCK = 256
+# (shift, bits) of each level of _nucleus_cut's buckets: a non-negative float32's exponent and
+# first 3 bits of mantissa (an eighth of an octave a bucket), then the next 12 bits
+_BUCKET_LEVELS = ((20, 11), (8, 12))
 
 
 def _safe_divisor(value: float, logits: torch.Tensor) -> float:
@@ -64,17 +78,156 @@ def tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return (logits - top) / _safe_divisor(temperature, logits)
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)`` of ``[rows, vocab]``, the first of equal maxima as there, from
+    each row's block maxima: a vectorized reduction where ``argmax`` over a whole vocabulary is
+    not (0.5 ms a row on a Xeon core, ~10x the block maxima)."""
+    rows, vocab = logits.shape
+    if vocab % _ARGMAX_BLOCK or vocab < 2 * _ARGMAX_BLOCK:
+        return logits.argmax(-1)
+    blocks = logits.reshape(rows, vocab // _ARGMAX_BLOCK, _ARGMAX_BLOCK)
+    best = blocks.amax(-1).argmax(-1)
+    within = blocks[torch.arange(rows, device=logits.device), best].argmax(-1)
+    return best * _ARGMAX_BLOCK + within
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """What a draw is limited to: temperature > 0; top-k 0 (off) or more; top-p in (0, 1];
+    min-p in [0, 1]."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> Filters:
+        return cls(params.temperature, params.top_k, params.top_p, params.min_p)
+
+
+def window(logits: torch.Tensor, size: int) -> torch.Tensor | None:
+    """The ids, in vocabulary order, of every logit at or above the ``size``-th largest of the
+    maxima of blocks of ``_WINDOW_BLOCK``: at least ``size`` tokens, the largest included
+    (each of those blocks holds one at least as large). None where the window would span
+    (about) the vocabulary."""
+    vocab = logits.numel()
+    blocks = vocab // _WINDOW_BLOCK
+    if blocks <= 2 * size:
+        return None
+    whole = logits[: blocks * _WINDOW_BLOCK].view(blocks, _WINDOW_BLOCK)
+    maxima = whole.amax(1)
+    floor = maxima.topk(size, sorted=False).values.min()
+    hit = (maxima >= floor).nonzero().squeeze(-1)
+    inside = (whole[hit] >= floor).nonzero()
+    ids = hit[inside[:, 0]] * _WINDOW_BLOCK + inside[:, 1]
+    if blocks * _WINDOW_BLOCK < vocab:  # the tail that fills no block
+        tail = (logits[blocks * _WINDOW_BLOCK :] >= floor).nonzero().squeeze(-1)
+        ids = torch.cat([ids, tail + blocks * _WINDOW_BLOCK])
+    return ids
+
+
+def kept(logits: torch.Tensor, filters: Filters) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The tokens a draw may pick from one row's float32 ``logits`` ``[vocab]``, in vocabulary
+    order, and their weights (``exp((logit - max) / temperature)``, not normalized); ids None:
+    the weights span the vocabulary, 0 where a token is not kept (a draw never picks it, and
+    adding 0 leaves a running sum as it is). Kept: the top-k, then the fewest most probable
+    whose mass reaches ``top_p`` of the top-k's, then those at least ``min_p`` times as probable
+    as the most probable."""
+    top = logits.amax()
+    if bool(torch.isposinf(top)):  # a penalty lifted these past float32: the limit's draw
+        infinite = torch.isposinf(logits).nonzero().squeeze(-1)
+        return infinite, torch.ones(infinite.numel(), device=logits.device)
+    temperature = _safe_divisor(filters.temperature, logits)
+    vocab = logits.numel()
+    k = filters.top_k if 0 < filters.top_k < vocab else 0
+    if not k and filters.top_p >= 1.0 and filters.min_p <= 0.0:
+        return None, _weights(logits, top, temperature)
+    ids = window(logits, max(WINDOW, k))
+    values = logits[ids] if ids is not None else logits
+    weights = _weights(values, top, temperature)
+    top_k = values >= values.topk(k).values[-1] if k else None  # ties at the k-th kept
+    cut = filters.min_p
+    if filters.top_p < 1.0:
+        support = weights if top_k is None else weights[top_k]
+        everything = None
+        if top_k is None and ids is not None:  # top-p of the whole vocabulary's mass
+            everything = _weights(logits, top, temperature)
+        reach = filters.top_p * _mass(support if everything is None else everything)
+        nucleus = _cut(support, reach)
+        if nucleus is None:  # the window holds less than top_p: a flat distribution
+            assert everything is not None
+            cut = max(cut, _nucleus_cut(everything, reach))
+            return None, everything.masked_fill_(everything < cut, 0.0)
+        cut = max(cut, nucleus)
+    elif top_k is None and ids is not None and bool(weights.min() >= cut):
+        # min-p alone, and every token of the window passes it: its cut over the vocabulary
+        everything = _weights(logits, top, temperature)
+        return None, everything.masked_fill_(everything < cut, 0.0)
+    chosen = weights >= cut
+    if top_k is not None:
+        chosen &= top_k
+    if ids is None:
+        return None, weights.masked_fill_(~chosen, 0.0)
+    return ids[chosen], weights[chosen]
+
+
+def _weights(logits: torch.Tensor, top: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Each logit's weight, its probability times a constant: 1 for the largest."""
+    return ((logits - top) / temperature).exp_()
+
+
+def _mass(weights: torch.Tensor) -> float:
+    """The sum of ``weights`` in float64: a cut compares running sums of up to a vocabulary's
+    weights, where float32 would be off by more than a flat distribution's smallest weight."""
+    return float(weights.sum(dtype=torch.float64))
+
+
+def _cut(weights: torch.Tensor, reach: float) -> float | None:
+    """The weight of the token where the running mass of ``weights``, most probable first,
+    reaches ``reach``: every token at or above it is in the nucleus (one at least). None when
+    all of them do not reach it."""
+    ranked = weights.sort(descending=True).values
+    running = ranked.cumsum(0, dtype=torch.float64)
+    if float(running[-1]) < reach:
+        return None
+    inside = int(((running - ranked.double()) < reach).sum())
+    return float(ranked[max(inside, 1) - 1])
+
+
+def _nucleus_cut(weights: torch.Tensor, reach: float) -> float:
+    """``_cut`` over a whole vocabulary without sorting it (a flat distribution's nucleus holds
+    much of it). The tokens go into buckets by the top bits of their float32 patterns, which
+    order like the values: the buckets above the one where the mass reaches ``reach`` are in
+    whole, and that bucket's tokens go into buckets by their next bits, and so on; only the
+    last bucket's few tokens are sorted."""
+    for shift, bits in _BUCKET_LEVELS:
+        keys = (weights.view(torch.int32) >> shift) & ((1 << bits) - 1)
+        mass = torch.bincount(keys, weights=weights.double(), minlength=1 << bits)
+        from_top = mass.flip(0).cumsum(0).flip(0)  # the mass of bucket b and every one above
+        reaching = (from_top >= reach).nonzero()
+        edge = int(reaching.max()) if reaching.numel() else 0
+        reach -= float(from_top[edge + 1]) if edge + 1 < len(from_top) else 0.0
+        weights = weights[keys == edge]
+    cut = _cut(weights, reach)
+    return float(weights.min()) if cut is None else cut
+
+
+def row_generator(params: SamplingParams, device: torch.device) -> torch.Generator:
+    """A reply's own random generator: seeded by its ``seed``, else at random."""
+    seed = params.seed if params.seed is not None else secrets.randbits(63)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
 class RowSampler:
     def __init__(self, params: SamplingParams, prompt_ids: Sequence[int], device: torch.device):
         self.params = params
+        self.filters = Filters.of(params)
         self.greedy = params.temperature == 0
         self.penalized = params.repetition_penalty != 1.0
         self._seen = torch.tensor(sorted(set(prompt_ids)), dtype=torch.long, device=device)
         self._seen_set = set(prompt_ids)
-        self._generator: torch.Generator | None = None
-        if not self.greedy:
-            seed = params.seed if params.seed is not None else secrets.randbits(63)
-            self._generator = torch.Generator(device=device).manual_seed(seed)
+        self._generator = None if self.greedy else row_generator(params, device)
 
     @property
     def plain_greedy(self) -> bool:
@@ -92,57 +245,15 @@ class RowSampler:
         if self.penalized and self._seen.numel():
             penalize(logits, self._seen, self.params.repetition_penalty)
         if self.greedy:
-            return int(logits.argmax())
-        return self._draw(logits)
-
-    def _draw(self, logits: torch.Tensor) -> int:
-        top_k, top_p = self.params.top_k, self.params.top_p
-        ids: torch.Tensor | None = None
-        if 0 < top_k < logits.numel():
-            # The top k before the temperature: the same tokens in the same order, and the
-            # temperature then touches k logits, not the vocabulary.
-            logits, ids = logits.topk(top_k)
-        weights = tempered(logits, self.params.temperature).softmax(-1)  # over the top k if any
-        if top_p < 1.0:
-            weights, ids = nucleus(weights, top_p) if ids is None else _cut(weights, ids, top_p)
-        choice = draw(weights, self._generator)
-        return choice if ids is None else int(ids[choice])
+            return int(argmax(logits[None])[0])
+        return sample(logits, self.filters, self._generator)
 
 
-def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The fewest most probable tokens whose mass reaches ``top_p``, as weights and the token
-    ids they stand for (None: the weights span the vocabulary, zero outside the nucleus).
-
-    The top ``NUCLEUS_CANDIDATES`` hold the nucleus unless the distribution is flat. Then the
-    tokens go into buckets by the top bits of their float32 patterns (which order like the
-    values), an eighth of an octave each: the buckets above the one where the mass reaches
-    ``top_p`` are in the nucleus whole, and only that bucket is sorted. A few passes over the
-    vocabulary instead of sorting it, a cost every row of the batch would wait for.
-    """
-    values, ids = probs.topk(min(NUCLEUS_CANDIDATES, probs.numel()))
-    if float(values.sum()) >= top_p:
-        return _cut(values, ids, top_p)
-    buckets = probs.view(torch.int32) >> _BUCKET_SHIFT
-    mass = torch.bincount(buckets, weights=probs, minlength=_BUCKETS)
-    reaching = (mass.flip(0).cumsum(0).flip(0) >= top_p).nonzero()  # mass from bucket b up
-    edge = int(reaching.max()) if reaching.numel() else 0
-    weights = probs * (buckets > edge)
-    between = (buckets == edge).nonzero().squeeze(-1)
-    ranked = between[probs[between].argsort(descending=True)]
-    kept, kept_ids = _cut(probs[ranked], ranked, top_p, float(weights.sum()))
-    weights[kept_ids] = kept
-    return weights, None
-
-
-def _cut(
-    probs: torch.Tensor, ids: torch.Tensor, top_p: float, above: float = 0.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidates ranked most probable first, kept while the mass ranked above them (``above``
-    more than theirs) is under ``top_p``; at least one when nothing is above."""
-    before = above + probs.cumsum(-1) - probs
-    keep = before < top_p
-    keep[0] |= above == 0
-    return probs[keep], ids[keep]
+def sample(logits: torch.Tensor, filters: Filters, generator: torch.Generator | None) -> int:
+    """A token drawn from one row's float32 ``logits`` ``[vocab]`` under ``filters``."""
+    ids, weights = kept(logits, filters)
+    choice = draw(weights, generator)
+    return choice if ids is None else int(ids[choice])
 
 
 def draw(weights: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -163,11 +274,11 @@ def pick_tokens(samplers: Sequence[RowSampler], logits: torch.Tensor) -> list[in
     sampler raises gets the exception in its place, so it fails alone (batched.py)."""
     plain = [i for i, s in enumerate(samplers) if s.plain_greedy]
     if len(plain) == len(samplers):
-        return [int(t) for t in logits.argmax(-1).tolist()]
+        return [int(t) for t in argmax(logits).tolist()]
     picked: list[int | Exception] = [0] * len(samplers)
     if plain:
         index = torch.tensor(plain, device=logits.device)
-        for i, token in zip(plain, logits[index].argmax(-1).tolist(), strict=True):
+        for i, token in zip(plain, argmax(logits[index]).tolist(), strict=True):
             picked[i] = int(token)
     for i, sampler in enumerate(samplers):
         if not sampler.plain_greedy:

@@ -301,7 +301,7 @@ class LlamaCppDialect(Dialect):
     @staticmethod
     def samplers(params: SamplingParams) -> list[str]:
         """The chain, in the in-process engines' order (repetition penalty, then temperature,
-        top-k and top-p; top-k before the temperature is the same set, found on unscaled
+        top-k, top-p and min-p; top-k before the temperature is the same set, found on unscaled
         logits), each sampler only when its setting does something. Greedy is top-k of 1: the
         temperature sampler at 0 keeps the vocabulary and the final draw then takes the
         softmax of all of it."""
@@ -313,6 +313,8 @@ class LlamaCppDialect(Dialect):
         chain.append("temperature")
         if params.top_p < 1.0:
             chain.append("top_p")
+        if params.min_p > 0.0:
+            chain.append("min_p")
         return chain
 
     def text_body(
@@ -365,7 +367,7 @@ def _openai_sampling(params: SamplingParams, stop: Sequence[str]) -> dict[str, A
     return {
         "temperature": divisor(params.temperature) if params.temperature else 0.0,
         "top_p": params.top_p,
-        "min_p": 0.0,
+        "min_p": params.min_p,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
         "stop": list(stop),

@@ -2,11 +2,11 @@
 params of a ``prompt`` frame. Pure: no I/O, a refusal is an ``ApiError`` naming the field.
 
 Mapped: ``temperature``, ``top_p``, ``max_completion_tokens`` (or ``max_tokens``), ``stop``,
-``seed``, and the extensions ``top_k`` and ``repetition_penalty`` (vLLM's spelling). Refused
-unless neutral: ``n`` > 1, ``logprobs``/``top_logprobs``, tools and functions, ``logit_bias``,
-a ``response_format`` other than text, ``frequency_penalty``/``presence_penalty`` other than 0,
-and for completions ``echo``, ``suffix``, ``best_of`` > 1 and more than one prompt. Any other
-field (``user``, ``metadata``, ``store``, ...) is ignored.
+``seed``, and the extensions ``top_k``, ``min_p`` and ``repetition_penalty`` (vLLM's spelling).
+Refused unless neutral: ``n`` > 1, ``logprobs``/``top_logprobs``, tools and functions,
+``logit_bias``, a ``response_format`` other than text, ``frequency_penalty``/``presence_penalty``
+other than 0, and for completions ``echo``, ``suffix``, ``best_of`` > 1 and more than one
+prompt. Any other field (``user``, ``metadata``, ``store``, ...) is ignored.
 
 Every list is counted before any of it is read (messages and their content parts, a prompt's
 token ids), and each pass over a request is linear in its size: one body costs the event loop
@@ -34,6 +34,7 @@ _SAMPLING = {
     "seed": "seed",
     "stop": "stop",
     "top_k": "top_k",
+    "min_p": "min_p",
     "repetition_penalty": "repetition_penalty",
 }
 # The longest value of the client's an error message repeats
