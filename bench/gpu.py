@@ -195,11 +195,11 @@ def serve(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def server(args: argparse.Namespace, logs: Path) -> Iterator[str]:
     """The ``--serve`` process on a free port; its WebSocket URL once /readyz says so."""
-    from .procs import _run, free_port
+    from .procs import free_port, serving
 
     port = free_port()
     command = [sys.executable, "-m", "bench.gpu", "--serve", "--port", str(port), *_shared(args)]
-    with _run(command, "/readyz", port, logs, timeout_s=START_TIMEOUT_S) as running:
+    with serving(command, "/readyz", port, logs, timeout_s=START_TIMEOUT_S) as running:
         yield running.ws_url
 
 
@@ -278,7 +278,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return [story(i) for i in range(n)]
 
         def ceiling(n: int) -> list[Any]:
-            model, prompts, eos, pad = local._args(texts(n))
+            model, prompts, eos, pad = local.ceiling_inputs(texts(n))
             return static_batch(model, prompts, args.tokens, eos, pad)
 
         def ours(n: int) -> list[Any]:

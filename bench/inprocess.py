@@ -40,15 +40,16 @@ class InProcess:
         conversation = Conversation(self.engine.prompt_format)
         return conversation.prompt_ids(conversation.tokenize_user(text))
 
-    def _args(self, texts: list[str]) -> tuple[Any, list[list[int]], list[int], int]:
+    def ceiling_inputs(self, texts: list[str]) -> tuple[Any, list[list[int]], list[int], int]:
+        """What a ceiling runs on for ``texts``: the model, the prompts, the end ids, the pad."""
         eos = sorted(self.engine.prompt_format.end_ids)
         pad = int(self.loaded.tokenizer.pad_token_id or 0)
         return self.loaded.model, [self.prompt_ids(t) for t in texts], eos, pad
 
     def static(self, texts: list[str], tokens: int) -> list[StreamTimes]:
-        model, prompts, eos, pad = self._args(texts)
+        model, prompts, eos, pad = self.ceiling_inputs(texts)
         return static_batch(model, prompts, tokens, eos, pad)
 
     def continuous(self, texts: list[str], tokens: int) -> list[StreamTimes]:
-        model, prompts, eos, pad = self._args(texts)
+        model, prompts, eos, pad = self.ceiling_inputs(texts)
         return continuous_batching(model, prompts, tokens, eos, pad)

@@ -38,8 +38,7 @@ from typing import Any
 import httpx
 
 from . import procs, wsload
-from .run import _figures
-from .stats import Concurrent, StreamTimes, median, percentile
+from .stats import Concurrent, StreamTimes, figures_over_rounds, median, percentile
 from .workload import story
 
 log = logging.getLogger("bench.llamacpp")
@@ -126,7 +125,10 @@ def paired_difference(ours: Sequence[float], theirs: Sequence[float]) -> float:
 
 def figures_of(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
     """The usual figures of one system at one stream count, plus each round's median TTFT."""
-    return {**_figures(rounds), "ttft_rounds": [Concurrent.of(r).ttft_median for r in rounds]}
+    return {
+        **figures_over_rounds(rounds),
+        "ttft_rounds": [Concurrent.of(r).ttft_median for r in rounds],
+    }
 
 
 def compare(

@@ -1,9 +1,10 @@
 """``python -m bench.neighbours``: what one row's sampling settings cost the rows that share its
 batch, in the batched engine on the embedded Gemma 3 270M (or ``--model``).
 
-Every mix runs eight rows of the same story prompts. Each decode pass over all eight is timed,
-and within it the token picks of all rows (``pick_tokens``), which is where one row's settings
-reach the others: a greedy row waits for the slowest pick of its pass. The mixes run back to
+Every mix runs eight rows of the same story prompts. Each decode pass over all eight is timed
+(the runner's ``decode``: the forward and the picks), and within it the token picks of all rows
+(``pick_tokens``), which is where one row's settings reach the others: a greedy row waits for the
+slowest pick of its pass. The mixes run back to
 back, round after round, so a busy machine affects them alike; the figures are medians.
 """
 
@@ -40,26 +41,28 @@ class PassClock:
 
         self.passes: list[float] = []
         self.picks: list[float] = []
-        self._module, self._engine = runner, engine
-        self._step, self._pick = engine._decode_step, runner.pick_tokens
+        self._module, self._runner = runner, engine.runner
+        self._decode, self._pick = engine.runner.decode, runner.pick_tokens
         self._in_full_pass = False
 
     def __enter__(self) -> PassClock:
-        self._engine._decode_step = self._timed_step
+        self._runner.decode = self._timed_decode
         self._module.pick_tokens = self._timed_pick
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._engine._decode_step = self._step
+        self._runner.decode = self._decode
         self._module.pick_tokens = self._pick
 
-    def _timed_step(self) -> None:
-        self._in_full_pass = self._engine.scheduler.decoding_count == WIDTH
+    def _timed_decode(self, rows: Any) -> Any:
+        self._in_full_pass = len(rows) == WIDTH
         started = time.perf_counter()
-        self._step()
-        if self._in_full_pass:
-            self.passes.append(time.perf_counter() - started)
-        self._in_full_pass = False
+        try:
+            return self._decode(rows)
+        finally:
+            if self._in_full_pass:
+                self.passes.append(time.perf_counter() - started)
+            self._in_full_pass = False
 
     def _timed_pick(self, samplers: Any, logits: Any) -> Any:
         started = time.perf_counter()

@@ -351,9 +351,11 @@ def _row(
 
 def report(result: dict[str, Any]) -> str:
     """``--only openai``: the figures and the targets."""
-    from .report import _fmt, target_lines
+    from .report import figure, target_lines
 
-    return "\n".join([table(result["openai"], _fmt), "", *target_lines(targets(result["openai"]))])
+    return "\n".join(
+        [table(result["openai"], figure), "", *target_lines(targets(result["openai"]))]
+    )
 
 
 def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:

@@ -143,7 +143,7 @@ def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
 
 def report(result: dict[str, Any]) -> str:
     """``--only openings``: the figures and the targets."""
-    from .report import _fmt, target_lines
+    from .report import figure, target_lines
 
     inner = result["openings"]
-    return "\n".join([table(inner, _fmt), "", *target_lines(targets(inner))])
+    return "\n".join([table(inner, figure), "", *target_lines(targets(inner))])

@@ -57,7 +57,7 @@ def _wait_healthy(running: Running, path: str, timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def _run(
+def serving(
     command: list[str],
     path: str,
     port: int,
@@ -66,6 +66,8 @@ def _run(
     cores: Set[int] | None = None,
     timeout_s: float = START_TIMEOUT,
 ) -> Iterator[Running]:
+    """``command``, a server on ``port``, once ``path`` answers; stopped on leaving. Its output
+    goes to ``log``; ``env`` is added to its environment; pinned to ``cores`` when given."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     # pinned before it starts, so every thread it makes inherits the cores
@@ -111,7 +113,7 @@ def wschat(
         *extra,
     ]  # fmt: skip
     log = logs / f"{name or f'wschat-{engine}'}.log"
-    with _run(command, "/readyz", port, log, env, cores) as running:
+    with serving(command, "/readyz", port, log, env, cores) as running:
         yield running
 
 
@@ -208,7 +210,7 @@ def transformers_serve(model_dir: Path, batching: bool, logs: Path) -> Iterator[
         "--continuous-batching" if batching else "--no-continuous-batching",
     ]  # fmt: skip
     name = "peer-cb" if batching else "peer"
-    with _run(command, "/health", port, logs / f"{name}.log") as running:
+    with serving(command, "/health", port, logs / f"{name}.log") as running:
         yield running
 
 
@@ -233,5 +235,5 @@ def llama_cpp(
         "--ctx", str(slots * slot_context),
         "--swa-full",
     ]  # fmt: skip
-    with _run(command, "/health", port, logs / f"{name}.log", cores=cores) as running:
+    with serving(command, "/health", port, logs / f"{name}.log", cores=cores) as running:
         yield running

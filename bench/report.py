@@ -18,7 +18,9 @@ def _get(result: dict[str, Any], *path: Any) -> Any:
     return node
 
 
-def _fmt(value: Any, unit: str = "") -> str:
+def figure(value: Any, unit: str = "") -> str:
+    """``value`` as the tables print it in ``unit`` ("ms" for seconds, "x", "MB", "n" for a
+    count); "-" when it is missing."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if unit == "ms":
@@ -131,8 +133,8 @@ def table(result: dict[str, Any]) -> str:
             ratio = paired(f, ceil, "aggregate_tps") if ceil else None
             lines.append(
                 f"{name:<30}{n:>8}{f['aggregate_tps']:>11.1f}{f['stream_tps']:>13.1f}"
-                f"{_fmt(f['ttft_median_s'], 'ms'):>10}{_fmt(f['ttft_p95_s'], 'ms'):>10}"
-                f"{_fmt(f['itl_p95_s'], 'ms'):>9}{_fmt(ratio, 'x'):>11}"
+                f"{figure(f['ttft_median_s'], 'ms'):>10}{figure(f['ttft_p95_s'], 'ms'):>10}"
+                f"{figure(f['itl_p95_s'], 'ms'):>9}{figure(ratio, 'x'):>11}"
             )
     for name, value in peers.items():
         if isinstance(value, str):
@@ -150,14 +152,14 @@ def table(result: dict[str, Any]) -> str:
     )
     lines.append(
         f"turn {len(turns)} / turn 1 in each run: "
-        + " ".join(_fmt(r, "x") for r in turn_ratios(result))
+        + " ".join(figure(r, "x") for r in turn_ratios(result))
     )
     if "arrivals" in result:
-        lines.append(arrivals.table(result["arrivals"], _fmt))
+        lines.append(arrivals.table(result["arrivals"], figure))
     c = result["cancel"]
     lines.append(
-        f"cancel to done ({c['count']}x): median {_fmt(c['median_s'], 'ms')}, "
-        f"p95 {_fmt(c['p95_s'], 'ms')}; one decode step {_fmt(c['decode_step_s'], 'ms')}"
+        f"cancel to done ({c['count']}x): median {figure(c['median_s'], 'ms')}, "
+        f"p95 {figure(c['p95_s'], 'ms')}; one decode step {figure(c['decode_step_s'], 'ms')}"
     )
     m = result["memory"]
     lines.append(
@@ -165,13 +167,13 @@ def table(result: dict[str, Any]) -> str:
         f"{m['sessions']} idle sessions (+{m['delta_mb']:.1f} MB)"
     )
     if "threads" in result:
-        lines += ["", threads.table(result["threads"], _fmt)]
+        lines += ["", threads.table(result["threads"], figure)]
     if "widths" in result:
-        lines += ["", widths.table(result["widths"], _fmt)]
+        lines += ["", widths.table(result["widths"], figure)]
     if "images" in result:
-        lines += ["", images.table(result["images"], _fmt)]
+        lines += ["", images.table(result["images"], figure)]
     if "layouts" in result.get("llamacpp", {}):
-        lines += ["", llamacpp.table(result["llamacpp"], _fmt)]
+        lines += ["", llamacpp.table(result["llamacpp"], figure)]
     elif "llamacpp" in result:
         lines += ["", f"no llama.cpp scenario: {result['llamacpp']['skipped']}"]
     lines += ["", *target_lines(targets(result))]
@@ -188,42 +190,42 @@ def peer_lines(result: dict[str, Any]) -> list[str]:
     top = max(n for n in ours if n in theirs)
     one, many = theirs[1], theirs[top]
     return [
-        f"llama.cpp's server / wschat: 1 stream {_fmt(paired(one, ours[1], 'stream_tps'), 'x')} "
-        f"tokens/s, TTFT {_fmt(one['ttft_median_s'], 'ms')} vs "
-        f"{_fmt(ours[1]['ttft_median_s'], 'ms')}; {top} sessions "
-        f"{_fmt(paired(many, ours[top], 'aggregate_tps'), 'x')} aggregate, TTFT p95 "
-        f"{_fmt(many['ttft_p95_s'], 'ms')} vs {_fmt(ours[top]['ttft_p95_s'], 'ms')}"
+        f"llama.cpp's server / wschat: 1 stream {figure(paired(one, ours[1], 'stream_tps'), 'x')} "
+        f"tokens/s, TTFT {figure(one['ttft_median_s'], 'ms')} vs "
+        f"{figure(ours[1]['ttft_median_s'], 'ms')}; {top} sessions "
+        f"{figure(paired(many, ours[top], 'aggregate_tps'), 'x')} aggregate, TTFT p95 "
+        f"{figure(many['ttft_p95_s'], 'ms')} vs {figure(ours[top]['ttft_p95_s'], 'ms')}"
     ]
 
 
 def threads_table(result: dict[str, Any]) -> str:
     """``--only threads``: the busy-neighbour table and its targets."""
     rows = threads.targets(result["threads"])
-    return "\n".join([threads.table(result["threads"], _fmt), "", *target_lines(rows)])
+    return "\n".join([threads.table(result["threads"], figure), "", *target_lines(rows)])
 
 
 def widths_table(result: dict[str, Any]) -> str:
     """``--only widths``: the batch-width table and its targets."""
     rows = widths.targets(result["widths"])
-    return "\n".join([widths.table(result["widths"], _fmt), "", *target_lines(rows)])
+    return "\n".join([widths.table(result["widths"], figure), "", *target_lines(rows)])
 
 
 def images_table(result: dict[str, Any]) -> str:
     """``--only images``: image conversations against text ones, and the targets."""
     rows = images.targets(result["images"])
-    return "\n".join([images.table(result["images"], _fmt), "", *target_lines(rows)])
+    return "\n".join([images.table(result["images"], figure), "", *target_lines(rows)])
 
 
 def llamacpp_table(result: dict[str, Any]) -> str:
     """``--only llamacpp``: the llama.cpp table and its targets."""
     rows = llamacpp.targets(result["llamacpp"])
-    return "\n".join([llamacpp.table(result["llamacpp"], _fmt), "", *target_lines(rows)])
+    return "\n".join([llamacpp.table(result["llamacpp"], figure), "", *target_lines(rows)])
 
 
 def resume_table(result: dict[str, Any]) -> str:
     """``--only resume``: the mid-reply resume figures and their target."""
     rows = resume.targets(result["resume"])
-    return "\n".join([resume.table(result["resume"], _fmt), "", *target_lines(rows)])
+    return "\n".join([resume.table(result["resume"], figure), "", *target_lines(rows)])
 
 
 def target_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -233,7 +235,7 @@ def target_lines(rows: list[dict[str, Any]]) -> list[str]:
         unit = t["unit"]
         met = {True: "yes", False: "NO", None: "-"}[t["met"]]
         lines.append(
-            f"{t['target']:<62}{_fmt(t['value'], unit):>12}{_fmt(t['against'], unit):>12}"
-            f"{_fmt(t['ratio'], t['ratio_unit']):>12}  {met}"
+            f"{t['target']:<62}{figure(t['value'], unit):>12}{figure(t['against'], unit):>12}"
+            f"{figure(t['ratio'], t['ratio_unit']):>12}  {met}"
         )
     return lines

@@ -16,33 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import arrivals, peer, procs, wsload
+from . import arrivals, llamacpp, peer, procs, wsload
 from .inprocess import InProcess
-from .stats import Concurrent, StreamTimes, median, percentile
+from .stats import StreamTimes, figures_over_rounds, median, percentile
 from .workload import CONVERSATION, Workload
 
 log = logging.getLogger("bench")
-
-
-def _figures(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
-    """Rounds of one concurrency: each figure is the median over rounds of that round's figure,
-    so one round disturbed by another user of the machine does not decide it."""
-    per_round = [Concurrent.of(r) for r in rounds]
-    rates = [median([s.rate for s in r]) for r in rounds]
-    return {
-        "streams": per_round[0].streams,
-        "tokens": per_round[0].tokens,
-        "aggregate_tps": median([c.aggregate for c in per_round]),
-        "stream_tps": median(rates),
-        "ttft_median_s": median([c.ttft_median for c in per_round]),
-        "ttft_p95_s": median([c.ttft_p95 for c in per_round]),
-        "itl_median_s": median([median([g for s in r for g in s.gaps]) for r in rounds]),
-        "itl_p95_s": median([c.itl_p95 for c in per_round]),
-        "rounds": len(rounds),
-        "aggregate_tps_rounds": [c.aggregate for c in per_round],
-        "ttft_p95_rounds": [c.ttft_p95 for c in per_round],
-        "stream_tps_rounds": rates,
-    }
 
 
 def _server_streams(url: str, texts: list[str], tokens: int) -> list[StreamTimes]:
@@ -69,9 +48,6 @@ def run(work: Workload, *, engine: str, peer_wanted: bool, logs: Path) -> dict[s
     why_not = procs.peer_available() if peer_wanted else "--no-peer"
     if why_not is None:
         systems.append("transformers-serve-cb")
-    # imported here: llamacpp takes _figures from this module
-    from . import llamacpp
-
     llama_why_not = llamacpp.available() if peer_wanted else "--no-peer"
     if llama_why_not is None:
         systems.append(llamacpp.PEER)
@@ -128,14 +104,14 @@ def run(work: Workload, *, engine: str, peer_wanted: bool, logs: Path) -> dict[s
         log.info("%d idle sessions", work.idle_sessions)
         result["memory"] = asyncio.run(_memory(server, url, work.idle_sessions))
     for name in ("ceiling", f"wschat-{engine}"):
-        result[name] = {n: _figures(r) for n, r in rounds[name].items()}
+        result[name] = {n: figures_over_rounds(r) for n, r in rounds[name].items()}
     peers: dict[str, Any] = {"skipped": why_not} if why_not else {}
     if "transformers-serve-cb" in rounds:
         peers["transformers-serve-cb"] = {
-            n: _figures(r) for n, r in rounds["transformers-serve-cb"].items()
+            n: figures_over_rounds(r) for n, r in rounds["transformers-serve-cb"].items()
         }
     peers[llamacpp.PEER] = (
-        {n: _figures(r) for n, r in rounds[llamacpp.PEER].items()}
+        {n: figures_over_rounds(r) for n, r in rounds[llamacpp.PEER].items()}
         if llama_why_not is None
         else llama_why_not
     )
@@ -155,11 +131,11 @@ def run(work: Workload, *, engine: str, peer_wanted: bool, logs: Path) -> dict[s
         with procs.wschat(other, logs) as server:
             _server_streams(server.ws_url, work.texts(1), 4)
             rounds = _rounds(work, lambda t, k: _server_streams(server.ws_url, t, k), 1)
-        result[f"wschat-{other}"] = {n: _figures(r) for n, r in rounds.items()}
+        result[f"wschat-{other}"] = {n: figures_over_rounds(r) for n, r in rounds.items()}
     log.info("transformers continuous batching manager, in process")
     try:
         cb = {n: [local.continuous(work.texts(n), work.tokens)] for n in (1, max(work.concurrency))}
-        result["transformers-cb-inprocess"] = {n: _figures(r) for n, r in cb.items()}
+        result["transformers-cb-inprocess"] = {n: figures_over_rounds(r) for n, r in cb.items()}
     except Exception as error:  # a failure here must not lose the rest of the run
         log.exception("continuous batching in process failed")
         result["transformers-cb-inprocess"] = {"error": repr(error)}
@@ -201,7 +177,7 @@ def _plain_peer(work: Workload, logs: Path) -> dict[str, Any]:
                 streams = asyncio.run(
                     peer.concurrent(server.base, model_dir, work.texts(n), work.tokens)
                 )
-                figures[n] = _figures([streams])
+                figures[n] = figures_over_rounds([streams])
         return {name: figures}
     except Exception as error:  # a failure here must not lose the rest of the run
         log.exception("%s failed", name)

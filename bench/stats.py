@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -70,3 +71,24 @@ class Concurrent:
             percentile(ttfts, 95),
             percentile(gaps, 95),
         )
+
+
+def figures_over_rounds(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
+    """Rounds of one concurrency: each figure is the median over rounds of that round's figure,
+    so one round disturbed by another user of the machine does not decide it."""
+    per_round = [Concurrent.of(r) for r in rounds]
+    rates = [median([s.rate for s in r]) for r in rounds]
+    return {
+        "streams": per_round[0].streams,
+        "tokens": per_round[0].tokens,
+        "aggregate_tps": median([c.aggregate for c in per_round]),
+        "stream_tps": median(rates),
+        "ttft_median_s": median([c.ttft_median for c in per_round]),
+        "ttft_p95_s": median([c.ttft_p95 for c in per_round]),
+        "itl_median_s": median([median([g for s in r for g in s.gaps]) for r in rounds]),
+        "itl_p95_s": median([c.itl_p95 for c in per_round]),
+        "rounds": len(rounds),
+        "aggregate_tps_rounds": [c.aggregate for c in per_round],
+        "ttft_p95_rounds": [c.ttft_p95 for c in per_round],
+        "stream_tps_rounds": rates,
+    }

@@ -25,8 +25,7 @@ import httpx
 
 from . import procs, wsload
 from .procs import Running
-from .run import _figures
-from .stats import Concurrent, StreamTimes
+from .stats import Concurrent, StreamTimes, figures_over_rounds
 from .workload import story
 
 log = logging.getLogger("bench.threads")
@@ -101,7 +100,7 @@ def run(work: ThreadsWork, logs: Path, engine: str = "batched") -> dict[str, Any
                         if config == "default":
                             seen[state].append(_engine_threads(server.base))
     figures = {
-        c: {s: {n: _figures(r) for n, r in by_n.items()} for s, by_n in by_state.items()}
+        c: {s: {n: figures_over_rounds(r) for n, r in by_n.items()} for s, by_n in by_state.items()}
         for c, by_state in rounds.items()
     }
     return {

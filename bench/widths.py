@@ -27,8 +27,7 @@ from typing import Any
 
 from . import procs, wsload
 from .llamacpp import paired_ratio
-from .run import _figures
-from .stats import StreamTimes, median, percentile
+from .stats import StreamTimes, figures_over_rounds, median, percentile
 from .workload import story
 
 log = logging.getLogger("bench.widths")
@@ -93,7 +92,7 @@ def cell(rounds: list[Served]) -> dict[str, Any]:
     orders = [fifo(r) for r in rounds]
     waits = [queue_waits(r) for r in rounds]
     return {
-        **_figures([[times for times, _ in r] for r in rounds]),
+        **figures_over_rounds([[times for times, _ in r] for r in rounds]),
         "queue_p50_s": median([median(w) for w in waits]),
         "queue_p95_s": median([percentile(w, 95) for w in waits]),
         "fifo": {

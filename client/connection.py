@@ -162,7 +162,7 @@ class FrameRouter:
         self._on_in_order(frame)
 
     def _feed(self, reply: Reply, frame: ServerFrame) -> None:
-        if reply._feed(frame):
+        if reply.feed(frame):
             del self.replies[reply.id]
 
     def _on_error(self, frame: Error) -> None:
@@ -218,7 +218,7 @@ class FrameRouter:
 
     def fail_all(self, error: ClientError) -> None:
         for reply in self.replies.values():
-            reply._fail(error)
+            reply.fail(error)
         self.replies.clear()
         self.fail_requests(error)
 
@@ -244,6 +244,6 @@ class FrameRouter:
                 reply.sent = False
                 again.append(reply)
                 continue
-            reply._fail(ReplyLostError(reply.id, kept=reply.id == kept))
+            reply.fail(ReplyLostError(reply.id, kept=reply.id == kept))
             del self.replies[reply.id]
         return again

@@ -1,6 +1,6 @@
 """One generation as the client sees it: an async iterator of text pieces.
 
-The connection's reader feeds every frame carrying the generation's ``id`` into ``Reply._feed``,
+The connection's reader feeds every frame carrying the generation's ``id`` into ``Reply.feed``,
 which updates the public state at once (``queued``, ``start``, ``tokens``, ``done``) whether or
 not anyone iterates; iteration only drains the pieces, so nothing is held beyond the reply itself.
 """
@@ -106,7 +106,7 @@ class Reply:
 
     # -- fed by the connection -----------------------------------------------------------------
 
-    def _feed(self, frame: ServerFrame) -> bool:
+    def feed(self, frame: ServerFrame) -> bool:
         """Take one frame of this generation; True when the reply is finished."""
         if not self.finished:
             handler = self._handlers.get(type(frame))
@@ -139,7 +139,7 @@ class Reply:
         if not self.accepted:
             self._finish()
 
-    def _fail(self, error: ClientError) -> None:
+    def fail(self, error: ClientError) -> None:
         """End the reply with ``error`` (the connection closed, or the prompt never left)."""
         if not self.finished:
             self.error = error

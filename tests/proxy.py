@@ -1,6 +1,7 @@
 """``CuttableProxy``: a loopback TCP relay in front of a server whose live connections a test can
 cut, like a dropped network, while the server and the relay's listener stay up. It counts the
-connections it relays, so a test can tell how often a client came back."""
+connections it relays and keeps the request line each opened with, so a test can tell how often
+a client came back and what it asked for."""
 
 from __future__ import annotations
 
@@ -16,12 +17,25 @@ class CuttableProxy:
         self.upstream_port = upstream_port
         self.port = 0
         self.accepted = 0  # connections relayed so far
+        self._heads: list[bytearray] = []  # what each client sent first, to its first line at least
         self._writers: set[asyncio.StreamWriter] = set()
         self._pumps: set[asyncio.Task[None]] = set()
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    @property
+    def requests(self) -> list[str]:
+        """The request line each relayed connection opened with (a WebSocket handshake's)."""
+        return [head.partition(b"\r\n")[0].decode("latin-1") for head in self._heads]
+
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        head: bytearray | None = None,
+    ) -> None:
         try:
             while data := await reader.read(65536):
+                if head is not None and b"\n" not in head:
+                    head += data
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, asyncio.CancelledError):
@@ -34,7 +48,8 @@ class CuttableProxy:
         async with asyncio.timeout(TIMEOUT):
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         self._writers |= {writer, up_writer}
-        for task in (self._pump(reader, up_writer), self._pump(up_reader, writer)):
+        self._heads.append(head := bytearray())
+        for task in (self._pump(reader, up_writer, head), self._pump(up_reader, writer)):
             pump = asyncio.create_task(task)
             self._pumps.add(pump)
             pump.add_done_callback(self._pumps.discard)

@@ -157,13 +157,14 @@ class ZombiePeer:
 
     async def send(self, frame: dict[str, Any]) -> None:
         self.ws.send_binary(msgpack.packb(frame, use_bin_type=True))
-        await self._flush()
+        await self.flush()
 
     async def ping(self, payload: bytes) -> None:
         self.ws.send_ping(payload)
-        await self._flush()
+        await self.flush()
 
-    async def _flush(self) -> None:
+    async def flush(self) -> None:
+        """Write what the protocol has queued (frames, a close) to the socket."""
         self.writer.write(b"".join(self.ws.data_to_send()))
         async with asyncio.timeout(TIMEOUT):
             await self.writer.drain()
@@ -220,7 +221,7 @@ async def zombie_peer(url: str, *, deflate: bool = False) -> AsyncIterator[Zombi
     try:
         peer = ZombiePeer(reader, writer, ws)
         ws.send_request(ws.connect())
-        await peer._flush()
+        await peer.flush()
         response = await peer.event()
         assert isinstance(response, Response) and response.status_code == 101, response
         peer.ready = await peer.recv_until("ready")

@@ -93,7 +93,9 @@ class PromptFormat(Protocol):
         ...
 
 
-def _without_end(reply: Sequence[int], end_ids: frozenset[int]) -> list[int]:
+def without_end(reply: Sequence[int], end_ids: frozenset[int]) -> list[int]:
+    """A reply's ids less the end-of-turn ids it closed with: what a format lays out itself, and
+    what a message of the conversation (``Conversation.messages``) carries."""
     ids = list(reply)
     while ids and ids[-1] in end_ids:
         ids.pop()
@@ -134,7 +136,7 @@ class GemmaTurns:
         ids = [self._bos]
         for n, exchange in enumerate(history):
             ids += self._turn(self._user, (system_ids if n == 0 else []) + _user_content(exchange))
-            ids += self._turn(self._model, _without_end(exchange.reply_ids, self.end_ids))
+            ids += self._turn(self._model, without_end(exchange.reply_ids, self.end_ids))
         first = system_ids if not history else []
         ids += self._turn(self._user, first + _user_content(user))
         return [*ids, self._start, *self._model]
@@ -220,7 +222,7 @@ class Transcript:
         """The reply as generated; a line break closes it if it did not end with one."""
         if reply and reply[-1] in self._newline_ids:
             return list(reply)
-        return _without_end(reply, self.end_ids) + self._line
+        return without_end(reply, self.end_ids) + self._line
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> list[int]:
@@ -266,7 +268,7 @@ class ChatTemplate:
             messages.append({"role": "user", "content": _SENTINEL.format(f"u{n}")})
             messages.append({"role": "assistant", "content": _SENTINEL.format(f"a{n}")})
             slots[f"u{n}"] = _user_content(exchange)
-            slots[f"a{n}"] = _without_end(exchange.reply_ids, self.end_ids)
+            slots[f"a{n}"] = without_end(exchange.reply_ids, self.end_ids)
         messages.append({"role": "user", "content": _SENTINEL.format("new")})
         slots["new"] = _user_content(user)
         return self._ids(self.render_template(messages), slots)

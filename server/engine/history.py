@@ -17,7 +17,7 @@ from wschat.protocol import FinishReason
 
 from .base import Engine, Finished, Generation, GenerationRequest, Message, SamplingParams, Turn
 from .errors import ConversationTooLong, PromptTooLong
-from .formats import Exchange, PromptFormat, UserTurn, _without_end
+from .formats import Exchange, PromptFormat, UserTurn, without_end
 
 MAX_TOKEN_ID = 1 << 31  # an id no engine takes (int32): the bound when the vocabulary is unknown
 
@@ -140,7 +140,7 @@ class Conversation:
         out = [Message("system", self._system_ids)] if self._system_ids else []
         for e in self.exchanges[:history]:
             out.append(Message("user", e.user_ids, e.images))
-            out.append(Message("assistant", _without_end(e.reply_ids, self.format.end_ids)))
+            out.append(Message("assistant", without_end(e.reply_ids, self.format.end_ids)))
         out.append(Message("user", user_ids, images))
         return out
 

@@ -47,7 +47,7 @@ def test_the_target_holds_joiners_to_1_2_x_the_prompt_alone_plus_one_step(
 def test_the_table_says_the_cadence_and_the_joiners_against_the_prompts_alone() -> None:
     work = arrivals.ArrivalsWork(sessions=4, tokens=32, rounds=2)
     result = {"workload": {**dataclasses.asdict(work)}, **arrivals.figures(rounds())}
-    assert arrivals.table(result, report._fmt).splitlines() == [
+    assert arrivals.table(result, report.figure).splitlines() == [
         "staggered arrivals: 4 sessions, one more every 4 decode steps of the static batch "
         "(55 ms each), 32 tokens each, median of 2 rounds:",
         "joiners' TTFT median 130 ms, p95 150 ms; the same prompts alone in process 65 ms "

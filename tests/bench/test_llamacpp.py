@@ -201,7 +201,7 @@ def test_the_main_runs_table_and_targets_take_the_llama_cpp_scenario() -> None:
     from tests.bench.test_report_ttft import result as main_run
 
     run = main_run([0.1] * 3, [0.1] * 3, [[0.05, 0.06]]) | {"llamacpp": result()}
-    assert llamacpp.table(result(), report._fmt) in report.table(run)
+    assert llamacpp.table(result(), report.figure) in report.table(run)
     names = [row["target"] for row in report.targets(run)]
     assert "shared, 1 stream: in process agg >= 0.6 x llama.cpp" in names
     skipped = main_run([0.1] * 3, [0.1] * 3, [[0.05, 0.06]])

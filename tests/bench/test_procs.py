@@ -89,7 +89,7 @@ def test_a_server_started_on_cores_runs_pinned_to_them(tmp_path: Path) -> None:
     core = max(os.sched_getaffinity(0))
     port = procs.free_port()
     command = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
-    with procs._run(command, "/", port, tmp_path / "http.log", cores={core}) as running:
+    with procs.serving(command, "/", port, tmp_path / "http.log", cores={core}) as running:
         assert psutil.Process(running.process.pid).cpu_affinity() == [core]
     assert running.process.poll() is not None
 

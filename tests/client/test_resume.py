@@ -79,7 +79,9 @@ async def test_the_resume_names_the_session_its_token_and_the_last_index_it_got(
         reply, _ = await cut_after(chat, proxy, 2)
         last = reply.last_index  # at the cut
         await reply.wait(WAIT)
-        query = parse_qs(urlsplit(chat._link.ws.request.path).query)
+    method, target, _ = proxy.requests[-1].split(" ")
+    query = parse_qs(urlsplit(target).query)
+    assert (method, len(proxy.requests)) == ("GET", 2)
     assert query["session"] == [first.session] and query["resume"] == [first.resume]
     assert int(query["last"][0]) >= last  # pieces the iterator had not taken yet count too
     assert chat.ready.resumed is not None and chat.ready.resumed.reply == reply.id

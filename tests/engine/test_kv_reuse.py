@@ -132,7 +132,7 @@ async def test_greedy_turns_with_reuse_equal_full_prefills_in_every_prompt_forma
 
 def sessions_cached(engine: Engine) -> set[str]:
     store = engine.kv
-    return set(store._entries)
+    return set(store.sessions())
 
 
 def kv_bytes(loaded: LoadedModel, positions: int, *, full: bool = True) -> int:
@@ -459,7 +459,7 @@ async def test_the_stores_bytes_count_the_ring_marks_a_session_keeps(
 ) -> None:
     prompts = await conversation_past_the_window(engine, TURNS[:2])
     boundary = len(prompts[1]) - len(user_turn(engine, TURNS[1])) - 1
-    (entry,) = engine.kv._entries.values()
+    (entry,) = engine.kv.sessions().values()
     assert [m.length for m in entry.marks] == [boundary]  # the ring as turn 2 started
     mark = kv_bytes(tiny_text_loaded, boundary, full=False)
     assert engine.kv.bytes == kv_bytes(tiny_text_loaded, len(entry.ids)) + mark

@@ -41,21 +41,21 @@ def test_a_store_over_budget_drops_marks_least_recent_first_before_evicting() ->
     for key in "abc":
         store.put(key, entry(10, marks=3))
     # over by a byte: the marks of "a" go, all at once, and nothing else
-    assert [len(store._entries[k].marks) for k in "abc"] == [0, 3, 3]
+    assert [len(store.sessions()[k].marks) for k in "abc"] == [0, 3, 3]
     assert store.bytes == 3 * one - marks and store.evictions == 0
     store.put("d", entry(10, marks=3))  # the marks of "b", then of "c"
-    assert [len(store._entries[k].marks) for k in "abcd"] == [0, 0, 0, 3]
+    assert [len(store.sessions()[k].marks) for k in "abcd"] == [0, 0, 0, 3]
     assert store.evictions == 0
     store.put("e", entry(10, marks=3))  # every entry's marks, and still over: "a" goes
-    assert store.evictions == 1 and list(store._entries) == ["b", "c", "d", "e"]
-    assert all(not e.marks for e in store._entries.values())
+    assert store.evictions == 1 and list(store.sessions()) == ["b", "c", "d", "e"]
+    assert all(not e.marks for e in store.sessions().values())
     assert store.bytes == 4 * (one - marks) <= store.budget_bytes
 
 
 def test_an_entry_over_budget_with_its_marks_is_kept_without_them() -> None:
     store = KVStore(2 * 10 * COLUMN + 2 * 2 * COLUMN)
     store.put("a", entry(10, marks=3))
-    assert set(store._entries) == {"a"} and not store._entries["a"].marks
+    assert set(store.sessions()) == {"a"} and not store.sessions()["a"].marks
     assert store.bytes == 2 * 10 * COLUMN
 
 
@@ -127,7 +127,7 @@ def test_a_session_keeps_its_own_entry_where_it_shares_as_much_as_the_opening() 
     store.put("s", session([1, 2, 3, 9, 9]))  # a rewind: 3 shared, the opening has 4
     taken = store.take("s", [1, 2, 3, 4, 12], tuple)
     assert taken is not None and taken.shared
-    assert "s" not in store._entries  # what the session had leaves the store either way
+    assert "s" not in store.sessions()  # what the session had leaves the store either way
     store.put("s", session([1, 2, 3, 4, 9]))  # as much as the opening: its own
     taken = store.take("s", [1, 2, 3, 4, 12], tuple)
     assert taken is not None and not taken.shared
@@ -139,10 +139,10 @@ def test_openings_are_bounded_in_count_the_least_recently_used_going_first() -> 
     store.put_opening(opening([2, 2]))
     assert store.take("s", [1, 1, 5], tuple) is not None  # [1, 1] is the most recently used
     store.put_opening(opening([3, 3]))
-    assert list(store._openings) == [("", (1, 1)), ("", (3, 3))]
-    kept = store._openings[("", (1, 1))]
+    assert list(store.shared_openings()) == [("", (1, 1)), ("", (3, 3))]
+    kept = store.shared_openings()[("", (1, 1))]
     store.put_opening(opening([1, 1]))  # one copy per opening: the first stays
-    assert store._openings[("", (1, 1))] is kept
+    assert store.shared_openings()[("", (1, 1))] is kept
     off = KVStore(1 << 20, openings=0)
     off.put_opening(opening([1, 1]))
     assert not off.has_opening([1, 1]) and off.bytes == 0
@@ -157,9 +157,11 @@ def test_openings_count_in_the_budget_and_go_after_the_sessions_entries() -> Non
     store.put("b", session(list(range(200, 210))))
     assert store.bytes == 3 * one
     store.put_opening(opening(list(range(300, 310))))  # over: a session's entry goes first
-    assert set(store._entries) == {"b"} and len(store._openings) == 2
+    assert set(store.sessions()) == {"b"} and len(store.shared_openings()) == 2
     store.put("c", entry(20))  # over again: "b", then the least recently used opening
-    assert set(store._entries) == {"c"} and list(store._openings) == [("", tuple(range(300, 310)))]
+    assert set(store.sessions()) == {"c"} and list(store.shared_openings()) == [
+        ("", tuple(range(300, 310)))
+    ]
     assert store.bytes == 3 * one and store.evictions == 3
     store.put_opening(opening(list(range(400, 440))))  # bigger than the whole budget
     assert not store.has_opening(list(range(400, 440)))
@@ -181,9 +183,9 @@ def test_an_opening_serves_only_requests_of_its_scope() -> None:
         assert public is not None and public.ids == [1, 2, 3, 4]
     # the same ids under two scopes: two openings, each handed to its own scope only
     store.put_opening(opening([1, 2, 3]), "bob")
-    assert len(store._openings) == 3
+    assert len(store.shared_openings()) == 3
     bobs = store.take("b", prompt, tuple, "bob")
-    assert bobs is not None and bobs is store._openings[("bob", (1, 2, 3))]
+    assert bobs is not None and bobs is store.shared_openings()[("bob", (1, 2, 3))]
     assert bobs is not mine
 
 

@@ -54,7 +54,7 @@ def opening_length(engine: Engine, system: str = SYSTEM) -> int:
 def pooled_tensors(engine: Engine) -> list[torch.Tensor]:
     """Every tensor the store's openings hold (either engine's form)."""
     held: list[torch.Tensor] = []
-    for entry in engine.kv._openings.values():
+    for entry in engine.kv.shared_openings().values():
         cache = entry.cache
         if hasattr(cache, "tensors"):
             held += cache.tensors()
@@ -84,12 +84,12 @@ async def test_a_new_session_reuses_the_opening_and_replies_as_without_it(
             assert shared.completion_ids == unshared.completion_ids
             if turn == 0:
                 assert (cached(shared), cached(unshared)) == (n, 0)
-    assert not plain.kv._openings
+    assert not plain.kv.shared_openings()
     # read by every session, written by none
     after = pooled_tensors(pooled)
     assert len(after) == len(kept)
     assert all(torch.equal(a, b) for a, b in zip(after, kept, strict=True))
-    assert len(pooled.kv._openings) == 1
+    assert len(pooled.kv.shared_openings()) == 1
 
 
 def first_ids(engine: Engine, text: str, system: str = SYSTEM) -> list[int]:
@@ -105,7 +105,7 @@ async def test_another_system_prompt_is_another_opening(engines: tuple[Engine, E
     assert cached(other) == 0  # "Be brief." opens the same markup, then parts
     again = await say(await session(pooled, "c", "Be kind."), "Yo")
     assert cached(again) == opening_length(pooled, "Be kind.")
-    assert len(pooled.kv._openings) == 2
+    assert len(pooled.kv.shared_openings()) == 2
 
 
 async def test_a_session_after_a_reset_starts_from_the_opening(
@@ -129,7 +129,7 @@ async def test_an_opening_whose_first_prompt_passes_the_window_is_not_kept(
     pooled, plain = engines
     text = "the cat sat on a mat and " * 3  # the prompt is past the window of 16
     await say(await session(pooled, "a"), text)
-    assert not pooled.kv._openings
+    assert not pooled.kv.shared_openings()
     shared, unshared = (
         await say(await session(pooled, "b"), text),
         await say(await session(plain, "b"), text),

@@ -49,7 +49,7 @@ async def unread_replay(url: str) -> AsyncIterator[ZombiePeer]:
     without reading the replay; yields once the server has written the replay to it."""
     async with zombie_peer(url) as peer:
         peer.ws.send_close(4000)
-        await peer._flush()
+        await peer.flush()
         mine, server = (
             peer.writer.get_extra_info("sockname"),
             peer.writer.get_extra_info("peername"),

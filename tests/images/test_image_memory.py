@@ -34,7 +34,7 @@ UPLOADS = {  # small files that decode to large bitmaps, and one smaller than th
 
 def held_bytes(session: Session) -> list[int]:
     """Decoded bytes of every image the session holds: staged, and in its conversation."""
-    staged = [checked.image for checked in session._staged]
+    staged = [image["image"] for image in session.export_state()["staged"]]
     return [np.asarray(image).nbytes for image in [*session.chat.images, *staged]]
 
 

@@ -25,7 +25,7 @@ from wschat.server.engine.formats import GemmaTurns, Transcript
 from wschat.server.engine.history import Conversation
 from wschat.server.engine.openai.client import EngineHttp
 from wschat.server.engine.openai.dialect import LLAMA_CPP, VLLM, Dialect
-from wschat.server.engine.openai.engine import CHAT_PATH, OpenAIEngine, _vision_tokens
+from wschat.server.engine.openai.engine import CHAT_PATH, OpenAIEngine, vision_tokens
 from wschat.server.engine.openai.tokenizer import (
     GatewayTokenizer,
     default_cache_dir,
@@ -97,7 +97,7 @@ def test_a_conversation_with_images_becomes_messages_with_data_uris_in_place(
     tokenizer: GatewayTokenizer, two_turns: tuple[list[int], list[Message]]
 ) -> None:
     _, gemma_messages = two_turns
-    system_gap = _vision_tokens(tokenizer, gemma(tokenizer))[1]
+    system_gap = vision_tokens(tokenizer, gemma(tokenizer))[1]
     messages = chat_messages(gemma_messages, tokenizer.decode, system_gap)
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
     first, reply, last = messages
@@ -200,7 +200,7 @@ def test_images_need_gemma_turns(tokenizer: GatewayTokenizer) -> None:
     ends = frozenset({tokenizer.token_id("<eos>")})
     transcript = Transcript(tokenizer, ends, tokenizer.newline_ids())
     with pytest.raises(VisionError, match="gemma-turns"):
-        _vision_tokens(tokenizer, transcript)
+        vision_tokens(tokenizer, transcript)
 
 
 def test_a_text_prompt_still_goes_to_completions_as_ids(tokenizer: GatewayTokenizer) -> None:

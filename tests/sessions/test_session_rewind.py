@@ -231,7 +231,7 @@ async def test_regenerate_with_nothing_to_regenerate_is_invalid_params_with_its_
     with pytest.raises(ProtocolError) as raised:
         await session.handle(Regenerate("r"))
     assert (raised.value.code, raised.value.id) == (ErrorCode.INVALID_PARAMS, "r")
-    assert "no exchange" in raised.value.message and "r" not in session._ids
+    assert "no exchange" in raised.value.message and "r" not in session.export_state()["ids"]
 
 
 async def test_regenerate_refusals_come_in_the_order_of_the_spec_and_change_nothing() -> None:
@@ -273,7 +273,7 @@ async def test_a_regenerate_that_does_not_fit_the_context_is_context_overflow() 
     with pytest.raises(ConversationTooLong) as raised:
         await session.handle(Regenerate("r"))
     assert refused(raised, "r").code is ErrorCode.CONTEXT_OVERFLOW
-    assert session.state is SessionState.IDLE and "r" not in session._ids
+    assert session.state is SessionState.IDLE and "r" not in session.export_state()["ids"]
 
 
 async def test_a_regenerate_finding_the_queue_full_is_overloaded() -> None:

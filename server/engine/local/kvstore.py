@@ -214,6 +214,16 @@ class KVStore:
                 best = opening
         return best
 
+    def sessions(self) -> dict[str, CachedPrefix]:
+        """Each session's entry by its key, the least recently used first (a copy)."""
+        with self._lock:
+            return dict(self._entries)
+
+    def shared_openings(self) -> dict[tuple[str, tuple[int, ...]], CachedPrefix]:
+        """The openings kept, by scope and ids, the least recently used first (a copy)."""
+        with self._lock:
+            return dict(self._openings)
+
     def has_opening(self, ids: Sequence[int], scope: str = "") -> bool:
         with self._lock:
             return (scope, tuple(ids)) in self._openings

@@ -191,7 +191,7 @@ class OpenAIEngine:
             ),
             remote=RemoteEngine(dialect.name, host, model),
         )
-        self._vision = _vision_tokens(tokenizer, prompt_format) if max_images > 0 else None
+        self._vision = vision_tokens(tokenizer, prompt_format) if max_images > 0 else None
         ends = sorted(prompt_format.end_ids)
         # End tokens that are line breaks (a transcript's) stop as the text "\n" on every
         # engine; the others as ids where the engine reads stop_token_ids, else as its own
@@ -420,7 +420,7 @@ def connect(
     return OpenAIEngine(http, dialect, model, tokenizer, fmt, context, images, name)
 
 
-def _vision_tokens(tokenizer: GatewayTokenizer, fmt: PromptFormat) -> tuple[ImageTokens, list[int]]:
+def vision_tokens(tokenizer: GatewayTokenizer, fmt: PromptFormat) -> tuple[ImageTokens, list[int]]:
     """What image turns need: Gemma 3's image tokens, and the ids between a system prompt and
     the first user turn's text (the chat API is given Gemma turns' texts: the context is counted
     in them)."""
@@ -441,7 +441,7 @@ def _max_images(
     ``/model_info``; vLLM says nothing)."""
     if requested is not None:
         if requested > 0:
-            _vision_tokens(tokenizer, fmt)  # a VisionError stops the start with its reason
+            vision_tokens(tokenizer, fmt)  # a VisionError stops the start with its reason
         return max(0, requested)
     if dialect.vision_path is None:
         return 0
@@ -452,7 +452,7 @@ def _max_images(
         log.info("no %s on the engine (%s): no images", dialect.vision_path, error)
         return 0
     try:
-        _vision_tokens(tokenizer, fmt)
+        vision_tokens(tokenizer, fmt)
     except VisionError as error:
         log.warning("the engine reads images, but they cannot be sent: %s", error)
         return 0
