@@ -20,95 +20,97 @@
             ├── NotListeningError    nothing listens yet, or the handshake was dropped
             └── ModelLoadingError    closed 1013 because the server's model is still loading
 
+The error codes are the protocol's (``wschat.protocol.errors``, which says what each means): a
+``ChatError`` is a ``ProtocolError``, and each of its classes is the protocol's class of its code
+too (a ``BusyError`` is a ``wschat.protocol.Busy``, and takes its code from it).
+
 Waits that run out raise the built-in ``TimeoutError`` (an opening that runs out of time
 raises ``ConnectError``).
 """
 
 from __future__ import annotations
 
-from wschat.protocol import Error, ErrorCode
+from typing import ClassVar
+
+from wschat.protocol import (
+    BadFrame,
+    BadImage,
+    Busy,
+    ContextOverflow,
+    Error,
+    ErrorCode,
+    Internal,
+    InvalidParams,
+    NotRunning,
+    Overloaded,
+    ProtocolError,
+    TooLarge,
+    Unsupported,
+)
 
 
 class ClientError(Exception):
     """Base of every exception this client raises on purpose."""
 
 
-class ChatError(ClientError):
+class ChatError(ClientError, ProtocolError):
     """An ``error`` frame from the server; ``id`` is the client frame it answers, if any."""
 
-    code: ErrorCode = ErrorCode.INTERNAL
+    code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
 
     def __init__(
         self, message: str, *, code: ErrorCode | None = None, id: str | None = None
     ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.id = id
+        super().__init__(message, id=id)
         if code is not None:
-            self.code = code
+            self.code = code  # type: ignore[misc]  # this one error's, not its class's
 
     def __str__(self) -> str:
         return f"{self.code.value}: {self.message}"
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(code={self.code.value!r}, message={self.message!r})"
+
+# the protocol's class first: its ``code`` is the one looked up
+class BadFrameError(BadFrame, ChatError):
+    pass
 
 
-class BadFrameError(ChatError):
-    code = ErrorCode.BAD_FRAME
+class InvalidParamsError(InvalidParams, ChatError):
+    pass
 
 
-class InvalidParamsError(ChatError):
-    code = ErrorCode.INVALID_PARAMS
+class BusyError(Busy, ChatError):
+    pass
 
 
-class BusyError(ChatError):
-    code = ErrorCode.BUSY
+class NotRunningError(NotRunning, ChatError):
+    pass
 
 
-class NotRunningError(ChatError):
-    code = ErrorCode.NOT_RUNNING
+class TooLargeError(TooLarge, ChatError):
+    pass
 
 
-class TooLargeError(ChatError):
-    code = ErrorCode.TOO_LARGE
+class BadImageError(BadImage, ChatError):
+    pass
 
 
-class BadImageError(ChatError):
-    code = ErrorCode.BAD_IMAGE
+class UnsupportedError(Unsupported, ChatError):
+    pass
 
 
-class UnsupportedError(ChatError):
-    code = ErrorCode.UNSUPPORTED
+class ContextOverflowError(ContextOverflow, ChatError):
+    pass
 
 
-class ContextOverflowError(ChatError):
-    code = ErrorCode.CONTEXT_OVERFLOW
+class OverloadedError(Overloaded, ChatError):
+    pass
 
 
-class OverloadedError(ChatError):
-    code = ErrorCode.OVERLOADED
+class InternalError(Internal, ChatError):
+    pass
 
 
-class InternalError(ChatError):
-    code = ErrorCode.INTERNAL
-
-
-ERRORS: dict[ErrorCode, type[ChatError]] = {
-    cls.code: cls
-    for cls in (
-        BadFrameError,
-        InvalidParamsError,
-        BusyError,
-        NotRunningError,
-        TooLargeError,
-        BadImageError,
-        UnsupportedError,
-        ContextOverflowError,
-        OverloadedError,
-        InternalError,
-    )
-}
+ERRORS: dict[ErrorCode, type[ChatError]] = {cls.code: cls for cls in ChatError.__subclasses__()}
 assert set(ERRORS) == set(ErrorCode), "every error code needs its exception class"
 
 
