@@ -3,7 +3,8 @@
 The questions and their accepted answers are bench/questions.json (``new``: mixed kinds, written
 before the model answered any; ``holdout``: more of the same, written before the model answered
 them, to check a format chosen on ``new`` is not fitted to it; ``old``: the set the README
-quoted before). Each conversation
+quoted before; ``shapes``: requests for lists, code and poems, judged for the reply's shape).
+Each conversation
 goes through the engine the server builds (``BatchedEngine``), the chat a session holds
 (``Chat``: the prompt format, the history, the stop rule) and the server's sampling
 defaults (greedy), one conversation at a time, so a run is deterministic on one CPU.
@@ -34,7 +35,15 @@ MAX_NEW_TOKENS = 64
 # torch's thread count, fixed: the server's auto count follows other processes' load, and a sum
 # split across another count of threads can flip a near tie in a greedy pick.
 THREADS = 1
-SETS = ("new", "holdout", "old")
+SETS = ("new", "holdout", "old", "shapes")
+# A reply's shape, as a request for a list, code or a poem wants it (``Item.shape``).
+_LIST_ITEM = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+\S", re.MULTILINE)
+_CODE_BLOCK = re.compile(r"^\s*```[^\n]*\n[^\n]*\S", re.MULTILINE)  # its end may be cut
+SHAPES = {
+    "list": lambda reply: len(_LIST_ITEM.findall(reply)) >= 2,
+    "code": lambda reply: _CODE_BLOCK.search(reply) is not None,
+    "lines": lambda reply: sum(bool(line.strip()) for line in reply.splitlines()) >= 3,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +55,7 @@ class Item:
     at_least: tuple[int, tuple[str, ...]] | None = None
     none: tuple[str, ...] = ()
     no_echo: bool = False
+    shape: str | None = None  # one of SHAPES
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Item:
@@ -58,11 +68,12 @@ class Item:
             at_least=(int(least[0]), tuple(least[1])) if least else None,
             none=tuple(raw.get("none", ())),
             no_echo=bool(raw.get("no_echo", False)),
+            shape=raw.get("shape"),
         )
 
 
 def load(path: Path = QUESTIONS) -> dict[str, list[Item]]:
-    """The sets by name (``new``, ``holdout``, ``old``)."""
+    """The sets by name (``SETS``)."""
     raw = json.loads(path.read_text())
     return {name: [Item.from_json(q) for q in raw[name]] for name in SETS}
 
@@ -95,6 +106,8 @@ def judge(item: Item, reply: str) -> bool:
         if sum(_found(p, reply) for p in patterns) < need:
             return False
     if any(_found(p, reply) for p in item.none):
+        return False
+    if item.shape is not None and not SHAPES[item.shape](reply):
         return False
     return not (item.no_echo and echoes(item.turns[-1], reply))
 

@@ -14,10 +14,12 @@ each prompt extends the previous one token for token, so a session's KV state is
 
 ``transcript``    for pretrained (base) models, which were never tuned on turns and babble inside
                   turn markup, but continue a plain transcript well: an instruction line (the
-                  system prompt when one is set), a few short example exchanges (questions, and
-                  a statement remarked on), then ``User: ...`` / ``Assistant:`` lines. A reply
-                  is one paragraph: it ends at its first line break, which is kept in the
-                  history but never sent as text.
+                  system prompt when one is set), a few short example exchanges (questions, a
+                  list, a code block, a statement remarked on), then ``User: ...`` /
+                  ``Assistant:`` lines. A reply may span lines: it ends where the model starts a
+                  line with a turn label (it begins the next turn) or at end-of-sequence. The
+                  reply's ids are kept up to the line break before the label, which is the next
+                  turn's own; neither the label nor those line breaks are ever sent as text.
 
 ``auto`` picks: the tokenizer's chat template when it has one; else ``gemma-turns`` for a Gemma
 checkpoint that is instruction-tuned (its name says ``-it`` or ``instruct``, or it is one of the
@@ -70,6 +72,9 @@ class PromptFormat(Protocol):
     end_ids: frozenset[int]
     # A reply that starts after "Assistant:" starts with a space the reader should not see.
     strips_leading_space: bool
+    # Where a line starts with one of these, the model has begun the next turn: the reply ends
+    # before that line (stopping.StopTexts), and no engine streams the label.
+    turn_labels: tuple[str, ...]
 
     def tokenize_user(self, text: str) -> list[int]:
         """A user's text as this format places it in a turn (always tokenized as text)."""
@@ -111,6 +116,7 @@ def _user_content(user: UserTurn | Exchange) -> list[int]:
 class GemmaTurns:
     name = "gemma-turns"
     strips_leading_space = False
+    turn_labels: tuple[str, ...] = ()
 
     def __init__(self, codec: TextCodec, end_ids: frozenset[int]) -> None:
         self._codec = codec
@@ -149,18 +155,25 @@ class GemmaTurns:
         return [self._start, *role, *content, self._end, *self._newline]
 
 
-# The transcript's default instruction line and examples, one line each, so a base model answers
-# in kind and ends its reply at the line break: short factual answers, then a remark on a
-# statement, so a statement gets a reply rather than being repeated back.
+# The transcript's default instruction line and examples, so a base model answers in kind: short
+# answers to questions a user is unlikely to ask (an example is a free right answer to its own
+# question, and replies borrow from it), a list and a code block on lines of their own, and a
+# remark on a statement, so a statement gets a reply rather than being repeated back. None of
+# them is, or gives the answer to, a question of bench/questions.json (a test says so).
 TRANSCRIPT_INSTRUCTION = (
     "A conversation between a curious user and a helpful, knowledgeable assistant. "
-    "The assistant answers each question correctly in one or two short sentences."
+    "The assistant answers each question correctly and briefly, with a list or a code block "
+    "where one helps."
 )
 TRANSCRIPT_EXAMPLES = (
-    ("What is the capital of Italy?", "The capital of Italy is Rome."),
-    ("Who painted the Mona Lisa?", "Leonardo da Vinci painted the Mona Lisa."),
-    ("How many legs does a spider have?", "A spider has eight legs."),
-    ("I baked bread this morning.", "That sounds lovely! Fresh bread is a treat."),
+    ("How many sides does a hexagon have?", "A hexagon has six sides."),
+    ("What do caterpillars turn into?", "Caterpillars turn into butterflies or moths."),
+    ("Name some kinds of clouds.", "Some kinds of clouds:\n- cumulus\n- stratus\n- cirrus"),
+    (
+        "Show me how to print a greeting in Python.",
+        'Here it is:\n```python\nprint("Welcome!")\n```',
+    ),
+    ("I planted tomatoes in my garden today.", "How nice! Homegrown tomatoes taste wonderful."),
 )
 TRANSCRIPT_LABELS = ("User:", "Assistant:")
 
@@ -182,7 +195,8 @@ class Transcript:
     ) -> None:
         self._codec = codec
         self._newline_ids = newline_ids
-        self.end_ids = eos_ids | newline_ids
+        self.end_ids = eos_ids
+        self.turn_labels: tuple[str, ...] = labels
         self._bos = codec.tokenize_markup(bos) if bos else []
         self._line = codec.tokenize_text("\n")
         self._gap = codec.tokenize_text("\n\n")
@@ -219,10 +233,15 @@ class Transcript:
         return [*self._user, *content, *self._line]
 
     def _reply(self, reply: Sequence[int]) -> list[int]:
-        """The reply as generated; a line break closes it if it did not end with one."""
-        if reply and reply[-1] in self._newline_ids:
-            return list(reply)
-        return without_end(reply, self.end_ids) + self._line
+        """The reply as generated up to the line break that ended it (the label the model began
+        the next turn with is the next turn's own); a line break closes it if it has none."""
+        ids = without_end(reply, self.end_ids)
+        breaks = [n for n, i in enumerate(ids) if i in self._newline_ids]
+        if breaks and self._codec.decode(ids[breaks[-1] + 1 :]).startswith(self.turn_labels):
+            return ids[: breaks[-1] + 1]
+        if ids and ids[-1] in self._newline_ids:
+            return ids
+        return ids + self._line
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> list[int]:
@@ -245,6 +264,7 @@ class ChatTemplate:
     end_ids: frozenset[int]
     name: str = "chat-template"
     strips_leading_space: bool = False
+    turn_labels: tuple[str, ...] = ()
     _markup: dict[str, list[int]] = field(default_factory=dict)
     # the rendered text before the user's, alone and before an exchange, by whether a system
     # prompt is set: its ids are the sentinels' slots, so one layout serves every system prompt

@@ -64,8 +64,10 @@ def test_the_question_file_has_forty_questions_of_every_kind_a_holdout_and_the_o
     assert {"facts", "arithmetic", "translation", "lists", "follow-ups"} <= kinds
     assert sum(item.kind != "statements" for item in sets["new"]) >= 40
     assert len(sets["old"]) == 8 and len(sets["holdout"]) >= 20
+    assert len(sets["shapes"]) == 10
+    assert {item.kind for item in sets["shapes"]} == {"list", "code", "poem"}
     for item in [item for name in answers.SETS for item in sets[name]]:
-        assert item.any or item.all or item.at_least or item.no_echo, item
+        assert item.any or item.all or item.at_least or item.no_echo or item.shape, item
         for pattern in (*item.any, *item.all, *item.none, *(item.at_least or (0, ()))[1]):
             re.compile(pattern)
         assert all(text == text.strip() and text for text in item.turns)
@@ -80,6 +82,37 @@ def test_neither_the_format_nor_a_variant_shows_the_model_a_question_of_the_set(
     for name, examples in shown.items():
         for question, _ in examples:
             assert _plain(question) not in asked, (name, question)
+
+
+def test_the_formats_examples_share_no_question_and_give_no_answer_the_sets_accept() -> None:
+    """What the default format shows the model is scored nowhere: no example is a question of a
+    set or shares a run of four words with one, and no accepted answer is in an example."""
+    sets = answers.load()
+    items = [item for name in answers.SETS for item in sets[name]]
+    for question, reply in TRANSCRIPT_EXAMPLES:
+        shown = f"{question}\n{reply}"
+        for item in items:
+            for turn in item.turns:
+                assert not answers.echoes(turn, question, 4), (question, turn)
+            patterns = [*item.any, *item.all, *(item.at_least or (0, ()))[1]]
+            assert not [p for p in patterns if re.search(p, shown, re.I)], (question, item)
+
+
+def test_a_shape_is_a_list_a_code_block_or_several_lines() -> None:
+    shaped = {
+        "list": ("- bread\n- cheese", "1. Wet\n2) Soap"),
+        "code": ("Here:\n```python\nprint(1)\n```", "```js\nconsole.log(1)"),
+        "lines": ("Leaves fall,\nred and gold,\nthe wind is cold.",),
+    }
+    unshaped = {
+        "list": ("Bread, cheese and grapes.", "- bread only"),
+        "code": ("print(1)", "```python\n"),
+        "lines": ("One line.\nTwo lines.",),
+    }
+    for shape, replies in shaped.items():
+        item = Item(shape, ("Ask.",), shape=shape)
+        assert all(judge(item, reply) for reply in replies), shape
+        assert not any(judge(item, reply) for reply in unshaped[shape]), shape
 
 
 def _plain(text: str) -> str:

@@ -49,7 +49,7 @@ async def test_embedded_gemma_streams_a_reply_into_the_page(
         await expect(about).to_contain_text(f"{EMBEDDED_ANSWERED[0]} of {EMBEDDED_ANSWERED[1]}")
         await chat.page.evaluate(WATCH_GROWTH)
         reply = await chat.send("What is the capital of France?")
-        # the base model answers in one line and ends it itself, before any length limit
+        # the base model ends its reply itself (where it starts the next turn), before any limit
         await expect(reply).to_have_attribute("data-reason", "stop", timeout=120_000)
         await expect(chat.text(reply)).to_contain_text("Paris")
         lengths = await chat.page.evaluate("() => window.lengths")

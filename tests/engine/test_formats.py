@@ -126,11 +126,37 @@ def test_transcript_system_prompt_replaces_the_instruction_line(tokenizer: Any) 
     assert "A conversation between" not in rendered
 
 
-def test_transcript_reply_ends_at_any_line_break_token_and_eos(tokenizer: Any) -> None:
+def test_transcript_reply_ends_at_eos_and_its_turn_labels_not_at_a_line_break(
+    tokenizer: Any,
+) -> None:
     fmt = Transcript(TokenizerCodec(tokenizer), frozenset({EOS}), newline_ids(tokenizer))
     breaks = [tokenizer.convert_tokens_to_ids(t) for t in ("\n", "\n\n", "\n\n\n")]
-    assert set(breaks) <= fmt.end_ids and EOS in fmt.end_ids
-    assert tokenizer.encode("Paris", add_special_tokens=False)[0] not in fmt.end_ids
+    assert fmt.end_ids == {EOS} and not set(breaks) & fmt.end_ids
+    assert fmt.turn_labels == ("User:", "Assistant:")
+
+
+@pytest.mark.parametrize("label", ["\nUser:", "\n\nUser: And", "\nAssistant:"])
+def test_a_transcript_reply_that_began_the_next_turn_is_kept_to_its_line_break(
+    tokenizer: Any, label: str
+) -> None:
+    """The label the model wrote is the next turn's: the next prompt has it once, and extends
+    what the engine cached (the prompt and the reply's ids) up to it."""
+    conversation = Conversation(
+        Transcript(TokenizerCodec(tokenizer), frozenset({EOS}), newline_ids(tokenizer))
+    )
+    user = conversation.tokenize_user("Colors?")
+    prompt = conversation.prompt_ids(user)
+    body = tokenizer.encode(" Red\nBlue", add_special_tokens=False)
+    ending = tokenizer.encode(label, add_special_tokens=False)
+    conversation.add_exchange(user, [], [], [*body, *ending])
+    following = conversation.prompt_ids(conversation.tokenize_user("More?"))
+    kept = prompt + body + ending[:1]  # the line break the label came after
+    assert following[: len(kept)] == kept
+    assert text(tokenizer, following).endswith(
+        "User: Colors?\nAssistant: Red\nBlue"
+        + label[: label.index(label.strip())]
+        + "User: More?\nAssistant:"
+    )
 
 
 def test_transcript_reply_cut_without_a_line_break_is_closed_with_one(tokenizer: Any) -> None:

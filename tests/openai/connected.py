@@ -1,5 +1,5 @@
 """The openai engine in front of a fake engine (``tests/fakes/openai_engine.py``), connected as
-the CLI connects it: the embedded tokenizer, the gemma-turns format."""
+the CLI connects it: the embedded tokenizer, the gemma-turns format (or ``prompt_format``)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ from tests.fakes.openai_engine import MisbehavingEngine
 
 
 @contextlib.asynccontextmanager
-async def connected(engine: MisbehavingEngine, dialect: str = AUTO) -> AsyncIterator[OpenAIEngine]:
+async def connected(
+    engine: MisbehavingEngine, dialect: str = AUTO, prompt_format: str = "gemma-turns"
+) -> AsyncIterator[OpenAIEngine]:
     """``connect`` (in a thread, as the server's loading does) to ``engine``; closed after."""
     config = OpenAIEngineConfig(
         url=engine.api_url,
         tokenizer="embedded",
         cache_dir=default_cache_dir(),
-        prompt_format="gemma-turns",
+        prompt_format=prompt_format,
         dialect=dialect,
     )
     remote = await asyncio.to_thread(connect, config)

@@ -55,11 +55,12 @@ async def test_reply_streams_from_llama_cpp_and_greedy_equals_its_own_greedy(
     assert tokens and "".join(t["text"] for t in tokens) == done["text"]
     conversation = Conversation(openai_engine.prompt_format)
     ids = conversation.prompt_ids(conversation.tokenize_user(question))
+    stop = ["\nUser:", "\nAssistant:"]  # the transcript's turn labels, where a line starts
     own = await asyncio.to_thread(
         live_llama.complete,
-        {"prompt": ids, "max_tokens": 24, "temperature": 0.0, "stop": ["\n"]},
+        {"prompt": ids, "max_tokens": 24, "temperature": 0.0, "stop": stop},
     )
-    assert done["text"] == own["choices"][0]["text"].removeprefix(" ")
+    assert done["text"] == own["choices"][0]["text"].removeprefix(" ").strip("\n")
 
 
 async def test_second_turn_reuses_the_first_turns_cache(openai_engine: OpenAIEngine) -> None:

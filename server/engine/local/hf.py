@@ -155,6 +155,7 @@ class HFEngine:
             bridge.put,
             request.params.stop,
             end_ids=fmt.end_ids,
+            labels=fmt.turn_labels,
             strip_leading_space=fmt.strips_leading_space,
         )
 

@@ -3,9 +3,9 @@
 ``TokenStreamer`` is what ``model.generate(streamer=...)`` calls once per step. It decodes each
 token with tokenizers' ``DecodeStream`` (no re-decoding of the whole reply, and never half a UTF-8
 character), emits text at once instead of waiting for a space, and holds back only the tail that
-could still grow into a stop string (PROTOCOL.md: a stop string is not included in the text).
-Tokens that end the reply in the prompt format (``end_ids``: ``<end_of_turn>``, or the line break
-that closes a transcript reply) are kept in ``generated`` but never become text.
+could still grow into a stop string or a turn label (``stopping.StopTexts``). Tokens that end the
+reply in the prompt format (``end_ids``: ``<end_of_turn>``, ``<eos>``) are kept in ``generated``
+but never become text.
 """
 
 from __future__ import annotations
@@ -18,39 +18,7 @@ from tokenizers.decoders import DecodeStream
 from transformers import StoppingCriteria
 
 from ..base import CancelFlag, TokenPiece
-
-
-class StopStringMatcher:
-    """Feeds text through; returns what is safe to emit and whether a stop string was hit."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self._stops = tuple(stops)
-        self._held = ""
-        self.hit = False
-
-    def feed(self, text: str) -> str:
-        if not self._stops:
-            return text
-        window = self._held + text
-        found = [i for i in (window.find(s) for s in self._stops) if i >= 0]
-        if found:
-            self.hit = True
-            self._held = ""
-            return window[: min(found)]
-        keep = self._longest_stop_prefix_suffix(window)
-        self._held = window[len(window) - keep :]
-        return window[: len(window) - keep]
-
-    def flush(self) -> str:
-        held, self._held = self._held, ""
-        return "" if self.hit else held
-
-    def _longest_stop_prefix_suffix(self, window: str) -> int:
-        for size in range(min(len(window), max(len(s) for s in self._stops) - 1), 0, -1):
-            tail = window[-size:]
-            if any(s.startswith(tail) for s in self._stops):
-                return size
-        return 0
+from ..stopping import StopTexts
 
 
 class TokenStreamer:
@@ -63,6 +31,7 @@ class TokenStreamer:
         stops: Sequence[str] = (),
         *,
         end_ids: frozenset[int] = frozenset(),
+        labels: Sequence[str] = (),
         strip_leading_space: bool = False,
     ) -> None:
         self._tokenizer = backend_tokenizer
@@ -71,7 +40,7 @@ class TokenStreamer:
         self._strip_space = strip_leading_space
         self._emit = emit
         self._decoder = DecodeStream(skip_special_tokens=True)
-        self._stops = StopStringMatcher(stops)
+        self._stops = StopTexts(stops, labels)
         self._seen_prompt = False
         self._ids: list[int] = []  # ids whose text is not emitted yet
         self.generated: list[int] = []

@@ -54,7 +54,7 @@ from ..formats import (
     looks_instruction_tuned,
 )
 from ..prefixes import OwnPrefixes
-from ..stopping import completed, final_reason, token_budget
+from ..stopping import StopTexts, completed, final_reason, token_budget
 from ..tokenizing import TextTokenizer
 from .burst import Burst
 from .client import EngineHttp
@@ -100,21 +100,45 @@ class OpenAIEngineConfig:
 class _Reply:
     """A reply as it streams in: its ids and texts, and why it ends (the engine's word, or
     "length" once it reaches ``limit``, ours to enforce: an engine may ignore it). ``spent``:
-    the tokens counted against the limit, the ids and one for a text without ids."""
+    the tokens counted against the limit, the ids and one for a text without ids. Its text goes
+    through ``stops`` as on every engine: an engine may stream a stop's start before it stops."""
 
     limit: int
     prompt_tokens: int
     strip: bool  # the prompt format drops the reply's leading space
     known: int  # the most prompt tokens its owner may be told were cached (``_sent``)
+    stops: StopTexts
     ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     finish: str | None = None
     spent: int = 0
+    held: list[int] = field(default_factory=list)  # ids whose text ``stops`` holds back
 
     def reason(self) -> FinishReason:
         if self.finish is None:
             raise lost("the stream ended without a finish reason")
         return final_reason(cancelled=False, stopped=self.finish != "length")
+
+    def push(self, text: str, ids: Sequence[int], generation: Generation) -> None:
+        """The text that may be shown now, with the ids it came with; a stop ends the reply."""
+        self.ids += ids
+        self.held += ids
+        shown = self.stops.feed(text)
+        if shown:
+            self._send(shown, generation)
+        if self.stops.hit:
+            self.finish = "stop"
+
+    def flush(self, generation: Generation) -> None:
+        """What was held back, once the reply ends: the text shown, the ids kept."""
+        shown = self.stops.flush()
+        if shown or self.held:
+            self._send(shown, generation)
+
+    def _send(self, text: str, generation: Generation) -> None:
+        self.texts.append(text)
+        generation.push(TokenPiece(text, tuple(self.held)))
+        self.held = []
 
 
 def _ended_by(error: BaseException) -> Finished:
@@ -192,12 +216,11 @@ class OpenAIEngine:
             remote=RemoteEngine(dialect.name, host, model),
         )
         self._vision = vision_tokens(tokenizer, prompt_format) if max_images > 0 else None
-        ends = sorted(prompt_format.end_ids)
-        # End tokens that are line breaks (a transcript's) stop as the text "\n" on every
-        # engine; the others as ids where the engine reads stop_token_ids, else as its own
-        # end-of-generation tokens.
-        self._newline_end = any("\n" in tokenizer.decode([i]) for i in ends)
-        self._stop_token_ids = [i for i in ends if "\n" not in tokenizer.decode([i])]
+        # End tokens stop as ids where the engine reads stop_token_ids, else as its own
+        # end-of-generation tokens; turn labels as stop strings, and here (the engine's text
+        # goes through StopTexts), so an engine that streams a stop's start shows none of it.
+        self._stop_token_ids = sorted(prompt_format.end_ids)
+        self._label_stops = ["\n" + label for label in prompt_format.turn_labels]
         self._line_bytes = LINE_BASE_BYTES + LINE_BYTES_PER_TOKEN * context_tokens
         self._tasks: set[asyncio.Task[None]] = set()
         self._burst = Burst()  # prompts sent together reach the engine together
@@ -288,7 +311,7 @@ class OpenAIEngine:
 
     def _sampling(self, request: GenerationRequest) -> dict[str, Any]:
         params = request.params
-        stop = list(params.stop) + (["\n"] if self._newline_end else [])
+        stop = [*params.stop, *self._label_stops]
         return self.dialect.sampling(params, stop=stop, stop_token_ids=self._stop_token_ids)
 
     def _sent(self, request: GenerationRequest, ids: list[int]) -> int:
@@ -310,11 +333,13 @@ class OpenAIEngine:
         return self.dialect.text_call(self.completion_body(request))
 
     async def _run(self, request: GenerationRequest, generation: Generation) -> None:
+        fmt = self.prompt_format
         reply = _Reply(
             self._max_tokens(request),
             len(request.prompt_ids),
-            self.prompt_format.strips_leading_space,
+            fmt.strips_leading_space,
             self._sent(request, request.prompt_ids),
+            StopTexts(request.params.stop, fmt.turn_labels),
         )
         try:
             call = self._call(request)
@@ -327,6 +352,7 @@ class OpenAIEngine:
             finished = Finished(reply.reason())
         except (asyncio.CancelledError, Exception) as error:
             finished = _ended_by(error)
+        reply.flush(generation)
         self._sent(request, [*request.prompt_ids, *reply.ids])
         ended = completed(
             dataclasses.replace(finished, completion_ids=tuple(reply.ids)),
@@ -363,10 +389,8 @@ class OpenAIEngine:
         reply.spent += max(len(ids), 1)
         if reply.strip and not reply.ids:
             text = text.removeprefix(" ")
-        reply.ids += ids
-        reply.texts.append(text)
-        generation.push(TokenPiece(text, tuple(ids)))
-        return not cut
+        reply.push(text, ids, generation)
+        return not (cut or reply.stops.hit)
 
     def _checked(self, text: str, ids: list[int]) -> tuple[str, list[int]]:
         """A chunk's text and ids, or a bad answer: an id outside the vocabulary, a text over
