@@ -140,7 +140,8 @@ class Settings:
         None,
         "CPU threads torch uses to generate: a number, or `auto` (the default): one per usable "
         "core while the cores are free, one fewer for each core other processes keep busy "
-        "(`--engine llamacpp`: llama.cpp's threads, auto: every usable core)",
+        "(`--engine llamacpp`: llama.cpp's threads, by the same rule as its server starts, "
+        "fixed while it runs)",
     )
     max_queue: int = option(64, "prompts waiting for a slot before new ones get `overloaded`")
     max_new_tokens: int = option(

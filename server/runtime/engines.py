@@ -77,14 +77,13 @@ def _connect_openai(settings: Settings) -> Engine:
 
 def _start_llamacpp(settings: Settings) -> Engine:
     """llama.cpp's server, started and supervised here, with the openai engine in front."""
-    from ..engine.cores import usable_cores
     from ..engine.openai.tokenizer import EMBEDDED, default_cache_dir
     from .supervisor import LlamaCppConfig, LlamaCppServer, launch
 
     config = LlamaCppConfig(
         model=settings.model,
         cache_dir=settings.cache_dir or default_cache_dir(),
-        threads=settings.threads or usable_cores(),
+        threads=settings.threads,
         slots=settings.max_concurrent or UNBATCHED_CONCURRENT,
         slot_context=settings.context_tokens,
         idle_kv_mib=settings.kv_budget_mib,

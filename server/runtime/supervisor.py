@@ -43,6 +43,7 @@ from typing import IO
 
 import httpx
 
+from ..engine.cores import threads_now, usable_cores
 from ..engine.openai.client import EngineHttp
 from ..engine.openai.engine import OpenAIEngine, OpenAIEngineConfig, connect
 from ..engine.openai.tokenizer import EMBEDDED, gguf_path
@@ -73,7 +74,7 @@ class LlamaCppError(RuntimeError):
 class LlamaCppConfig:
     model: str  # "embedded" or a .gguf file
     cache_dir: Path
-    threads: int
+    threads: int | None  # None: auto, chosen as each child starts (engine/cores.py)
     slots: int  # requests decoding at once (llama.cpp's --parallel)
     slot_context: int  # KV tokens of each slot: one conversation's context
     # MiB of RAM where llama.cpp keeps the KV of a conversation whose slot another one took
@@ -210,6 +211,8 @@ class LlamaCppServer:
         self.config = config
         self.model = gguf_file(config.model, config.cache_dir)
         self.api_key = secrets.token_urlsafe(24)
+        # the threads of the child that runs (or starts next): auto's are chosen as it starts
+        self.threads = config.threads or usable_cores()
         self._lock = threading.Lock()  # guards _child: the watcher replaces it, stop takes it
         self._child: _Child | None = None
         self._stopping = threading.Event()  # set by stop: no more starts or restarts
@@ -260,7 +263,7 @@ class LlamaCppServer:
             "--model", str(self.model),
             "--host", "127.0.0.1",
             "--port", str(config.port),
-            "--threads", str(config.threads),
+            "--threads", str(self.threads),
             "--parallel", str(config.slots),
             "--ctx", str(config.slots * config.slot_context),
             "--swa-full",
@@ -274,6 +277,7 @@ class LlamaCppServer:
     def _launch(self) -> _Child:
         """A new child, listening and healthy; ``LlamaCppError`` (the child reaped) if not."""
         env = {**os.environ, API_KEY_VARIABLE: self.api_key}
+        self.threads = self.config.threads or threads_now()[0]
         process = subprocess.Popen(
             self._command(),
             stdin=subprocess.PIPE,  # never written: its end is how the child learns we are gone
@@ -286,7 +290,7 @@ class LlamaCppServer:
             "llama.cpp's server (pid %d) starting: %s, %d threads, %d slots of %d tokens",
             process.pid,
             self.model,
-            self.config.threads,
+            self.threads,
             self.config.slots,
             self.config.slot_context,
         )
