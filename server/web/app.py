@@ -151,6 +151,7 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
             if hub.engine is not None:
                 await hub.engine.aclose()
 
+    api = OpenAIApi(hub)  # the OpenAI-compatible HTTP API (openai_api/)
     app = Starlette(
         routes=[
             Route("/healthz", healthz),
@@ -158,8 +159,9 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
             WebSocketRoute(CHAT_PATH, chat),
             # before the static mount, which would otherwise take the handshake and close it (403)
             WebSocketRoute("/static/{path:path}", no_chat_here),
-            *OpenAIApi(hub).routes(),  # the OpenAI-compatible HTTP API (openai_api/)
+            *api.routes(),
             *web_routes(hub, stats_feed),
+            api.unknown_paths(),
             WebSocketRoute("/{path:path}", no_chat_here),  # last: what no other route serves
         ],
         lifespan=lifespan,

@@ -6,16 +6,20 @@ refusal (``context_length_exceeded`` for the context, as OpenAI spells it)."""
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
-from tests.api.support import assistant, user
+from tests.api.support import assistant, async_client, user
 from tests.fakes.scripted import ScriptedEngine
 from tests.images import samples
 from tests.support import TIMEOUT, http_base, loading_server, running_server
 
+CHAT = "/v1/chat/completions"
+JSON = {"Content-Type": "application/json"}
 LIMITS: dict[str, Any] = {
     "max_new_tokens": 64,
     "max_image_bytes": 2000,
@@ -46,6 +50,8 @@ CHAT_REFUSALS = [
     (chat(temperature=3), 400, "invalid_params", "temperature"),
     (chat(min_p=1.5), 400, "invalid_params", "min_p"),
     (chat(max_tokens=65), 400, "invalid_params", None),
+    (chat(stream_options={"include_usage": True}), 400, "invalid_params", "stream_options"),
+    (chat(stream=False, stream_options={}), 400, "invalid_params", "stream_options"),
     (chat(max_completion_tokens=0), 400, "invalid_params", "max_completion_tokens"),
     (chat(stop=[""]), 400, "invalid_params", "stop"),
     (chat(stream="yes"), 400, "invalid_params", "stream"),
@@ -91,6 +97,12 @@ COMPLETION_REFUSALS = [
     ({"model": "m", "prompt": "a", "best_of": 3}, 400, "unsupported", "best_of"),
     ({"model": "m", "prompt": "a", "suffix": "z"}, 400, "unsupported", "suffix"),
     ({"model": "m", "prompt": ""}, 400, "invalid_params", "prompt"),
+    (
+        {"model": "m", "prompt": "a", "stream_options": {"include_usage": True}},
+        400,
+        "invalid_params",
+        "stream_options",
+    ),
     ({"model": "m", "prompt": [1, -2]}, 400, "invalid_params", "prompt"),
     ({"model": "m", "prompt": [1, 1 << 40]}, 400, "invalid_params", "prompt"),
     ({"model": "m", "prompt": list(range(300))}, 400, "context_length_exceeded", None),
@@ -116,8 +128,8 @@ async def test_a_refused_request_gets_the_error_shape_and_runs_nothing(
 
 async def test_a_body_over_the_frame_limit_is_413_and_one_not_json_is_400() -> None:
     async with running_server(ScriptedEngine(), **LIMITS) as url:
-        large = await post(url, "/v1/chat/completions", content=b"{" + b" " * 100_000 + b"}")
-        garbled = await post(url, "/v1/chat/completions", content=b"{not json")
+        large = await post(url, CHAT, content=b"{" + b" " * 100_000 + b"}", headers=JSON)
+        garbled = await post(url, CHAT, content=b"{not json", headers=JSON)
     assert_refused(large, 413, "too_large", None)
     assert_refused(garbled, 400, "invalid_params", None)
 
@@ -193,4 +205,69 @@ async def test_a_page_of_another_origin_is_403_in_the_api_shape() -> None:
         "type": "permission_error",
         "param": None,
         "code": "forbidden",
+    }
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x", None],
+)
+async def test_a_json_body_sent_as_another_type_is_415_and_runs_nothing(
+    content_type: str | None,
+) -> None:
+    engine = ScriptedEngine()
+    headers = {"Content-Type": content_type} if content_type else {}
+    async with running_server(engine) as url:
+        refused = await post(url, CHAT, content=json.dumps(chat()).encode(), headers=headers)
+        for path in (CHAT, "/v1/completions"):
+            declared = await post(url, path, content=b"{}", headers=headers)
+            assert declared.status_code == 415
+    assert refused.status_code == 415
+    assert refused.json() == {
+        "error": {
+            "message": "the request body must be JSON, sent with Content-Type: application/json",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "unsupported_media_type",
+        }
+    }
+    assert engine.requests == []
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8", "Application/JSON"])
+async def test_json_with_a_charset_or_in_capitals_is_json(content_type: str) -> None:
+    async with running_server(ScriptedEngine()) as url:
+        served = await post(
+            url, CHAT, content=json.dumps(chat()).encode(), headers={"Content-Type": content_type}
+        )
+    assert served.status_code == 200, served.text
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/v1/nothing"), ("POST", "/v1/embeddings"), ("GET", "/v1/chat/completions")],
+)
+async def test_an_unknown_path_under_v1_is_404_in_the_api_shape(method: str, path: str) -> None:
+    async with running_server(ScriptedEngine()) as url, httpx.AsyncClient(timeout=TIMEOUT) as http:
+        response = await http.request(method, f"{http_base(url)}{path}")
+    assert response.status_code == 404
+    assert response.json() == {
+        "error": {
+            "message": f"Invalid URL ({method} {path})",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "unknown_url",
+        }
+    }
+
+
+async def test_the_sdk_gets_not_found_for_an_endpoint_the_server_lacks() -> None:
+    async with running_server(ScriptedEngine()) as url, async_client(url) as client:
+        with pytest.raises(openai.NotFoundError) as missing:
+            await client.embeddings.create(model="any", input="Hi")
+    assert missing.value.body == {
+        "message": "Invalid URL (POST /v1/embeddings)",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "unknown_url",
     }

@@ -1,7 +1,8 @@
-"""A request's body as the API reads it: its bytes within the size limit, then JSON, refused
-(400) where it is not JSON, nests deeper than the parser goes, or holds a string that is not
-text (a lone UTF-16 surrogate, ``"\\ud800"``: valid JSON, but no UTF-8 encodes it, and every
-later step that encodes it would fail).
+"""A request's body as the API reads it: sent as JSON (``Content-Type: application/json``, else
+415), its bytes within the size limit (413), then JSON, refused (400) where it is not JSON,
+nests deeper than the parser goes, or holds a string that is not text (a lone UTF-16
+surrogate, ``"\\ud800"``: valid JSON, but no UTF-8 encodes it, and every later step that
+encodes it would fail).
 
 json's C parser holds the GIL from the first byte to the last: a 10 MiB body of small objects
 or numbers held the event loop for half a second to two. A body over ``INLINE_BYTES`` is
@@ -22,6 +23,7 @@ from starlette.requests import Request
 from ...engine import Engine
 from .errors import ApiError
 
+JSON_MEDIA_TYPE = "application/json"
 # Parsed on the loop at once: well under a millisecond of work.
 INLINE_BYTES = 64 * 1024
 # How a surrogate gets into a JSON text (raw UTF-8 cannot hold one): a body without such an
@@ -31,7 +33,14 @@ _SURROGATE = re.compile("[\ud800-\udfff]")  # what is left once json joined the 
 
 
 async def json_body(request: Request, limit: int, engine: Engine) -> Any:
-    """The body parsed as JSON: 413 past ``limit`` bytes, 400 when it is not JSON."""
+    """The body parsed as JSON: 415 unless it is sent as JSON (before it is read), 413 past
+    ``limit`` bytes, 400 when it is not JSON."""
+    media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media_type != JSON_MEDIA_TYPE:
+        # as vLLM: a form or a text is not taken for JSON (nor is a body with no type), so a
+        # page's plain form post, which a browser sends without a preflight, is never run
+        message = f"the request body must be JSON, sent with Content-Type: {JSON_MEDIA_TYPE}"
+        raise ApiError(message, status=415, code="unsupported_media_type")
     data = await _read(request, limit)
     if len(data) <= INLINE_BYTES:
         return _parsed(data, json.loads)

@@ -3,8 +3,8 @@
 A refusal keeps the wire code a WebSocket client would get for the same thing as its ``code``
 (``invalid_params``, ``too_large``, ...), except a conversation over the context, which is
 ``context_length_exceeded`` as OpenAI spells it (tools look for that one). The HTTP status
-follows the code: the peer's fault 400 (413 over a size limit), capacity 429 with
-``Retry-After``, ours 500.
+follows the code: the peer's fault 400 (413 over a size limit, 415 for a body that is not
+sent as JSON), capacity 429 with ``Retry-After``, ours 500; an unknown URL or model is 404.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ _TYPE: dict[int, str] = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
-    404: "not_found_error",
+    404: "invalid_request_error",  # OpenAI's, for an unknown URL or model
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
@@ -102,6 +102,14 @@ def guarded(endpoint: Endpoint) -> Endpoint:
             return ApiError.of(error).response()
 
     return answer
+
+
+async def unknown_path(request: Request) -> Response:
+    """Any other request under ``/v1/``: 404 in OpenAI's shape, as OpenAI answers it."""
+    path = request.url.path
+    shown = path if len(path) <= 80 else path[:79] + "…"
+    message = f"Invalid URL ({request.method} {shown})"
+    return ApiError(message, status=404, code="unknown_url").response()
 
 
 def invalid(message: str, param: str | None = None) -> ApiError:

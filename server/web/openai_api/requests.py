@@ -23,6 +23,7 @@ from typing import Any
 
 from wschat.protocol import ContextOverflow, GenerationParams, InvalidParams, parse_params
 
+from ...settings import Settings
 from .errors import ApiError, invalid, unsupported
 
 # OpenAI's field -> ours; the checks are the prompt frame's (protocol/params.py)
@@ -79,9 +80,9 @@ class CompletionBody:
     ids: list[int] | None
 
 
-def chat_body(body: Any, max_messages: int) -> ChatBody:
-    """``max_messages``: the most messages, and the most content parts of all of them together,
-    a request may have (``--max-messages``)."""
+def chat_body(body: Any, settings: Settings) -> ChatBody:
+    """``settings``: the most messages, and the most content parts of all of them together, a
+    request may have (``--max-messages``)."""
     body = _object(body)
     _refuse_unsupported(body)
     for name in ("tools", "functions"):
@@ -97,15 +98,15 @@ def chat_body(body: Any, max_messages: int) -> ChatBody:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages must be a non-empty list", "messages")
-    _count(messages, max_messages)
+    _count(messages, settings.max_messages)
     system, turns = _turns([_message(m, n) for n, m in enumerate(messages)])
     if not turns or turns[-1].role != "user":
         raise invalid("the last message must be a user message", "messages")
     exchanges = list(zip(turns[:-1:2], turns[1:-1:2], strict=True))
-    return ChatBody(_sampling(body), system, exchanges, turns[-1])
+    return ChatBody(_sampling(body, settings), system, exchanges, turns[-1])
 
 
-def completion_body(body: Any, context_tokens: int) -> CompletionBody:
+def completion_body(body: Any, settings: Settings, context_tokens: int) -> CompletionBody:
     """``context_tokens``: the model's context, which a prompt of token ids must fit."""
     body = _object(body)
     _refuse_unsupported(body)
@@ -124,12 +125,12 @@ def completion_body(body: Any, context_tokens: int) -> CompletionBody:
     if isinstance(prompt, str):
         if not prompt:
             raise invalid("prompt must not be empty", "prompt")
-        return CompletionBody(_sampling(body), prompt, None)
+        return CompletionBody(_sampling(body, settings), prompt, None)
     if isinstance(prompt, list) and len(prompt) >= context_tokens and type(prompt[0]) is int:
         too_long = f"the prompt is {len(prompt)} tokens; the context holds {context_tokens}"
         raise ApiError.of(ContextOverflow(too_long))
     if isinstance(prompt, list) and prompt and all(type(i) is int and i >= 0 for i in prompt):
-        return CompletionBody(_sampling(body), None, list(prompt))
+        return CompletionBody(_sampling(body, settings), None, list(prompt))
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
         raise unsupported("one prompt per request: several are not supported", "prompt")
     raise invalid("prompt must be a string or a list of token ids", "prompt")
@@ -156,7 +157,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise unsupported("logit_bias is not supported", "logit_bias")
 
 
-def _sampling(body: dict[str, Any]) -> Sampling:
+def _sampling(body: dict[str, Any], settings: Settings) -> Sampling:
     ours: dict[str, Any] = {}
     for name, our_name in _SAMPLING.items():
         value = body.get(name)
@@ -177,6 +178,8 @@ def _sampling(body: dict[str, Any]) -> Sampling:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, Mapping):
         raise invalid("stream_options must be an object", "stream_options")
+    if options is not None and not stream:  # as OpenAI's API and vLLM refuse it
+        raise invalid("stream_options is only allowed when stream is true", "stream_options")
     include_usage = bool(options and options.get("include_usage"))
     return Sampling(parse_params(ours), bool(stream), include_usage)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, Route
 from wschat.protocol import (
     Done,
     Error,
@@ -44,13 +44,16 @@ from ..access import owner_scope, refusal
 from .bodies import json_body
 from .conversation import CompletionChat, ReplyIds, api_session, load_chat, new_prompt_id
 from .cors import cors_route
-from .errors import ApiError, guarded, refusal_error
+from .errors import ApiError, guarded, refusal_error, unknown_path
 from .in_flight import in_flight
+from .models import Models, model_id
 from .prefix_keys import CacheKeys
 from .requests import Sampling, chat_body, completion_body
 
 log = logging.getLogger("wschat.openai_api")
 
+# What the catch-all for unknown paths answers (a route's methods default to GET)
+ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 # A reply cancelled while its client still reads: only a shutdown does that (a client that
@@ -252,7 +255,7 @@ class Reply:
             "id": self.run.id,
             "object": kind,
             "created": self.created,
-            "model": info.model,
+            "model": model_id(info),
             "system_fingerprint": info.fingerprint or None,
         }
 
@@ -282,6 +285,7 @@ class OpenAIApi:
         self.hub = hub
         self.replies = ReplyIds()
         self._keys: CacheKeys | None = None
+        self.models = Models(hub, self._admit)
 
     @property
     def keys(self) -> CacheKeys:
@@ -294,7 +298,8 @@ class OpenAIApi:
     def routes(self) -> list[BaseRoute]:
         settings = self.hub.settings
         return [
-            cors_route("/v1/models", guarded(self.models), "GET", settings),
+            cors_route("/v1/models", guarded(self.models.list), "GET", settings),
+            cors_route("/v1/models/{model:path}", guarded(self.models.retrieve), "GET", settings),
             in_flight(
                 self.hub, cors_route("/v1/chat/completions", guarded(self.chat), "POST", settings)
             ),
@@ -304,24 +309,9 @@ class OpenAIApi:
             ),
         ]
 
-    async def models(self, request: Request) -> Response:
-        try:
-            self._admit(request)
-        except ApiError as e:
-            return e.response()
-        engine = self.hub.engine
-        data = []
-        if engine is not None:
-            created = int(time.time() - self.hub.stats.uptime_s)
-            data.append(
-                {
-                    "id": engine.info.model,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "wschat",
-                }
-            )
-        return JSONResponse({"object": "list", "data": data})
+    def unknown_paths(self) -> BaseRoute:
+        """Last among the HTTP routes: any other path under /v1/, in OpenAI's shape (404)."""
+        return Route("/v1/{path:path}", guarded(unknown_path), methods=ANY_METHOD)
 
     async def chat(self, request: Request) -> Response:
         return await self._answer(request, "chat")
@@ -353,11 +343,11 @@ class OpenAIApi:
         session.address = request.client.host if request.client else "unknown"
         reply = Reply(self, session, request, kind)
         if kind == "chat":
-            parsed = chat_body(body, hub.settings.max_messages)
+            parsed = chat_body(body, hub.settings)
             prompt = await load_chat(session, parsed, self.replies, hub.settings)
             sampling = parsed.sampling
         else:
-            completion = completion_body(body, engine.info.context_tokens)
+            completion = completion_body(body, hub.settings, engine.info.context_tokens)
             self._check_ids(completion.ids)
             session.chat = CompletionChat(engine, session.key, completion.ids)
             # the text is the prompt's (its size checked as a prompt's); ids need none

@@ -1,0 +1,70 @@
+"""``GET /v1/models`` and ``GET /v1/models/{id}`` (the SDK's ``models.list`` and
+``models.retrieve``): the model served, in OpenAI's shape. A request may name it or anything
+else: the model served answers it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from ...engine import EngineInfo
+from ...sessions.hub import Hub
+from .errors import ApiError
+
+OWNER = "wschat"
+
+
+def model_id(info: EngineInfo) -> str:
+    """The id of the model ``info`` names."""
+    return info.model
+
+
+class Models:
+    def __init__(self, hub: Hub, admit: Callable[[Request], None]) -> None:
+        self.hub = hub
+        self._admit = admit  # the API's checks: tokens, Origin, the model loaded
+
+    async def list(self, request: Request) -> Response:
+        try:
+            self._admit(request)
+        except ApiError as e:
+            return e.response()
+        return JSONResponse({"object": "list", "data": [self._card()]})
+
+    async def retrieve(self, request: Request) -> Response:
+        try:
+            self._admit(request)
+        except ApiError as e:
+            return e.response()
+        name = request.path_params["model"]
+        info = self._info()
+        if name != model_id(info):
+            shown = name if len(name) <= 80 else name[:79] + "…"
+            error = ApiError(
+                f"the model {shown!r} does not exist; this server serves {model_id(info)!r}",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+            return error.response()
+        return JSONResponse(self._card())
+
+    def _info(self) -> EngineInfo:
+        engine = self.hub.engine
+        assert engine is not None  # admitted: the model is loaded
+        return engine.info
+
+    def _card(self) -> dict[str, Any]:
+        info = self._info()
+        card: dict[str, Any] = {
+            "id": model_id(info),
+            "object": "model",
+            "created": int(time.time() - self.hub.stats.uptime_s),
+            "owned_by": OWNER,
+        }
+        return card
