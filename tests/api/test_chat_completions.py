@@ -150,3 +150,26 @@ async def test_a_system_message_and_joined_user_messages_reach_the_prompt(
         )
     assert alone.usage is not None and with_system.usage is not None
     assert with_system.usage.prompt_tokens > alone.usage.prompt_tokens
+
+
+async def test_max_tokens_past_the_servers_cap_is_served_up_to_the_cap(
+    tiny_engine: HFEngine,
+) -> None:
+    """As llama.cpp does: clients send large defaults (5000); the reply ends ``length`` at
+    ``--max-new-tokens``."""
+    async with (
+        running_server(tiny_engine, max_new_tokens=7) as url,
+        async_client(url) as client,
+    ):
+        chat = await client.chat.completions.create(
+            model="any", messages=[user("Count to a thousand")], max_tokens=5000
+        )
+        newer = await client.chat.completions.create(
+            model="any", messages=[user("Count to a thousand")], max_completion_tokens=5000
+        )
+        completion = await client.completions.create(
+            model="any", prompt="Once upon", max_tokens=5000
+        )
+    for reply in (chat, newer, completion):
+        assert reply.choices[0].finish_reason == "length"
+        assert reply.usage is not None and reply.usage.completion_tokens == 7

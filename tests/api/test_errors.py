@@ -49,7 +49,6 @@ CHAT_REFUSALS = [
     (chat(response_format={"type": "json_object"}), 400, "unsupported", "response_format"),
     (chat(temperature=3), 400, "invalid_params", "temperature"),
     (chat(min_p=1.5), 400, "invalid_params", "min_p"),
-    (chat(max_tokens=65), 400, "invalid_params", None),
     (chat(stream_options={"include_usage": True}), 400, "invalid_params", "stream_options"),
     (chat(stream=False, stream_options={}), 400, "invalid_params", "stream_options"),
     (chat(max_completion_tokens=0), 400, "invalid_params", "max_completion_tokens"),

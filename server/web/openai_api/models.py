@@ -1,6 +1,11 @@
 """``GET /v1/models`` and ``GET /v1/models/{id}`` (the SDK's ``models.list`` and
-``models.retrieve``): the model served, in OpenAI's shape. A request may name it or anything
-else: the model served answers it.
+``models.retrieve``): the model served, in OpenAI's shape.
+
+Its id is short (``gemma-3-270m``), as clients put it in their configuration: an engine's model
+name may carry a description after it in parentheses (the embedded model's is
+``gemma-3-270m (embedded, from GGUF Q4_K_M)``), which the model object keeps as
+``description``; /readyz and the WebSocket's ``ready`` show the whole name. A request may name
+either, or anything else: the model served answers it, named by its id.
 """
 
 from __future__ import annotations
@@ -20,8 +25,8 @@ OWNER = "wschat"
 
 
 def model_id(info: EngineInfo) -> str:
-    """The id of the model ``info`` names."""
-    return info.model
+    """The short id of the model ``info`` names: its name without the description."""
+    return info.model.split(" (", 1)[0]
 
 
 class Models:
@@ -43,7 +48,7 @@ class Models:
             return e.response()
         name = request.path_params["model"]
         info = self._info()
-        if name != model_id(info):
+        if name not in (model_id(info), info.model):
             shown = name if len(name) <= 80 else name[:79] + "…"
             error = ApiError(
                 f"the model {shown!r} does not exist; this server serves {model_id(info)!r}",
@@ -67,4 +72,6 @@ class Models:
             "created": int(time.time() - self.hub.stats.uptime_s),
             "owned_by": OWNER,
         }
+        if info.model != card["id"]:
+            card["description"] = info.model
         return card

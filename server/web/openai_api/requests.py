@@ -82,7 +82,7 @@ class CompletionBody:
 
 def chat_body(body: Any, settings: Settings) -> ChatBody:
     """``settings``: the most messages, and the most content parts of all of them together, a
-    request may have (``--max-messages``)."""
+    request may have (``--max-messages``), and the longest reply (``--max-new-tokens``)."""
     body = _object(body)
     _refuse_unsupported(body)
     for name in ("tools", "functions"):
@@ -172,6 +172,10 @@ def _sampling(body: dict[str, Any], settings: Settings) -> Sampling:
         except InvalidParams as e:
             raise ApiError.of(e, name) from None
         ours[our_name] = value
+    # past the server's longest reply: served up to it (finish_reason "length"), as llama.cpp
+    # does, since clients and frameworks send large defaults; a WebSocket prompt is refused
+    if ours.get("max_new_tokens", 0) > settings.max_new_tokens:
+        ours["max_new_tokens"] = settings.max_new_tokens
     stream = body.get("stream")
     if stream is not None and type(stream) is not bool:
         raise invalid("stream must be a boolean", "stream")
