@@ -1,8 +1,8 @@
 """Routes for browsers and dashboards: the chat page, the dashboard, their static files,
 ``/metrics``, ``/v1/auth`` and the WebSocket ``/v1/stats``.
 
-Everything the pages need ships in the package (``server/web/static/`` and the protocol's own
-``protocol/msgpack.mjs``): no CDN, no build step. The stats socket and ``/metrics`` follow the
+Everything the pages need ships in the package (``server/web/static/``, the libraries it uses in
+``static/vendor/``): no CDN, no build step. The stats socket and ``/metrics`` follow the
 same token and Origin rules as the chat socket (PROTOCOL.md "Authentication").
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import wschat.protocol
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
@@ -25,7 +24,6 @@ from .metrics import CONTENT_TYPE, Metrics
 from .stats_feed import StatsFeed
 
 STATIC_DIR = Path(__file__).with_name("static")
-MSGPACK_MODULE = Path(wschat.protocol.__file__).with_name("msgpack.mjs")
 
 # The pages load only their own files and talk only to their own origin.
 PAGE_HEADERS = {
@@ -65,7 +63,6 @@ def web_routes(hub: Hub, stats_feed: StatsFeed) -> list[BaseRoute]:
     return [
         Route("/", _page("index.html")),
         Route("/dashboard", _page("dashboard.html")),
-        Route("/static/msgpack.mjs", _msgpack_module),
         Mount("/static", app=StaticFiles(directory=STATIC_DIR), name="static"),
         Route("/metrics", metrics_page),
         Route("/v1/auth", auth_check),
@@ -80,7 +77,3 @@ def _page(name: str) -> Callable[[Request], Awaitable[Response]]:
         return FileResponse(path, media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
 
     return page
-
-
-async def _msgpack_module(request: Request) -> Response:
-    return FileResponse(MSGPACK_MODULE, media_type="text/javascript; charset=utf-8")

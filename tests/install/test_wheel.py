@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT = 300.0
 # The folders the wschat.* packages map onto, with the package each one becomes.
 PACKAGES = {"protocol": "wschat/protocol", "server": "wschat/server", "client": "wschat/client"}
-DATA = ("protocol/PROTOCOL.md", "protocol/msgpack.mjs", "protocol/vectors", "server/web/static")
+DATA = ("protocol/PROTOCOL.md", "protocol/vectors", "server/web/static")
 # What a build writes or a checkout holds besides the sources (.git, caches, venvs).
 NOT_SOURCES = shutil.ignore_patterns(".*", "__pycache__", "*.egg-info", "build", "dist")
 

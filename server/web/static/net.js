@@ -1,7 +1,7 @@
 // What the chat page and the dashboard share: the token (kept in sessionStorage only), socket
 // URLs, the subprotocol list, telling a refused token from a server that is down, and backoff.
 
-import { decode, encode } from "./msgpack.mjs";
+import { decode, encode } from "./msgpack.js";
 
 const TOKEN_KEY = "wschat.token";
 const SUBPROTOCOL = "wschat.v1";
