@@ -195,11 +195,14 @@ def test_an_owners_openings_evict_its_own_and_the_one_without_a_system_prompt_st
     store.put_opening(entry(11), "alice")
     for columns in range(12, 16):  # bob's four system prompts
         store.put_opening(entry(columns), "bob")
-    assert [(scope, len(ids)) for scope, ids in store._openings] == [
+    assert [(scope, len(ids)) for scope, ids in store.shared_openings()] == [
         ("", 10),
         ("alice", 11),
         ("bob", 14),
         ("bob", 15),
     ]
     store.put_opening(entry(16), "carol")  # under its share: bob, over his, gives one up
-    assert [(scope, len(ids)) for scope, ids in store._openings][2:] == [("bob", 15), ("carol", 16)]
+    assert [(scope, len(ids)) for scope, ids in store.shared_openings()][2:] == [
+        ("bob", 15),
+        ("carol", 16),
+    ]
