@@ -185,6 +185,12 @@ class Settings:
         "bytes the images one session keeps may hold, its conversation's and the staged ones "
         "together (at the model's input size: 2.4 MB each for Gemma 3)",
     )
+    max_image_checks: int = option(
+        2,
+        "images decoded and checked at once, server-wide (WebSocket and HTTP API alike); more "
+        "wait their turn. One holds up to 18 bytes a pixel of its upload for a moment (450 MB "
+        "at `--max-image-pixels` 25,000,000)",
+    )
     max_prompt_bytes: int = option(256 * 1024, "largest prompt text, in UTF-8 bytes")
     max_prompt_tokens: int = option(8192, "largest prompt text, in tokens")
     max_messages: int = option(

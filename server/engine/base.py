@@ -163,6 +163,9 @@ class EngineInfo:
     # The model and tokenizer (``fingerprint``): token ids kept by one engine mean the same to
     # another only when theirs are equal
     fingerprint: str = ""
+    # The (width, height) ``prepare_image`` resizes every image to, when it does: an upload may
+    # be decoded straight down toward it (sessions/images.py); None: kept as uploaded
+    image_size: tuple[int, int] | None = None
     # An engine over HTTP (engine/openai): /readyz says this instead of a device and a dtype
     remote: RemoteEngine | None = None
     # What the model can and cannot do, in one line, where it is known (``ready.about``; the

@@ -153,6 +153,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "threads": thread_count,
     "session_store": session_store,
     "max_replays": at_least_one,
+    "max_image_checks": at_least_one,
     "log_level": str.lower,
 }
 # The repeatable options: a field of several values, its flag named for one of them
@@ -213,6 +214,7 @@ _GROUPS: dict[str, tuple[str, ...]] = {
         "max_image_pixels",
         "max_images",
         "max_session_image_bytes",
+        "max_image_checks",
         "max_prompt_bytes",
         "max_prompt_tokens",
         "max_messages",

@@ -31,6 +31,7 @@ class Hub:
     stats: ServerStats = field(init=False)
     caps: ConnectionCaps = field(init=False)
     replays: Gate = field(init=False)  # replays to resumed connections being written
+    image_checks: Gate = field(init=False)  # uploads being decoded and checked
     connections: set[Connection] = field(default_factory=set)
     # the sessions of HTTP API requests running or waiting (web/openai_api): never in the store
     requests: set[Session] = field(default_factory=set)
@@ -49,6 +50,7 @@ class Hub:
             self.settings.max_connections, self.settings.max_connections_per_client
         )
         self.replays = Gate(self.settings.max_replays)
+        self.image_checks = Gate(self.settings.max_image_checks)
 
     def set_engine(self, engine: Engine) -> None:
         """The engine, loaded; under ``--max-concurrent auto`` the slots take its batch width
@@ -59,7 +61,13 @@ class Hub:
 
     def new_session(self, key: str | None = None) -> Session:
         assert self.engine is not None
-        session = Session(key or secrets.token_hex(8), self.engine, self.slots, self.settings)
+        session = Session(
+            key or secrets.token_hex(8),
+            self.engine,
+            self.slots,
+            self.settings,
+            image_checks=self.image_checks,
+        )
         session.listeners.append(self.stats.on_run_event)
         session.on_rewind = self.stats.count_rewind
         session.boundary = self.sessions.checkpoint

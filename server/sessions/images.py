@@ -9,10 +9,19 @@ Untrusted bytes go through Pillow in this order, each step refusing with a stabl
     full decode fails                      bad_image (``verify()`` alone passes truncated files)
 
 then EXIF orientation is applied (the reported size is the upright one) and the image becomes
-RGB. GIF and other animations keep their first frame. Last, ``fit`` turns it into the form the
-session keeps (the engine's ``prepare_image``: the model's input size), so the decoded bitmap,
-up to max_image_pixels x 4 bytes, lives only while this runs. Runs in a worker thread
-(session.py).
+RGB, transparent areas white. GIF and other animations keep their first frame. Last, ``fit``
+turns it into the form the session keeps (the engine's ``prepare_image``: the model's input
+size). Runs in a worker thread, a few at once server-wide (``Gate``, hub.py).
+
+Given the size ``fit`` makes (``size``: ``EngineInfo.image_size``), the upload is brought down
+toward it, to no less than twice it a side (``REDUCING_GAP``), as early as its format allows: a
+JPEG decodes at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling, ``draft``); any other is flattened
+to RGB over white right after it is decoded (the one full-size copy, where it is not RGB
+already) and reduced by whole factors (``reduce``: box averages); only then is it transposed
+upright and fitted. What one check holds at its peak, measured
+(tests/images/test_image_memory.py): up to ``PEAK_BYTES_PER_PIXEL`` bytes per pixel of the
+upload; WebP is the most (libwebp's animation decoder, which Pillow reads every WebP through,
+keeps two canvases of its own while Pillow copies the frame out of it).
 """
 
 from __future__ import annotations
@@ -23,13 +32,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from PIL import ExifTags, Image, ImageFile, UnidentifiedImageError
 from wschat.protocol import BadImage, TooLarge
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 # What Pillow's decoders raise on hostile or damaged input (its fuzzers expect the same set).
 _DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, struct.error)
-_WHITE = (255, 255, 255, 255)
+_WHITE = (255, 255, 255)
+# Decoded at least this many times the kept size on each side (Pillow's thumbnail() gap): the
+# fit's resize then reads as from the full image (5,000-pixel photos fitted to 896: a mean
+# difference under half a level of 255; tests/images/test_image_memory.py).
+REDUCING_GAP = 2
+# The most one check holds at once, in bytes per pixel of the upload (an RGBA WebP at
+# max_image_pixels, measured: 17.2; 4 bytes a pixel is the decoded bitmap alone).
+PEAK_BYTES_PER_PIXEL = 18
+# EXIF orientation -> the transpose that makes the image upright (ImageOps.exif_transpose's)
+_UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+_TURNED = frozenset({5, 6, 7, 8})  # width and height swap
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +82,13 @@ def image_bytes(image: Any) -> int:
 
 
 def check_image(
-    data: bytes, limits: ImageLimits, fit: Callable[[Image.Image], Any] | None = None
+    data: bytes,
+    limits: ImageLimits,
+    fit: Callable[[Image.Image], Any] | None = None,
+    size: tuple[int, int] | None = None,
 ) -> CheckedImage:
     """The image as ``fit`` makes it (or decoded), or ``BadImage`` / ``TooLarge`` naming
-    the rule."""
+    the rule; ``size``: the size ``fit`` resizes to, which the decode may stop short of."""
     if not data:
         raise BadImage("the image is empty")
     if len(data) > limits.max_bytes:
@@ -68,15 +98,46 @@ def check_image(
     im = _open(data, limits)
     try:
         _check_pixels(im.size, limits)
+        (width, height), fmt = im.size, str(im.format)
         try:
-            im.load()  # the first frame only: later frames of an animation are never decoded
-            upright = ImageOps.exif_transpose(im)
+            decoded, orientation = _decode(im, size)
         except _DECODE_ERRORS as e:
-            raise BadImage(f"the {im.format} image does not decode (truncated or corrupt)") from e
-        rgb = _to_rgb(upright)
-        return CheckedImage(rgb if fit is None else fit(rgb), rgb.width, rgb.height, str(im.format))
+            raise BadImage(f"the {fmt} image does not decode (truncated or corrupt)") from e
+        rgb = _to_rgb(_upright(decoded, orientation))
+        kept = rgb if fit is None else fit(rgb)
+        if orientation in _TURNED:
+            width, height = height, width
+        # kept as it came: a copy, since closing the file's image lets its pixels go
+        return CheckedImage(kept.copy() if kept is im else kept, width, height, fmt)
     finally:
         im.close()
+
+
+def _decode(im: Image.Image, size: tuple[int, int] | None) -> tuple[Image.Image, int]:
+    """The first frame, brought down toward ``size`` where it is far larger (a JPEG as it
+    decodes, any other by whole factors once decoded), and its EXIF orientation."""
+    if size is not None and im.format == "JPEG":
+        side = REDUCING_GAP * max(size)  # either side may end up the width once upright
+        im.draft(None, (side, side))
+    im.load()  # the first frame only: later frames of an animation are never decoded
+    orientation = im.getexif().get(ExifTags.Base.Orientation, 1)
+    if size is None:
+        return im, orientation
+    side = REDUCING_GAP * max(size)
+    factors = (max(1, im.width // side), max(1, im.height // side))
+    if factors == (1, 1):
+        return im, orientation
+    # flattened over white first, as a smaller one is: the same pixels either way; whole
+    # blocks only (Image.reduce averages a partial last one into a pixel of its own, which
+    # would shift the image by up to half a pixel of the reduced size; at most factor - 1
+    # pixels of the edge go)
+    box = (0, 0, im.width - im.width % factors[0], im.height - im.height % factors[1])
+    return _to_rgb(im).reduce(factors, box), orientation
+
+
+def _upright(im: Image.Image, orientation: int) -> Image.Image:
+    method = _UPRIGHT.get(orientation)
+    return im if method is None else im.transpose(method)
 
 
 def _open(data: bytes, limits: ImageLimits) -> Image.Image:
@@ -114,11 +175,19 @@ def _pixel_limit(limits: ImageLimits) -> int:
     return min(limits.max_pixels, Image.MAX_IMAGE_PIXELS or limits.max_pixels)
 
 
+def _has_alpha(im: Image.Image) -> bool:
+    return "A" in im.getbands() or "transparency" in im.info
+
+
 def _to_rgb(im: Image.Image) -> Image.Image:
-    """Transparent areas become white (a screenshot's transparent margin is not black)."""
+    """Transparent areas become white (a screenshot's transparent margin is not black): pasted
+    over a white image through its own alpha."""
     if im.mode == "RGB":
         return im
-    if "A" in im.getbands() or "transparency" in im.info:
-        rgba = im.convert("RGBA")
-        return Image.alpha_composite(Image.new("RGBA", rgba.size, _WHITE), rgba).convert("RGB")
-    return im.convert("RGB")
+    if not _has_alpha(im):
+        return im.convert("RGB")
+    if im.mode not in ("RGBA", "LA"):
+        im = im.convert("RGBA")  # a palette's transparency, as alpha
+    white = Image.new("RGB", im.size, _WHITE)
+    white.paste(im, mask=im)
+    return white

@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -67,6 +67,7 @@ from ..engine import Chat, Engine, PreparedTurn, SamplingParams, Turn
 from ..settings import Settings
 from .error_boundary import Send
 from .events import RunEvent, RunListener, RunStarted, TokensSent
+from .gates import Gate
 from .generation import GenerationRun
 from .relay import CatchUp, Relay
 from .slots import GenerationSlots
@@ -122,6 +123,8 @@ class Session:
         engine: Engine,
         slots: GenerationSlots,
         settings: Settings,
+        *,
+        image_checks: Gate | None = None,
     ) -> None:
         self.key = key
         self.engine = engine
@@ -133,6 +136,8 @@ class Session:
         self.run: GenerationRun | None = None
         self.last_active_at = time.monotonic()  # when its last generation ended
         self.max_images = min(settings.max_images, engine.info.max_images)
+        # the server's (hub.py); a session made on its own checks under a gate of its own
+        self.image_checks = image_checks or Gate(settings.max_image_checks)
         self._task: asyncio.Task[None] | None = None
         self._staged: list[CheckedImage] = []
         self._ids: set[str] = set()  # every generation id this session has had
@@ -512,19 +517,23 @@ class Session:
         return [*self._staged, *await self._check_images(list(frame.images), frame.id)]
 
     async def _check_images(self, blobs: list[bytes], frame_id: str) -> list[CheckedImage]:
-        """The images in the form the session keeps (the engine's ``prepare_image``), within
-        the session's byte budget."""
-        from .images import ImageLimits, check_image  # Pillow loads only for image prompts
-
-        limits = ImageLimits(self.settings.max_image_bytes, self.settings.max_image_pixels)
-        fit = self.engine.prepare_image
+        """``checked_images``, within the session's byte budget."""
         try:
-            checked = await asyncio.to_thread(lambda: [check_image(b, limits, fit) for b in blobs])
+            checked = await self.checked_images(blobs)
         except ProtocolError as e:
             e.id = frame_id
             raise
         self._check_image_budget(checked, frame_id)
         return checked
+
+    async def checked_images(self, blobs: Sequence[bytes]) -> list[CheckedImage]:
+        """The images in the form the session keeps (the engine's ``prepare_image``), each
+        checked in a worker thread in its turn (``image_checks``); the first refusal raises."""
+        from .images import ImageLimits, check_image  # Pillow loads only for image prompts
+
+        limits = ImageLimits(self.settings.max_image_bytes, self.settings.max_image_pixels)
+        fit, size = self.engine.prepare_image, self.engine.info.image_size
+        return [await self.image_checks.thread(check_image, b, limits, fit, size) for b in blobs]
 
     @property
     def image_bytes(self) -> int:

@@ -146,6 +146,16 @@ class _HubCollector(Collector):
         yield _gauge(
             "wschat_replays_waiting", "Replays waiting for their turn.", hub.replays.waiting
         )
+        yield _gauge(
+            "wschat_image_checks_running",
+            "Uploaded images being decoded and checked (--max-image-checks).",
+            hub.image_checks.running,
+        )
+        yield _gauge(
+            "wschat_image_checks_waiting",
+            "Uploaded images waiting for their turn to be checked.",
+            hub.image_checks.waiting,
+        )
         yield _counter(
             "wschat_session_store_errors",
             "Session store operations that failed (Redis unreachable or erroring).",

@@ -70,3 +70,21 @@ def eps() -> bytes:
         b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 16 16\n%%EndComments\n"
         b"newpath 0 0 moveto 16 16 lineto stroke\nshowpage\n%%EOF\n"
     )
+
+
+def photo(width: int, height: int, alpha: bool = False) -> Image.Image:
+    """Smooth gradients, edges and some grain, as a photo has (noise alone is the worst case for
+    any resize); with ``alpha``, a transparency gradient from left to right."""
+    import numpy as np
+
+    y, x = np.mgrid[0:height, 0:width]
+    grain = np.random.default_rng(0).integers(0, 24, (height, width))
+    bands = [
+        127 + 120 * np.sin(x / 97.0),
+        127 + 120 * np.cos(y / 61.0),
+        (x // 80 + y // 80) % 2 * 200 + grain,
+    ]
+    if alpha:
+        bands.append(255 * x / max(1, width - 1))
+    pixels = np.stack(bands, -1).clip(0, 255).astype(np.uint8)
+    return Image.fromarray(pixels, "RGBA" if alpha else "RGB")

@@ -1,10 +1,16 @@
 """What a session keeps of its images, with the tiny vision model (a 64x64 input): each image at
 the processor's input size as soon as it is checked, whatever its upload's size, staged and in
 the conversation; all of them under a per-session byte budget; and the model reads the same
-pixels from that form as from the upload itself, so replies do not change."""
+pixels from that form as from the upload itself, so replies do not change. And what one check
+holds on its way there: a large upload is decoded toward the kept size (a JPEG at a fraction of
+its scale, others reduced at once), reading as the full decode does, within the bytes per pixel
+the README states."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,12 +21,13 @@ from wschat.protocol import ErrorCode, GenerationParams, Image, Prompt, Protocol
 from wschat.server.engine.base import GenerationRequest, SamplingParams
 from wschat.server.engine.history import Conversation
 from wschat.server.engine.local.hf import HFEngine
-from wschat.server.sessions.images import ImageLimits, check_image
+from wschat.server.engine.openai.vision import IMAGE_SIZE, normalise
+from wschat.server.sessions.images import PEAK_BYTES_PER_PIXEL, ImageLimits, check_image
 from wschat.server.sessions.session import Session
 
 from tests.images import samples
 from tests.sessions.test_session import done_of, make_session
-from tests.support import RawPeer, collect, raw_peer, running_server
+from tests.support import TIMEOUT, RawPeer, collect, raw_peer, running_server
 
 INPUT_BYTES = 64 * 64 * 3  # one image at the tiny processor's input size, RGB
 LIMITS = ImageLimits(max_bytes=10_000_000, max_pixels=25_000_000)
@@ -136,3 +143,78 @@ def test_an_image_is_kept_as_uint8_rgb_at_the_input_size(tiny_vision_engine: HFE
     kept = tiny_vision_engine.prepare_image(PILImage.new("RGB", (640, 480), samples.GREEN))
     assert kept.shape == (64, 64, 3) and kept.dtype == np.uint8
     assert (kept == samples.GREEN).all()
+
+
+GEMMA = (IMAGE_SIZE, IMAGE_SIZE)  # what the OpenAI engine's prepare_image (normalise) makes
+LARGE = {  # reduced by 2 on each side on their way to 896
+    "3600x2700 jpeg": samples.encoded(samples.photo(3600, 2700), "JPEG", quality=90),
+    "3600x2700 png with alpha": samples.encoded(samples.photo(3600, 2700, alpha=True), "PNG"),
+}
+
+
+@pytest.mark.parametrize("upload", LARGE.values(), ids=LARGE.keys())
+def test_a_large_upload_decoded_toward_the_kept_size_reads_as_the_full_decode(
+    upload: bytes,
+) -> None:
+    limits = ImageLimits(len(upload), 25_000_000)
+    toward = check_image(upload, limits, normalise, GEMMA)
+    full = check_image(upload, limits)
+    assert (toward.width, toward.height, toward.image.size) == (3600, 2700, GEMMA)
+    difference = np.abs(
+        np.asarray(toward.image, np.int16) - np.asarray(normalise(full.image), np.int16)
+    )
+    assert difference.mean() < 0.5 and np.percentile(difference, 99) <= 3  # of 255
+
+
+# One check in a process of its own: how far its peak RSS (VmHWM, set back to the RSS first:
+# ru_maxrss would count what the parent held before exec) rises per pixel of the upload.
+PEAK_OF_ONE_CHECK = """
+import sys
+from pathlib import Path
+from wschat.server.engine.openai.vision import IMAGE_SIZE, normalise
+from wschat.server.sessions.images import ImageLimits, check_image
+def peak():
+    status = Path("/proc/self/status").read_text().split("VmHWM:")[1]
+    return int(status.split()[0]) * 1024
+data, warm_up = Path(sys.argv[1]).read_bytes(), Path(sys.argv[2]).read_bytes()
+check_image(warm_up, ImageLimits(len(warm_up), 100), normalise, (IMAGE_SIZE,) * 2)
+Path("/proc/self/clear_refs").write_text("5")
+before = peak()
+checked = check_image(data, ImageLimits(len(data), 25_000_000), normalise, (IMAGE_SIZE,) * 2)
+print((peak() - before) / (checked.width * checked.height))
+"""
+SIDE = 4000  # 16 million pixels: their bitmap dwarfs everything else the process holds
+HALF_CLEAR = (10, 20, 30, 128)
+# mode, color, format, options: each file a few KB, all the cost in decoding it
+HUGE: dict[str, tuple[str, int | tuple[int, ...], str, dict[str, Any]]] = {
+    "webp with alpha": ("RGBA", HALF_CLEAR, "WEBP", {"lossless": True}),
+    "png with alpha": ("RGBA", HALF_CLEAR, "PNG", {}),
+    "gif with a clear color": ("P", 3, "GIF", {"transparency": 3}),
+    "jpeg": ("RGB", HALF_CLEAR[:3], "JPEG", {}),
+}
+
+
+def bytes_per_pixel_of_one_check(path: Path, warm_up: Path) -> float:
+    """The peak a check of ``path`` adds, per pixel of it (``warm_up``, a small image checked
+    first, loads what every check loads)."""
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_OF_ONE_CHECK, str(path), str(warm_up)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT * 4,
+    )
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout)
+
+
+@pytest.mark.parametrize("name", HUGE.keys())
+def test_one_check_holds_at_most_the_stated_bytes_per_pixel(name: str, tmp_path: Path) -> None:
+    mode, color, fmt, options = HUGE[name]
+    path, warm_up = tmp_path / "upload", tmp_path / "warm_up"
+    path.write_bytes(samples.encoded(PILImage.new(mode, (SIDE, SIDE), color), fmt, **options))
+    warm_up.write_bytes(samples.encoded(PILImage.new(mode, (8, 8), color), fmt, **options))
+    per_pixel = bytes_per_pixel_of_one_check(path, warm_up)
+    print(f"{name}: one check of {SIDE}x{SIDE} peaks at {per_pixel:.1f} bytes a pixel")
+    assert per_pixel <= PEAK_BYTES_PER_PIXEL
+    if fmt == "JPEG":  # decoded at a quarter of its scale: never a bitmap of its full size
+        assert per_pixel < 4

@@ -47,6 +47,7 @@ VALID_SAMPLES = {
     "device": "cpu",
     "port": "9000",
     "max_replays": "5",
+    "max_image_checks": "3",
 }
 
 

@@ -99,6 +99,7 @@ class HFEngine:
         self.tokenizer = loaded.tokenizer
         self._backend = self.tokenizer.backend_tokenizer
         limit = _model_context(self.model.config)
+        images = _ImageLayout.of(loaded) if loaded.has_vision else None
         eos = frozenset(_eos_ids(self.model.generation_config, self.tokenizer))
         self.prompt_format = build_format(
             prompt_format, self.tokenizer, eos, instruction_tuned=loaded.instruction_tuned
@@ -118,6 +119,7 @@ class HFEngine:
                 vocabulary_fingerprint(self.tokenizer, self.tokenizer.get_vocab),
                 self.prompt_format.name,
             ),
+            image_size=images.input_size if images is not None else None,
         )
         self.kv = kv if kv is not None else KVStore(kv_budget_bytes, shared_openings)
         self.fills_openings = fills_openings
@@ -125,7 +127,7 @@ class HFEngine:
         self._window: int | None = getattr(text_config, "sliding_window", None)
         self.text_tokenizer = TextTokenizer()
         self._threads: set[threading.Thread] = set()
-        self._images = _ImageLayout.of(loaded) if loaded.has_vision else None
+        self._images = images
 
     # -- the Engine interface ------------------------------------------------------------
 

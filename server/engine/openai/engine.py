@@ -62,7 +62,7 @@ from .dialect import AUTO, Call, Dialect
 from .dialect import CHAT_PATH as CHAT_PATH  # where tests and tools find it
 from .errors import bad_answer, lost
 from .tokenizer import GatewayTokenizer, TokenizerError, load_tokenizer
-from .vision import ImageTokens, VisionError, chat_messages, normalise
+from .vision import IMAGE_SIZE, ImageTokens, VisionError, chat_messages, normalise
 
 log = logging.getLogger("wschat.engine.openai")
 
@@ -214,6 +214,7 @@ class OpenAIEngine:
                 model, vocabulary_fingerprint(tokenizer, tokenizer.vocab), prompt_format.name
             ),
             remote=RemoteEngine(dialect.name, host, model),
+            image_size=(IMAGE_SIZE, IMAGE_SIZE) if max_images > 0 else None,
         )
         self._vision = vision_tokens(tokenizer, prompt_format) if max_images > 0 else None
         # End tokens stop as ids where the engine reads stop_token_ids, else as its own

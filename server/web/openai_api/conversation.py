@@ -10,7 +10,6 @@ gave is tokenized as a user's text is.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import secrets
 from array import array
@@ -29,6 +28,7 @@ from ...engine import (
     PromptTooLong,
     Turn,
 )
+from ...sessions.gates import Gate
 from ...sessions.session import Session
 from ...sessions.slots import GenerationSlots
 from ...sessions.stats import OPENAI_API, ServerStats
@@ -67,10 +67,16 @@ class ReplyIds:
 
 
 def api_session(
-    engine: Engine, settings: Settings, stats: ServerStats, slots: GenerationSlots
+    engine: Engine,
+    settings: Settings,
+    stats: ServerStats,
+    slots: GenerationSlots,
+    image_checks: Gate,
 ) -> Session:
-    """A session of its own for one request: never in the session store, never resumed."""
-    session = Session(f"api-{secrets.token_hex(8)}", engine, slots, settings)
+    """A session of its own for one request: never in the session store, never resumed; its
+    images checked in the server's turns (``image_checks``)."""
+    key = f"api-{secrets.token_hex(8)}"
+    session = Session(key, engine, slots, settings, image_checks=image_checks)
     session.listeners.append(functools.partial(stats.on_run_event, api=OPENAI_API))
     return session
 
@@ -142,16 +148,14 @@ async def _images(session: Session, part: Part, settings: Settings) -> list[obje
     """An earlier turn's images as the session keeps them, checked as a prompt's are."""
     if not part.images:
         return []
-    from ...sessions.images import ImageLimits, check_image, image_bytes
+    from ...sessions.images import image_bytes
 
     engine = session.engine
     if not engine.info.images:
         raise Unsupported(f"the model {engine.info.model!r} does not read images")
     if len(part.images) > session.max_images:
         raise TooLarge(f"{len(part.images)} images; at most {session.max_images} per message")
-    limits = ImageLimits(settings.max_image_bytes, settings.max_image_pixels)
-    fit = engine.prepare_image
-    checked = await asyncio.to_thread(lambda: [check_image(b, limits, fit) for b in part.images])
+    checked = await session.checked_images(part.images)
     held = session.image_bytes + sum(image_bytes(c.image) for c in checked)
     if held > settings.max_session_image_bytes:
         raise TooLarge(

@@ -339,7 +339,7 @@ class OpenAIApi:
         assert engine is not None
         body = await json_body(request, self.hub.settings.max_frame_bytes, engine)
         hub = self.hub
-        session = api_session(engine, hub.settings, hub.stats, hub.slots)
+        session = api_session(engine, hub.settings, hub.stats, hub.slots, hub.image_checks)
         session.address = request.client.host if request.client else "unknown"
         reply = Reply(self, session, request, kind)
         if kind == "chat":
