@@ -26,8 +26,10 @@ from .errors import (
     GenerationFailure,
     ImagesUnsupported,
     PromptTooLong,
+    SchemaRefused,
     TurnRefused,
 )
+from .grammar import CompiledGrammar, GrammarCompiler, GrammarMatcher, ResponseFormat
 from .history import Chat, Conversation, PreparedTurn
 from .prefixes import common_prefix
 from .shares import share_victim
@@ -35,6 +37,7 @@ from .shares import share_victim
 __all__ = [
     "CancelFlag",
     "Chat",
+    "CompiledGrammar",
     "ContextExhausted",
     "Conversation",
     "ConversationTooLong",
@@ -47,13 +50,17 @@ __all__ = [
     "Generation",
     "GenerationFailure",
     "GenerationRequest",
+    "GrammarCompiler",
+    "GrammarMatcher",
     "ImagesUnsupported",
     "KVUsage",
     "Message",
     "PreparedTurn",
     "PromptTooLong",
     "RemoteEngine",
+    "ResponseFormat",
     "SamplingParams",
+    "SchemaRefused",
     "TextPieces",
     "TokenPiece",
     "Turn",

@@ -5,7 +5,9 @@
     ├── TurnRefused                raised before anything is generated: the chat is unchanged
     │   ├── ImagesUnsupported      (unsupported) the model reads no images
     │   ├── PromptTooLong          (too_large) a system prompt or a turn's text over the limit
-    │   └── ConversationTooLong    (context_overflow) the conversation and turn exceed the context
+    │   ├── ConversationTooLong    (context_overflow) the conversation and turn exceed the context
+    │   └── SchemaRefused          (invalid_params) a response format's schema the grammar library
+    │                              cannot compile; the message holds the library's reason
     └── GenerationFailure          ends a generation: ``Finished(ERROR, error=...)``, not raised
         ├── EngineOverloaded       (overloaded) busy, unreachable or out of memory; the message
         │                          says when to retry
@@ -44,6 +46,13 @@ class PromptTooLong(TurnRefused):
 
 class ConversationTooLong(TurnRefused):
     pass
+
+
+class SchemaRefused(TurnRefused):
+    @classmethod
+    def because(cls, reason: str) -> SchemaRefused:
+        """The grammar library's ``reason``, in the words every engine tells the peer."""
+        return cls(f"response_format: the schema cannot be enforced: {reason}")
 
 
 class GenerationFailure(EngineError):

@@ -39,6 +39,7 @@ SERVER_EXTRA_MODULES = (
     "uvicorn",
     "PIL",
     "prometheus_client",
+    "llguidance",
 )
 GATEWAY_EXTRA_MODULES = (
     "httpx",

@@ -27,6 +27,7 @@ from wschat.server.engine.errors import (
     GenerationFailure,
     ImagesUnsupported,
     PromptTooLong,
+    SchemaRefused,
 )
 from wschat.server.sessions.error_boundary import (
     ENGINE_ERRORS,
@@ -102,6 +103,7 @@ def test_every_engine_error_has_its_wire_code_in_the_table() -> None:
             EngineFailed,
             ImagesUnsupported,
             PromptTooLong,
+            SchemaRefused,
         )
     } == {
         ContextExhausted: ErrorCode.CONTEXT_OVERFLOW,
@@ -109,6 +111,7 @@ def test_every_engine_error_has_its_wire_code_in_the_table() -> None:
         EngineFailed: ErrorCode.INTERNAL,
         ImagesUnsupported: ErrorCode.UNSUPPORTED,
         PromptTooLong: ErrorCode.TOO_LARGE,
+        SchemaRefused: ErrorCode.INVALID_PARAMS,
     }
 
 
