@@ -15,6 +15,7 @@ from .gates import Gate
 from .quotas import ConnectionCaps
 from .session import DETACHED_STATES, Session
 from .slots import GenerationSlots
+from .snapshot import import_state
 from .stats import ServerStats
 from .store import SessionStore, open_store
 
@@ -78,12 +79,12 @@ class Hub:
         self, key: str, state: dict[str, Any], partial: dict[str, Any] | None = None
     ) -> Session:
         """A session another connection (maybe another replica) left, from its state and the
-        checkpoint of the reply it was generating (``Session.import_state``); ``ValueError``
+        checkpoint of the reply it was generating (``snapshot.import_state``); ``ValueError``
         when the state is not one this engine can take. The Redis store calls it in a worker
         thread (a stored state may be large): it must touch nothing that belongs to the loop."""
         session = self.new_session(key)
         try:
-            session.import_state(state, partial)
+            import_state(session, state, partial)
         except Exception:
             session.chat.close()
             raise

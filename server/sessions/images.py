@@ -13,6 +13,10 @@ RGB, transparent areas white. GIF and other animations keep their first frame. L
 turns it into the form the session keeps (the engine's ``prepare_image``: the model's input
 size). Runs in a worker thread, a few at once server-wide (``Gate``, hub.py).
 
+``ImageRules`` holds a session's images to their limits, for every door alike (an ``image`` or
+``prompt`` frame, an API request's messages): whether the model reads images, how many a prompt
+may carry, each upload checked in its turn, and the bytes all those a session keeps may hold.
+
 Given the size ``fit`` makes (``size``: ``EngineInfo.image_size``), the upload is brought down
 toward it, to no less than twice it a side (``REDUCING_GAP``), as early as its format allows: a
 JPEG decodes at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling, ``draft``); any other is flattened
@@ -28,12 +32,17 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import ExifTags, Image, ImageFile, UnidentifiedImageError
-from wschat.protocol import BadImage, TooLarge
+from wschat.protocol import BadImage, ProtocolError, TooLarge, Unsupported
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+    from ..settings import Settings
+    from .gates import Gate
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
 # What Pillow's decoders raise on hostile or damaged input (its fuzzers expect the same set).
@@ -79,6 +88,74 @@ def image_bytes(image: Any) -> int:
     if isinstance(image, Image.Image):
         return image.width * image.height * 4
     return int(image.nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRules:
+    """A session's images and their limits; each refusal names the frame it refuses (``frame_id``)
+    where there is one."""
+
+    model: str
+    reads_images: bool
+    max_images: int  # per prompt (and per message of an API request)
+    limits: ImageLimits
+    max_held_bytes: int  # all a session keeps (--max-session-image-bytes)
+    fit: Callable[[Image.Image], Any]  # the engine's ``prepare_image``
+    size: tuple[int, int] | None  # what ``fit`` resizes to
+
+    @classmethod
+    def of(cls, engine: Engine, settings: Settings, max_images: int) -> ImageRules:
+        info = engine.info
+        limits = ImageLimits(settings.max_image_bytes, settings.max_image_pixels)
+        held = settings.max_session_image_bytes
+        fit, size = engine.prepare_image, info.image_size
+        return cls(info.model, info.images, max_images, limits, held, fit, size)
+
+    def require(self, frame_id: str | None = None) -> None:
+        if not self.reads_images:
+            raise Unsupported(f"the model {self.model!r} does not read images", id=frame_id)
+
+    def count(self, total: int, frame_id: str | None = None, per: str = "prompt") -> None:
+        """``total`` images in one prompt (``per``: or one message)."""
+        if total > self.max_images:
+            raise TooLarge(f"{total} images; at most {self.max_images} per {per}", id=frame_id)
+
+    def stage(self, staged: int, frame_id: str) -> None:
+        """One more image staged for the next prompt (``image`` frame), ``staged`` before it."""
+        if staged + 1 > self.max_images:
+            raise TooLarge(f"at most {self.max_images} images per prompt", id=frame_id)
+
+    async def check(
+        self, blobs: Sequence[bytes], gate: Gate, frame_id: str | None = None
+    ) -> list[CheckedImage]:
+        """The uploads in the form a session keeps (``fit``), each checked in a worker thread in
+        its turn (``gate``: a few at once, server-wide); the first refusal raises."""
+        try:
+            return [
+                await gate.thread(check_image, blob, self.limits, self.fit, self.size)
+                for blob in blobs
+            ]
+        except ProtocolError as e:
+            e.id = frame_id
+            raise
+
+    def budget(
+        self,
+        held: Sequence[Any],
+        new: Sequence[CheckedImage],
+        frame_id: str | None = None,
+        whose: str = "this session's",
+        advice: str = " (reset to start afresh)",
+    ) -> None:
+        """``TooLarge`` when the images a session keeps (``held``) and ``new`` would hold more
+        than ``max_held_bytes`` (``whose`` and ``advice``: how the message names them)."""
+        total = sum(image_bytes(image) for image in [*held, *(c.image for c in new)])
+        if total > self.max_held_bytes:
+            raise TooLarge(
+                f"{whose} images would hold {total} bytes; max_session_image_bytes is"
+                f" {self.max_held_bytes}{advice}",
+                id=frame_id,
+            )
 
 
 def check_image(

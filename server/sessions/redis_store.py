@@ -56,7 +56,7 @@ from redis.exceptions import RedisError
 
 from ..settings import Settings
 from .session import DETACHED_STATES, Session, SessionState
-from .snapshot import Bounds, pack, unpack
+from .snapshot import Bounds, export_state, pack, reply_checkpoint, unpack
 from .store import Claim, Rebuild
 
 log = logging.getLogger("wschat.store")
@@ -448,7 +448,7 @@ class RedisSessionStore:
         if token is None:
             return
         keys = self._keys(session.key, token)
-        data = pack(session.export_state())
+        data = pack(export_state(session))
         async with asyncio.timeout(TIMEOUT_S * 2):
             if len(data) > self.max_state_bytes:
                 log.warning(
@@ -486,7 +486,7 @@ class RedisSessionStore:
             await asyncio.sleep(REPLY_CHECKPOINT_S)
             growing, self._growing = self._growing, {}
             for key, session in growing.items():
-                partial = session.reply_checkpoint()
+                partial = reply_checkpoint(session)
                 token = self._tokens.get(key)
                 if partial is None or token is None:
                     continue

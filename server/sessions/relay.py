@@ -128,6 +128,31 @@ class ReplyRecord:
         return record
 
 
+@dataclass(frozen=True, slots=True)
+class KeptReply:
+    """A reply that ended while no connection was attached, as ``Relay.export`` kept it."""
+
+    reply: str
+    in_flight: bool
+    ending: tuple[Frame, ...]  # its error and done
+    record: ReplyRecord
+
+    @classmethod
+    def read(cls, kept: dict[str, Any]) -> KeptReply:
+        """``Relay.export``'s data; ``ValueError`` when it is not that."""
+        try:
+            reply, in_flight = kept["reply"], kept["in_flight"]
+            if not isinstance(reply, str) or not isinstance(in_flight, bool):
+                raise ValueError("a kept reply without its id")
+            ending = tuple(decode_server_frame(data) for data in kept["ending"])
+            if not all(isinstance(f, Error | Done) and f.id == reply for f in ending):
+                raise ValueError("a kept reply's ending is not its error and done")
+            record = ReplyRecord.restore(reply, kept["record"])
+        except (KeyError, TypeError, OverflowError, ProtocolError) as e:
+            raise ValueError(f"not a kept reply: {e!r}") from e
+        return cls(reply, in_flight, ending, record)
+
+
 class Relay:
     def __init__(self) -> None:
         self._target: Send | None = None  # the connection's outbox; None while detached
@@ -201,17 +226,12 @@ class Relay:
     def restore(self, kept: dict[str, Any]) -> None:
         """``export``'s data, in a relay no connection was attached to; ``ValueError`` when it is
         not that (nothing is changed then)."""
-        try:
-            reply, in_flight = kept["reply"], kept["in_flight"]
-            if not isinstance(reply, str) or not isinstance(in_flight, bool):
-                raise ValueError("a kept reply without its id")
-            ending: list[Frame] = [decode_server_frame(data) for data in kept["ending"]]
-            if not all(isinstance(f, Error | Done) and f.id == reply for f in ending):
-                raise ValueError("a kept reply's ending is not its error and done")
-            record = ReplyRecord.restore(reply, kept["record"])
-        except (KeyError, TypeError, OverflowError, ProtocolError) as e:
-            raise ValueError(f"not a kept reply: {e!r}") from e
-        self.reply, self.in_flight, self._ending, self._record = reply, in_flight, ending, record
+        self.keep(KeptReply.read(kept))
+
+    def keep(self, kept: KeptReply) -> None:
+        """A reply read back from a store (``KeptReply.read``), for the next resume."""
+        self.reply, self.in_flight = kept.reply, kept.in_flight
+        self._ending, self._record = list(kept.ending), kept.record
 
     async def attach(self, send: Send) -> None:
         """Send what was held since the catch-up, in order, then pass frames on as they come."""

@@ -35,7 +35,6 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from wschat.protocol import (
-    BadFrame,
     Busy,
     Cancel,
     ClientFrame,
@@ -49,38 +48,31 @@ from wschat.protocol import (
     Ping,
     Pong,
     Prompt,
-    ProtocolError,
     Regenerate,
     Reset,
     ResetOk,
     Rewind,
     Rewound,
     SessionMisuse,
-    TooLarge,
-    Unsupported,
-    parse_params,
 )
-from wschat.protocol.fields import as_id
 from wschat.protocol.frames import CLIENT_FRAMES
 
-from ..engine import Chat, Engine, PreparedTurn, SamplingParams, Turn
+from ..engine import Chat, Engine, PreparedTurn, Turn
 from ..settings import Settings
 from .error_boundary import Send
 from .events import RunEvent, RunListener, RunStarted, TokensSent
 from .gates import Gate
 from .generation import GenerationRun
-from .relay import CatchUp, Relay
+from .limits import MIN_TURN_TOKENS, PromptLimits
+from .relay import CatchUp, KeptReply, Relay
 from .slots import GenerationSlots
 
 if TYPE_CHECKING:
-    from .images import CheckedImage
+    from .images import CheckedImage, ImageRules
 
 log = logging.getLogger("wschat.session")
 
 Handler = Callable[["Session", Any], Awaitable[None]]
-
-# PROTOCOL.md "configure": the context a system prompt must leave for the user's text and reply
-MIN_TURN_TOKENS = 32
 
 
 class SessionState(Enum):
@@ -130,6 +122,7 @@ class Session:
         self.engine = engine
         self.slots = slots
         self.settings = settings
+        self.limits = PromptLimits.of(settings)
         self.chat = Chat(engine, key)  # the conversation, as token ids per turn
         self.defaults = GenerationParams()
         self.state = SessionState.IDLE
@@ -139,8 +132,8 @@ class Session:
         # the server's (hub.py); a session made on its own checks under a gate of its own
         self.image_checks = image_checks or Gate(settings.max_image_checks)
         self._task: asyncio.Task[None] | None = None
-        self._staged: list[CheckedImage] = []
-        self._ids: set[str] = set()  # every generation id this session has had
+        self.staged: list[CheckedImage] = []  # images sent for the next prompt
+        self.used_ids: set[str] = set()  # every generation id this session has had
         # the id of the prompt (or regenerate) of each exchange the conversation holds, in
         # order; None where it is unknown (a state stored before they were kept)
         self.turn_ids: list[str | None] = []
@@ -204,7 +197,7 @@ class Session:
 
     async def _on_configure(self, frame: Configure) -> None:
         if frame.params is not None:
-            self._check_limits(frame.params)
+            self.limits.check_params(frame.params)
         if frame.system is not None:
             # checked before it changes anything, and nothing after it can fail
             # (PROTOCOL.md "configure": a refused configure changes nothing)
@@ -224,7 +217,7 @@ class Session:
             await self._cancel_finished(frame)
 
     async def _cancel_finished(self, frame: Cancel) -> None:
-        if frame.id is not None and frame.id not in self._ids:
+        if frame.id is not None and frame.id not in self.used_ids:
             raise NotRunning(f"no generation {frame.id!r} in this session", id=frame.id)
         # PROTOCOL.md "cancel": silent for one that has already finished
 
@@ -232,16 +225,16 @@ class Session:
         await self.stop_generation()
         self.chat.reset()
         self.turn_ids.clear()
-        self._staged.clear()
+        self.staged.clear()
         await self.send(ResetOk())
         self.boundary(self)
 
     async def _on_image(self, frame: Image) -> None:
-        self._require_images(frame.id)
-        if len(self._staged) + 1 > self.max_images:
-            raise TooLarge(f"at most {self.max_images} images per prompt", id=frame.id)
-        (image,) = await self._check_images([frame.data], frame.id)
-        self._staged.append(image)
+        rules = self.image_rules()
+        rules.require(frame.id)
+        rules.stage(len(self.staged), frame.id)
+        (image,) = await self._check_images(rules, [frame.data], frame.id)
+        self.staged.append(image)
         await self.send(ImageOk(frame.id, image.width, image.height))
         self.boundary(self)
 
@@ -261,34 +254,31 @@ class Session:
             raise InvalidParams("the conversation holds no exchange to regenerate", id=frame.id)
         merged = self._merged_params(frame)
         # a refusal (context overflow) goes to the error boundary as it is
-        prepared = self.chat.prepare_regenerate(self._sampling(merged))
+        prepared = self.chat.prepare_regenerate(self.limits.sampling(merged))
         self._launch(frame.id, prepared, merged)
         self.on_rewind(True)
 
     def _check_unused(self, frame_id: str) -> None:
-        if frame_id in self._ids:
+        if frame_id in self.used_ids:
             raise InvalidParams(f"id {frame_id!r} was already used in this session", id=frame_id)
 
     async def _on_prompt(self, frame: Prompt) -> None:
         self._check_unused(frame.id)
-        if not frame.text and not frame.images and not self._staged:
+        if not frame.text and not frame.images and not self.staged:
             raise InvalidParams("a prompt needs text or images", id=frame.id)
-        if len(frame.text.encode()) > self.settings.max_prompt_bytes:
-            raise TooLarge(
-                f"prompt text is over {self.settings.max_prompt_bytes} bytes", id=frame.id
-            )
+        self.limits.check_text(frame.text, frame.id)
         merged = self._merged_params(frame)
         images = await self._prompt_images(frame)
-        turn = Turn(frame.text, self._sampling(merged), [i.image for i in images])
+        turn = Turn(frame.text, self.limits.sampling(merged), [i.image for i in images])
         # a refusal (too large, context overflow) goes to the error boundary as it is
         prepared = await self.chat.prepare(turn, max_user_tokens=self.settings.max_prompt_tokens)
         self._launch(frame.id, prepared, merged)
-        self._staged.clear()
+        self.staged.clear()
 
     def _launch(self, run_id: str, prepared: PreparedTurn, merged: GenerationParams) -> None:
         """Queue the run (``overloaded`` when the queue is full), its id used from now on."""
         ticket = self.slots.enqueue(self.address)
-        self._ids.add(run_id)
+        self.used_ids.add(run_id)
         run = GenerationRun(
             run_id,
             prepared,
@@ -384,183 +374,65 @@ class Session:
             self._change(Change.RESUMED)
         return self.relay.catch_up(last)
 
-    # -- state, for a store that keeps it outside this process --------------------------
+    # -- state, for a store that keeps it outside this process (snapshot.py) --------------
 
-    def export_state(self) -> dict[str, Any]:
-        """What a resume needs, as plain data (images in the engine's form): the conversation,
-        the defaults, the staged images as checked, every id used, the running turn as it
-        was prompted (its reply's tokens are checkpointed on their own: ``reply_checkpoint``),
-        and a reply that ended with no connection attached (``Relay.export``: its frames and
-        its done, for the resume's catch-up). A running turn joins the conversation when it
-        ends, the next boundary; should this process die first, ``import_state`` keeps it as a
-        cancelled exchange."""
-        run, running = self.run, self.chat.export_running()
-        return {
-            "running": {"id": run.id, "turn": running} if run and running else None,
-            "defaults": self.defaults.to_wire(),
-            "chat": self.chat.export_state(),
-            "staged": [
-                {"image": c.image, "width": c.width, "height": c.height, "format": c.format}
-                for c in self._staged
-            ],
-            "ids": sorted(self._ids),
-            "last_prompt": self.last_prompt,
-            "turn_ids": list(self.turn_ids),
-            "engine": self.engine.info.fingerprint,  # whose token ids these are
-            "relay": self.relay.export(),
-        }
-
-    def reply_checkpoint(self) -> dict[str, Any] | None:
-        """The running reply so far (its prompt's id, the tokens generated): with the running
-        turn of ``export_state``, what a crash leaves of it."""
-        run = self.run
-        if run is None or run.generation is None:
-            return None
-        return {"id": run.id, "ids": list(run.sent.ids)}
-
-    def import_state(self, state: dict[str, Any], partial: dict[str, Any] | None = None) -> None:
-        """An exported state; ``ValueError`` when it is not one (nothing is changed then). A
-        turn that was running in it (its process died mid-reply) is kept as a cancelled
-        exchange whose reply is ``partial``'s tokens (a ``reply_checkpoint``; none when it is
-        another turn's)."""
-        from .images import CheckedImage
-
-        if state.get("engine") != self.engine.info.fingerprint:
-            raise ValueError("a state kept by an engine with another model or tokenizer")
-        try:
-            defaults = parse_params(state["defaults"])
-            staged = [
-                CheckedImage(c["image"], int(c["width"]), int(c["height"]), str(c["format"]))
-                for c in state["staged"]
-            ]
-            # the bounds a live session has: ids as a prompt frame's, images as staged ones
-            ids = {as_id(i) for i in state["ids"]}
-            last_prompt = state.get("last_prompt")
-            if last_prompt is not None:
-                last_prompt = as_id(last_prompt, "last_prompt")
-            turn_ids = _turn_ids(state.get("turn_ids"))
-            chat_state = state["chat"]
-            running = state.get("running")
-            running_id = as_id(running["id"]) if running else None
-            relay = Relay()
-            if state.get("relay") is not None:
-                relay.restore(state["relay"])
-        except (KeyError, TypeError, BadFrame, InvalidParams) as e:
-            raise ValueError(f"not an exported session: {e!r}") from e
-        if relay.reply is not None and relay.reply not in ids:
-            raise ValueError("not an exported session: its kept reply's id was never used")
-        if len(staged) > self.max_images:
-            raise ValueError(f"not an exported session: over {self.max_images} staged images")
-        self.chat.import_state(chat_state)
-        held = self.chat.turns
-        if turn_ids is None or len(turn_ids) != held:
-            # a state stored before each exchange's id was kept: only the last one's is known
-            turn_ids = [*[None] * (held - 1), last_prompt] if held else []
-        if running:
-            self._keep_cancelled(running, partial)
-            del turn_ids[self.chat.turns - 1 :]  # a regenerate's replaced the last exchange
-            turn_ids.append(running_id)
-        self.defaults, self._staged, self._ids = defaults, staged, ids
+    def restore(
+        self,
+        defaults: GenerationParams,
+        staged: list[CheckedImage],
+        used_ids: set[str],
+        turn_ids: list[str | None],
+        kept: KeptReply | None,
+    ) -> None:
+        """What ``snapshot.import_state`` read back, its conversation in the chat already."""
+        self.defaults, self.staged, self.used_ids = defaults, staged, used_ids
         self.turn_ids = turn_ids
-        if self.send is self.relay:  # a send of another kind (a test's recorder) stays
-            self.send = relay
-        self.relay = relay
-
-    def _keep_cancelled(self, running: dict[str, Any], partial: dict[str, Any] | None) -> None:
-        reply = partial["ids"] if partial and partial.get("id") == running.get("id") else []
-        try:
-            self.chat.add_cancelled(running["turn"], reply)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"not an exported session: its running turn: {e!r}") from e
+        if kept is not None:
+            self.relay.keep(kept)
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _check_limits(self, params: GenerationParams) -> None:
-        limit = self.settings.max_new_tokens
-        if params.max_new_tokens is not None and params.max_new_tokens > limit:
-            raise InvalidParams(f"max_new_tokens must be at most {limit}")
-
     def _merged_params(self, frame: Prompt | Regenerate) -> GenerationParams:
         """The prompt's params over the session's defaults (the server's fill the rest)."""
-        if frame.params is None:
-            return self.defaults
-        try:
-            self._check_limits(frame.params)
-        except InvalidParams as e:
-            e.id = frame.id
-            raise
-        return frame.params.merged_over(self.defaults)
+        return self.limits.merged(frame.params, self.defaults, frame.id)
 
-    def _sampling(self, p: GenerationParams) -> SamplingParams:
-        return SamplingParams(
-            max_new_tokens=p.max_new_tokens or self.settings.default_max_new_tokens,
-            temperature=0.0 if p.temperature is None else p.temperature,
-            top_p=1.0 if p.top_p is None else p.top_p,
-            top_k=p.top_k or 0,
-            min_p=p.min_p or 0.0,
-            repetition_penalty=p.repetition_penalty or 1.0,
-            stop=p.stop or (),
-            seed=p.seed,
-        )
+    def image_rules(self) -> ImageRules:
+        from .images import ImageRules  # Pillow loads only for image prompts
 
-    def _require_images(self, frame_id: str) -> None:
-        if not self.engine.info.images:
-            raise Unsupported(
-                f"the model {self.engine.info.model!r} does not read images", id=frame_id
-            )
+        return ImageRules.of(self.engine, self.settings, self.max_images)
 
     async def _prompt_images(self, frame: Prompt) -> list[CheckedImage]:
         if not frame.images:
-            return list(self._staged)
-        self._require_images(frame.id)
-        total = len(self._staged) + len(frame.images)
-        if total > self.max_images:
-            raise TooLarge(f"{total} images; at most {self.max_images} per prompt", id=frame.id)
-        return [*self._staged, *await self._check_images(list(frame.images), frame.id)]
+            return list(self.staged)
+        rules = self.image_rules()
+        rules.require(frame.id)
+        rules.count(len(self.staged) + len(frame.images), frame.id)
+        return [*self.staged, *await self._check_images(rules, frame.images, frame.id)]
 
-    async def _check_images(self, blobs: list[bytes], frame_id: str) -> list[CheckedImage]:
-        """``checked_images``, within the session's byte budget."""
-        try:
-            checked = await self.checked_images(blobs)
-        except ProtocolError as e:
-            e.id = frame_id
-            raise
-        self._check_image_budget(checked, frame_id)
+    async def _check_images(
+        self, rules: ImageRules, blobs: Sequence[bytes], frame_id: str
+    ) -> list[CheckedImage]:
+        """The uploads checked, within the session's byte budget."""
+        checked = await rules.check(blobs, self.image_checks, frame_id)
+        rules.budget(self.held_images, checked, frame_id)
         return checked
 
-    async def checked_images(self, blobs: Sequence[bytes]) -> list[CheckedImage]:
-        """The images in the form the session keeps (the engine's ``prepare_image``), each
-        checked in a worker thread in its turn (``image_checks``); the first refusal raises."""
-        from .images import ImageLimits, check_image  # Pillow loads only for image prompts
-
-        limits = ImageLimits(self.settings.max_image_bytes, self.settings.max_image_pixels)
-        fit, size = self.engine.prepare_image, self.engine.info.image_size
-        return [await self.image_checks.thread(check_image, b, limits, fit, size) for b in blobs]
-
     @property
-    def image_bytes(self) -> int:
-        """What the images this session keeps hold: its conversation's (with a running or
-        queued prompt's) and the staged ones."""
-        from .images import image_bytes
-
+    def held_images(self) -> list[object]:
+        """The images this session keeps: its conversation's (with a running or queued
+        prompt's) and the staged ones."""
         held = self.chat.images
         run = self.run
         # queued: the chat has not seen it (a regenerate's are the last exchange's own)
         if run is not None and run.generation is None and not run.prepared.replaces:
             held = [*held, *run.prepared.turn.images]
-        return sum(image_bytes(i) for i in [*held, *(c.image for c in self._staged)])
+        return [*held, *(c.image for c in self.staged)]
 
-    def _check_image_budget(self, new: list[CheckedImage], frame_id: str) -> None:
+    @property
+    def image_bytes(self) -> int:
         from .images import image_bytes
 
-        held = self.image_bytes + sum(image_bytes(c.image) for c in new)
-        limit = self.settings.max_session_image_bytes
-        if held > limit:
-            raise TooLarge(
-                f"this session's images would hold {held} bytes; max_session_image_bytes is"
-                f" {limit} (reset to start afresh)",
-                id=frame_id,
-            )
+        return sum(image_bytes(image) for image in self.held_images)
 
 
 def _ignore(session: Session) -> None:
@@ -569,15 +441,6 @@ def _ignore(session: Session) -> None:
 
 def _ignore_rewind(regenerate: bool) -> None:
     return None
-
-
-def _turn_ids(stored: Any) -> list[str | None] | None:
-    """An exported state's ids of its exchanges (None: a state stored before they were kept)."""
-    if stored is None:
-        return None
-    if not isinstance(stored, list):
-        raise TypeError("turn_ids is not a list")
-    return [None if i is None else as_id(i, "turn_ids") for i in stored]
 
 
 # (state, frame type) -> handler: the session's rules, one row per state.

@@ -1,19 +1,28 @@
-"""A session's state as bytes for a store outside this process: msgpack, with the images of
-the engine's form (numpy arrays, Pillow images) as extension types.
+"""A session's state for a store outside this process: what a resume needs as plain data
+(``export_state``, ``reply_checkpoint``), read back into a session (``import_state``), and as
+bytes (``pack``, ``unpack``): msgpack, with the images of the engine's form (numpy arrays,
+Pillow images) as extension types.
 
-What it holds is ``Session.export_state``'s; ``unpack`` only rebuilds plain data and the two
-image forms (a dtype from a short list, a shape that matches the bytes), so a store's bytes
-can never make it run code, and ``Bounds`` caps each list, string and image before it is even
-built, so bytes made up to be huge are refused early (what is left to check, ids and sizes
-against the engine, is ``Session.import_state``'s).
+``unpack`` only rebuilds plain data and the two image forms (a dtype from a short list, a shape
+that matches the bytes), so a store's bytes can never make it run code, and ``Bounds`` caps each
+list, string and image before it is even built, so bytes made up to be huge are refused early;
+what is left to check, ids and sizes against the engine, ``import_state`` checks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
+from wschat.protocol import BadFrame, InvalidParams, parse_params
+from wschat.protocol.fields import as_id
+
+from .relay import KeptReply
+
+if TYPE_CHECKING:
+    from ..engine import Chat
+    from .session import Session
 
 FORMAT_VERSION = 2  # 2: the state names its engine's model and tokenizer (a fingerprint)
 _ARRAY = 1  # ext type: [dtype, shape, bytes]
@@ -116,3 +125,99 @@ def _decode_image(code: int, data: bytes) -> Any:
             raise SnapshotError(f"an image in a snapshot in mode {mode!r}")
         return Image.frombytes(mode, (width, height), raw)
     raise SnapshotError(f"an unknown extension type {code} in a snapshot")
+
+
+def export_state(session: Session) -> dict[str, Any]:
+    """What a resume needs, as plain data (images in the engine's form): the conversation, the
+    defaults, the staged images as checked, every id used, the running turn as it was prompted
+    (its reply's tokens are checkpointed on their own: ``reply_checkpoint``), and a reply that
+    ended with no connection attached (``Relay.export``: its frames and its done, for the
+    resume's catch-up). A running turn joins the conversation when it ends, the next boundary;
+    should this process die first, ``import_state`` keeps it as a cancelled exchange."""
+    run, running = session.run, session.chat.export_running()
+    return {
+        "running": {"id": run.id, "turn": running} if run and running else None,
+        "defaults": session.defaults.to_wire(),
+        "chat": session.chat.export_state(),
+        "staged": [
+            {"image": c.image, "width": c.width, "height": c.height, "format": c.format}
+            for c in session.staged
+        ],
+        "ids": sorted(session.used_ids),
+        "last_prompt": session.last_prompt,
+        "turn_ids": list(session.turn_ids),
+        "engine": session.engine.info.fingerprint,  # whose token ids these are
+        "relay": session.relay.export(),
+    }
+
+
+def reply_checkpoint(session: Session) -> dict[str, Any] | None:
+    """The running reply so far (its prompt's id, the tokens generated): with the running turn
+    of ``export_state``, what a crash leaves of it."""
+    run = session.run
+    if run is None or run.generation is None:
+        return None
+    return {"id": run.id, "ids": list(run.sent.ids)}
+
+
+def import_state(
+    session: Session, state: dict[str, Any], partial: dict[str, Any] | None = None
+) -> None:
+    """An exported state, into a new ``session``; ``ValueError`` when it is not one (checked
+    before the session is changed). A turn that was running in it (its process died mid-reply)
+    is kept as a cancelled exchange whose reply is ``partial``'s tokens (a ``reply_checkpoint``;
+    none when it is another turn's)."""
+    from .images import CheckedImage  # Pillow loads only for a session that kept images
+
+    if state.get("engine") != session.engine.info.fingerprint:
+        raise ValueError("a state kept by an engine with another model or tokenizer")
+    try:
+        defaults = parse_params(state["defaults"])
+        staged = [
+            CheckedImage(c["image"], int(c["width"]), int(c["height"]), str(c["format"]))
+            for c in state["staged"]
+        ]
+        # the bounds a live session has: ids as a prompt frame's, images as staged ones
+        ids = {as_id(i) for i in state["ids"]}
+        last_prompt = state.get("last_prompt")
+        if last_prompt is not None:
+            last_prompt = as_id(last_prompt, "last_prompt")
+        turn_ids = _turn_ids(state.get("turn_ids"))
+        chat_state = state["chat"]
+        running = state.get("running")
+        running_id = as_id(running["id"]) if running else None
+        kept = KeptReply.read(state["relay"]) if state.get("relay") is not None else None
+    except (KeyError, TypeError, BadFrame, InvalidParams) as e:
+        raise ValueError(f"not an exported session: {e!r}") from e
+    if kept is not None and kept.reply not in ids:
+        raise ValueError("not an exported session: its kept reply's id was never used")
+    if len(staged) > session.max_images:
+        raise ValueError(f"not an exported session: over {session.max_images} staged images")
+    chat = session.chat
+    chat.import_state(chat_state)
+    held = chat.turns
+    if turn_ids is None or len(turn_ids) != held:
+        # a state stored before each exchange's id was kept: only the last one's is known
+        turn_ids = [*[None] * (held - 1), last_prompt] if held else []
+    if running:
+        _keep_cancelled(chat, running, partial)
+        del turn_ids[chat.turns - 1 :]  # a regenerate's replaced the last exchange
+        turn_ids.append(running_id)
+    session.restore(defaults, staged, ids, turn_ids, kept)
+
+
+def _keep_cancelled(chat: Chat, running: dict[str, Any], partial: dict[str, Any] | None) -> None:
+    reply = partial["ids"] if partial and partial.get("id") == running.get("id") else []
+    try:
+        chat.add_cancelled(running["turn"], reply)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"not an exported session: its running turn: {e!r}") from e
+
+
+def _turn_ids(stored: Any) -> list[str | None] | None:
+    """An exported state's ids of its exchanges (None: a state stored before they were kept)."""
+    if stored is None:
+        return None
+    if not isinstance(stored, list):
+        raise TypeError("turn_ids is not a list")
+    return [None if i is None else as_id(i, "turn_ids") for i in stored]

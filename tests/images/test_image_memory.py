@@ -24,6 +24,7 @@ from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.openai.vision import IMAGE_SIZE, normalise
 from wschat.server.sessions.images import PEAK_BYTES_PER_PIXEL, ImageLimits, check_image
 from wschat.server.sessions.session import Session
+from wschat.server.sessions.snapshot import export_state
 
 from tests.images import samples
 from tests.sessions.test_session import done_of, make_session
@@ -41,7 +42,7 @@ UPLOADS = {  # small files that decode to large bitmaps, and one smaller than th
 
 def held_bytes(session: Session) -> list[int]:
     """Decoded bytes of every image the session holds: staged, and in its conversation."""
-    staged = [image["image"] for image in session.export_state()["staged"]]
+    staged = [image["image"] for image in export_state(session)["staged"]]
     return [np.asarray(image).nbytes for image in [*session.chat.images, *staged]]
 
 

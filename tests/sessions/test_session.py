@@ -30,7 +30,13 @@ from wschat.server.engine import ConversationTooLong, PromptTooLong
 from wschat.server.sessions.error_boundary import error_frame
 from wschat.server.sessions.session import Session, SessionState
 from wschat.server.sessions.slots import GenerationSlots
-from wschat.server.sessions.snapshot import pack, unpack
+from wschat.server.sessions.snapshot import (
+    export_state,
+    import_state,
+    pack,
+    reply_checkpoint,
+    unpack,
+)
 from wschat.server.settings import Settings
 
 from tests.fakes.scripted import Script, ScriptedEngine
@@ -320,14 +326,14 @@ async def test_a_running_turn_exported_mid_reply_comes_back_as_a_cancelled_excha
     session, rec = make_session(slow())
     await session.handle(Prompt("a", "one"))
     await rec.wait_for(lambda f: isinstance(f, Token) and f.index >= 2)
-    state, partial = unpack(pack(session.export_state())), session.reply_checkpoint()
+    state, partial = unpack(pack(export_state(session))), reply_checkpoint(session)
     await session.close()
     assert partial is not None and partial["id"] == "a" and len(partial["ids"]) >= 2
     rebuilt, _ = make_session(ScriptedEngine())
-    rebuilt.import_state(state, partial)
+    import_state(rebuilt, state, partial)
     last = rebuilt.chat.export_state()["exchanges"][-1]
     assert (rebuilt.chat.turns, rebuilt.last_prompt) == (1, "a")
     assert last["reply"] == partial["ids"]
     elsewhere, _ = make_session(ScriptedEngine())
-    elsewhere.import_state(state, {"id": "another", "ids": [1, 2]})  # not this turn's
+    import_state(elsewhere, state, {"id": "another", "ids": [1, 2]})  # not this turn's
     assert elsewhere.chat.export_state()["exchanges"][-1]["reply"] == []

@@ -28,7 +28,13 @@ from wschat.server.engine import ConversationTooLong
 from wschat.server.sessions.error_boundary import error_frame
 from wschat.server.sessions.session import Session, SessionState
 from wschat.server.sessions.slots import GenerationSlots
-from wschat.server.sessions.snapshot import pack, unpack
+from wschat.server.sessions.snapshot import (
+    export_state,
+    import_state,
+    pack,
+    reply_checkpoint,
+    unpack,
+)
 
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.protocol.vector_cases import PNG_1X1
@@ -231,7 +237,7 @@ async def test_regenerate_with_nothing_to_regenerate_is_invalid_params_with_its_
     with pytest.raises(ProtocolError) as raised:
         await session.handle(Regenerate("r"))
     assert (raised.value.code, raised.value.id) == (ErrorCode.INVALID_PARAMS, "r")
-    assert "no exchange" in raised.value.message and "r" not in session.export_state()["ids"]
+    assert "no exchange" in raised.value.message and "r" not in export_state(session)["ids"]
 
 
 async def test_regenerate_refusals_come_in_the_order_of_the_spec_and_change_nothing() -> None:
@@ -269,11 +275,11 @@ async def test_a_regenerate_that_does_not_fit_the_context_is_context_overflow() 
     wide, wide_rec = make_session(ScriptedEngine(context_tokens=4096))
     await turns(wide, wide_rec, "x" * 150)
     session, _ = make_session(ScriptedEngine(context_tokens=128))
-    session.import_state(unpack(pack(wide.export_state())))
+    import_state(session, unpack(pack(export_state(wide))))
     with pytest.raises(ConversationTooLong) as raised:
         await session.handle(Regenerate("r"))
     assert refused(raised, "r").code is ErrorCode.CONTEXT_OVERFLOW
-    assert session.state is SessionState.IDLE and "r" not in session.export_state()["ids"]
+    assert session.state is SessionState.IDLE and "r" not in export_state(session)["ids"]
 
 
 async def test_a_regenerate_finding_the_queue_full_is_overloaded() -> None:
@@ -341,19 +347,19 @@ async def test_the_ids_of_the_exchanges_go_with_the_stored_state() -> None:
     session, rec = make_session(ScriptedEngine())
     await turns(session, rec, "one", "two", "three")
     await session.handle(Rewind(2))
-    state = unpack(pack(session.export_state()))
+    state = unpack(pack(export_state(session)))
     rebuilt, _ = make_session(ScriptedEngine())
-    rebuilt.import_state(state)
+    import_state(rebuilt, state)
     assert (rebuilt.turn_ids, rebuilt.last_prompt, rebuilt.chat.turns) == (["p1", "p2"], "p2", 2)
 
 
 async def test_a_state_stored_without_the_ids_of_its_exchanges_knows_the_last_one() -> None:
     session, rec = make_session(ScriptedEngine())
     await turns(session, rec, "one", "two")
-    state = session.export_state()
+    state = export_state(session)
     del state["turn_ids"]
     rebuilt, rebuilt_rec = make_session(ScriptedEngine())
-    rebuilt.import_state(state)
+    import_state(rebuilt, state)
     assert rebuilt.turn_ids == [None, "p2"]
     await rebuilt.handle(Rewind(1))
     assert rebuilt.last_prompt is None and rebuilt_rec.frames[-1] == Rewound(1)
@@ -369,11 +375,11 @@ async def test_a_regenerate_exported_mid_reply_comes_back_in_place_of_the_last_e
     await done_of(rec, "p2")
     await session.handle(Regenerate("r"))
     await rec.wait_for(lambda f: isinstance(f, Token) and f.id == "r" and f.index >= 2)
-    state, partial = unpack(pack(session.export_state())), session.reply_checkpoint()
+    state, partial = unpack(pack(export_state(session))), reply_checkpoint(session)
     await session.close()
     assert partial is not None and partial["id"] == "r"
     rebuilt, _ = make_session(ScriptedEngine())
-    rebuilt.import_state(state, partial)
+    import_state(rebuilt, state, partial)
     assert (rebuilt.chat.turns, rebuilt.turn_ids) == (2, ["p1", "r"])
     assert rebuilt.chat.export_state()["exchanges"][-1]["reply"] == partial["ids"]
 

@@ -16,7 +16,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from wschat.protocol import Prompt, TooLarge, Unsupported
+from wschat.protocol import Prompt
 
 from ...engine import (
     Chat,
@@ -96,7 +96,7 @@ async def load_chat(
     conversation = session.chat.conversation
     texts = [body.system or "", *(p.text for exchange in body.exchanges for p in exchange)]
     for text in texts:
-        _check_text(text, settings)
+        session.limits.check_text(text, what="a message's text")
     # the replies this API gave, as their ids (read on the loop: ``ReplyIds`` is its own)
     known = [replies.get(assistant.text) for _, assistant in body.exchanges]
     chars = sum(map(len, texts))
@@ -112,7 +112,7 @@ async def load_chat(
     if body.system:
         conversation.set_system(body.system, system_ids)
     for (user, _), (user_ids, reply) in zip(body.exchanges, exchange_ids, strict=True):
-        images = await _images(session, user, settings)
+        images = await _images(session, user)
         placeholder = engine.image_placeholder_ids() if images else []
         conversation.add_exchange(user_ids, [list(placeholder) for _ in images], images, reply)
     return Prompt(
@@ -139,29 +139,15 @@ def _tokenized(
     return system, exchanges
 
 
-def _check_text(text: str, settings: Settings) -> None:
-    if len(text.encode()) > settings.max_prompt_bytes:
-        raise TooLarge(f"a message's text is over {settings.max_prompt_bytes} bytes")
-
-
-async def _images(session: Session, part: Part, settings: Settings) -> list[object]:
+async def _images(session: Session, part: Part) -> list[object]:
     """An earlier turn's images as the session keeps them, checked as a prompt's are."""
     if not part.images:
         return []
-    from ...sessions.images import image_bytes
-
-    engine = session.engine
-    if not engine.info.images:
-        raise Unsupported(f"the model {engine.info.model!r} does not read images")
-    if len(part.images) > session.max_images:
-        raise TooLarge(f"{len(part.images)} images; at most {session.max_images} per message")
-    checked = await session.checked_images(part.images)
-    held = session.image_bytes + sum(image_bytes(c.image) for c in checked)
-    if held > settings.max_session_image_bytes:
-        raise TooLarge(
-            f"the conversation's images would hold {held} bytes; max_session_image_bytes is"
-            f" {settings.max_session_image_bytes}"
-        )
+    rules = session.image_rules()
+    rules.require()
+    rules.count(len(part.images), per="message")
+    checked = await rules.check(part.images, session.image_checks)
+    rules.budget(session.held_images, checked, whose="the conversation's", advice="")
     return [c.image for c in checked]
 
 
