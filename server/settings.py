@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-# What --engine may name (runtime/engines.py builds each).
-ENGINES = ("batched", "generate", "openai", "llamacpp")
 # What --dtype may name (engine/local/precision.py: what each is, and what auto picks)
 DTYPES = (
     "auto",
@@ -74,7 +72,8 @@ class Settings:
         "other x86 CPUs `fp16-weights` (fp16 weights packed for fbgemm, float32 arithmetic), on "
         "a GPU `bfloat16`; or `float32`, `bfloat16`, `float16`",
     )
-    # batched ahead of generate from 4 concurrent streams on (bench/ measures both)
+    # a kind of runtime/engines.py ENGINE_KINDS, each described here (a test checks); batched ahead
+    # of generate from 4 concurrent streams on (bench/ measures both)
     engine: str = option(
         "batched",
         "`batched`: the replies of all sessions decode together, one forward pass a step; "

