@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from wschat.server.engine.formats import (
+    TRANSCRIPT_EXAMPLES,
     ChatTemplate,
     FormatHints,
     GemmaTurns,
@@ -97,10 +98,8 @@ def test_transcript_renders_instruction_examples_and_labelled_lines(tokenizer: A
     conversation.add_exchange(conversation.tokenize_user("Capital of France?"), [], [], reply)
     rendered = text(tokenizer, conversation.prompt_ids(conversation.tokenize_user("And Spain?")))
     assert rendered.startswith("<bos>A conversation between a curious user")
-    assert (
-        "\n\nUser: What is the capital of Italy?\nAssistant: The capital of Italy is Rome.\n"
-        in (rendered)
-    )
+    question, answer = TRANSCRIPT_EXAMPLES[0]
+    assert f"\n\nUser: {question}\nAssistant: {answer}\n" in rendered
     assert rendered.endswith(
         "User: Capital of France?\nAssistant: Paris.\nUser: And Spain?\nAssistant:"
     )
@@ -122,7 +121,8 @@ def test_transcript_system_prompt_replaces_the_instruction_line(tokenizer: Any) 
     )
     conversation.set_system("You answer like a pirate.")
     rendered = text(tokenizer, conversation.prompt_ids(conversation.tokenize_user("Hi")))
-    assert rendered.startswith("<bos>You answer like a pirate.\n\nUser: What is the capital")
+    question = TRANSCRIPT_EXAMPLES[0][0]
+    assert rendered.startswith(f"<bos>You answer like a pirate.\n\nUser: {question}\n")
     assert "A conversation between" not in rendered
 
 
