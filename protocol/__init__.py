@@ -41,7 +41,6 @@ from .errors import (
     Unsupported,
 )
 from .frames import (
-    ABSENT,
     HISTORY_SERIES,
     Cancel,
     Capabilities,
@@ -50,7 +49,6 @@ from .frames import (
     Configured,
     Done,
     Error,
-    Frame,
     GoAway,
     Image,
     ImageOk,
@@ -74,6 +72,7 @@ from .frames import (
     Usage,
 )
 from .params import GenerationParams, parse_params
+from .records import ABSENT, Frame
 
 __all__ = [
     "ABSENT",

@@ -19,7 +19,8 @@ import msgpack
 from .constants import CLIENT_FRAME_TYPES, FrameType
 from .errors import BadFrame, ProtocolError, TooLarge
 from .fields import MAX_ID_CHARS
-from .frames import CLIENT_FRAMES, SERVER_FRAMES, ClientFrame, Frame, ServerFrame
+from .frames import CLIENT_FRAMES, SERVER_FRAMES, ClientFrame, ServerFrame
+from .records import Frame
 
 
 @dataclass(frozen=True, slots=True)
