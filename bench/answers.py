@@ -9,9 +9,9 @@ goes through the engine the server builds (``BatchedEngine``), the chat a sessio
 (``Chat``: the prompt format, the history, the stop rule) and the server's sampling
 defaults (greedy), one conversation at a time, so a run is deterministic on one CPU.
 
-``--variant NAME`` (repeatable) measures other transcript formats (``VARIANTS``); ``default``
-is the server's own format, untouched. Prints each reply with pass/fail, the rates by kind and
-set, and the CPU; ``--out`` writes them as JSON.
+``--variant NAME`` (repeatable) measures other transcript formats (bench/answer_variants.py);
+``default`` is the server's own format, untouched. Prints each reply with pass/fail, the rates
+by kind and set, and the CPU; ``--out`` writes them as JSON.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from bench.answer_variants import VARIANTS
 
 QUESTIONS = Path(__file__).with_name("questions.json")
 ECHO_RUN = 5  # words in a row taken from the user's turn: a reply that has them echoes it
@@ -137,65 +139,6 @@ def tally(items: Sequence[Item], replies: Sequence[Sequence[str]]) -> Tally:
     return t
 
 
-# Other transcript formats to measure against the default. Their examples must not be any of
-# the questions in bench/questions.json or close to one: they would measure recall, not skill.
-_THREE = (  # the default's examples before the remark on a statement joined them
-    ("What is the capital of Italy?", "The capital of Italy is Rome."),
-    ("Who painted the Mona Lisa?", "Leonardo da Vinci painted the Mona Lisa."),
-    ("How many legs does a spider have?", "A spider has eight legs."),
-)
-_STATEMENT = ("I baked bread this morning.", "That sounds lovely! Did it turn out well?")
-_MEMORY = (
-    ("I keep my keys in the kitchen drawer.", "That is a handy place for them."),
-    ("Where do I keep my keys?", "You keep your keys in the kitchen drawer."),
-)
-_MORE = (
-    *_THREE,
-    ("How much is 30 minus 4?", "30 minus 4 is 26."),
-    ("What are the three states of matter?", "Solid, liquid and gas."),
-    ('What is the Spanish word for "dog"?', 'The Spanish word for "dog" is "perro".'),
-    _STATEMENT,
-    ("I keep my keys in the kitchen drawer.", "Good idea, they will be easy to find there."),
-    _MEMORY[1],
-)
-_SENTENCES = (
-    *_THREE,
-    _MORE[3],
-    (
-        "What are the three states of matter?",
-        "The three states of matter are solid, liquid and gas.",
-    ),
-    _STATEMENT,
-    *_MEMORY,
-)
-_YOU = (
-    "A conversation between a user and a helpful, knowledgeable assistant. The assistant "
-    'answers each question correctly in one short sentence, speaks to the user as "you" and '
-    "remembers what the user said."
-)
-_HUMAN_AI = ("Human:", "AI:")
-VARIANTS: dict[str, dict[str, Any]] = {
-    "default": {},
-    "three": {"examples": _THREE},
-    "more-examples": {"examples": _MORE},
-    "more-examples-you": {"examples": _MORE, "instruction": _YOU},
-    "qa-labels": {"examples": _MORE, "instruction": _YOU, "labels": ("Q:", "A:")},
-    "human-ai": {"examples": _MORE, "instruction": _YOU, "labels": _HUMAN_AI},
-    "three-human-ai": {"examples": _THREE, "labels": _HUMAN_AI},
-    "sentences": {"examples": _SENTENCES},
-    "three-statement": {"examples": (*_THREE, _STATEMENT)},
-    "three-statement-memory": {"examples": (*_THREE, _STATEMENT, *_MEMORY)},
-    "statement-first": {"examples": (_STATEMENT, *_THREE)},
-    "statement-second": {"examples": (_THREE[0], _STATEMENT, *_THREE[1:])},
-    "three-statement-you": {"examples": (*_THREE, _STATEMENT), "instruction": _YOU},
-    "sentences-human-ai": {
-        "examples": _SENTENCES,
-        "instruction": _YOU,
-        "labels": _HUMAN_AI,
-    },
-}
-
-
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -210,13 +153,20 @@ def _use_variant(engine: Any, name: str) -> None:
     """Render with the transcript variant ``name`` (``default``: the format as built)."""
     from wschat.server.engine.formats import TokenizerCodec, Transcript, newline_ids
 
-    if not VARIANTS[name]:
+    if name == "default":
         return
+    variant = VARIANTS[name]
     tokenizer = engine.single.tokenizer
     lines = newline_ids(tokenizer)
     eos = engine.single.prompt_format.end_ids - lines
     fmt = Transcript(
-        TokenizerCodec(tokenizer), eos, lines, bos=tokenizer.bos_token, **VARIANTS[name]
+        TokenizerCodec(tokenizer),
+        eos,
+        lines,
+        bos=tokenizer.bos_token,
+        instruction=variant.instruction,
+        examples=variant.examples,
+        labels=variant.labels,
     )
     engine.prompt_format = engine.single.prompt_format = fmt
 

@@ -14,8 +14,8 @@ each prompt extends the previous one token for token, so a session's KV state is
 
 ``transcript``    for pretrained (base) models, which were never tuned on turns and babble inside
                   turn markup, but continue a plain transcript well: an instruction line (the
-                  system prompt when one is set), a few short example exchanges (questions, a
-                  list, a code block, a statement remarked on), then ``User: ...`` /
+                  system prompt when one is set), short example exchanges (questions, a code
+                  block, a list, a statement remarked on), then ``User: ...`` /
                   ``Assistant:`` lines. A reply may span lines: it ends where the model starts a
                   line with a turn label (it begins the next turn) or at end-of-sequence. The
                   reply's ids are kept up to the line break before the label, which is the next
@@ -155,25 +155,39 @@ class GemmaTurns:
         return [self._start, *role, *content, self._end, *self._newline]
 
 
-# The transcript's default instruction line and examples, so a base model answers in kind: short
-# answers to questions a user is unlikely to ask (an example is a free right answer to its own
-# question, and replies borrow from it), a list and a code block on lines of their own, and a
-# remark on a statement, so a statement gets a reply rather than being repeated back. None of
-# them is, or gives the answer to, a question of bench/questions.json (a test says so).
+# The transcript's default instruction line and examples, so a base model answers in kind: one
+# sentence that restates what was asked ("X is Y"), across subjects (shapes, arithmetic, a word
+# in Spanish, animals, books, elements, plurals, rivers, years), to questions a user is unlikely
+# to ask (an example is a free right answer to its own question, and replies borrow from it); a
+# code block and a list on lines of their own, late among them so a request for one gets one;
+# and last a remark on a statement, so a statement gets a reply rather than being repeated back.
+# None of them is, or gives the answer to, a question of bench/questions.json (a test says so).
+# They were chosen on the bench's "new" and "shapes" sets (bench/results/answers-tuning.txt).
 TRANSCRIPT_INSTRUCTION = (
     "A conversation between a curious user and a helpful, knowledgeable assistant. "
-    "The assistant answers each question correctly and briefly, with a list or a code block "
-    "where one helps."
+    "The assistant answers each question correctly in one or two short sentences, with a list "
+    "or a code block where one helps."
 )
 TRANSCRIPT_EXAMPLES = (
     ("How many sides does a hexagon have?", "A hexagon has six sides."),
+    ("What is 40 plus 6?", "40 plus 6 is 46."),
+    ('What is the Spanish word for "window"?', 'The Spanish word for "window" is "ventana".'),
     ("What do caterpillars turn into?", "Caterpillars turn into butterflies or moths."),
-    ("Name some kinds of clouds.", "Some kinds of clouds:\n- cumulus\n- stratus\n- cirrus"),
+    ("Who wrote the novel The Moonstone?", "Wilkie Collins wrote The Moonstone."),
+    ("Which element has the symbol Fe?", "The element with the symbol Fe is iron."),
+    ("What is 14 times 5?", "14 times 5 is 70."),
     (
         "Show me how to print a greeting in Python.",
         'Here it is:\n```python\nprint("Welcome!")\n```',
     ),
-    ("I planted tomatoes in my garden today.", "How nice! Homegrown tomatoes taste wonderful."),
+    ("What is the plural of mouse?", "The plural of mouse is mice."),
+    ("Which river flows through Cairo?", "The Nile flows through Cairo."),
+    ("Name some kinds of clouds.", "Some kinds of clouds:\n- cumulus\n- stratus\n- cirrus"),
+    ("In what year did the Brooklyn Bridge open?", "The Brooklyn Bridge opened in 1883."),
+    (
+        "I planted tomatoes in my garden today.",
+        "That sounds lovely! Homegrown tomatoes taste wonderful.",
+    ),
 )
 TRANSCRIPT_LABELS = ("User:", "Assistant:")
 

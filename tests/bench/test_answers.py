@@ -7,6 +7,7 @@ import re
 from wschat.server.engine.formats import TRANSCRIPT_EXAMPLES
 
 from bench import answers
+from bench.answer_variants import VARIANTS
 from bench.answers import Item, echoes, judge
 
 
@@ -77,7 +78,7 @@ def test_neither_the_format_nor_a_variant_shows_the_model_a_question_of_the_set(
     sets = answers.load()
     asked = {_plain(t) for name in answers.SETS for item in sets[name] for t in item.turns}
     shown = {"default": TRANSCRIPT_EXAMPLES} | {
-        name: options.get("examples", ()) for name, options in answers.VARIANTS.items()
+        name: variant.examples for name, variant in VARIANTS.items()
     }
     for name, examples in shown.items():
         for question, _ in examples:
