@@ -105,26 +105,31 @@ class Index:
 
 
 def class_private_names(tree: ast.Module) -> set[str]:
-    """The private names the module's classes define: methods, class attributes, and what their
-    methods assign on ``self``."""
+    """The private names the module's classes define."""
+    classes = (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef))
+    return {name for cls in classes for name in class_names(cls) if is_private(name)}
+
+
+def class_names(cls: ast.ClassDef) -> set[str]:
+    """The names a class defines: methods, class attributes, and what its methods assign on
+    ``self``."""
     names: set[str] = set()
-    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-        for statement in cls.body:
-            if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                names.add(statement.name)
-            targets = statement.targets if isinstance(statement, ast.Assign) else []
-            if isinstance(statement, ast.AnnAssign):
-                targets = [statement.target]
-            names |= {t.id for t in targets if isinstance(t, ast.Name)}
-        for node in ast.walk(cls):
-            if (
-                isinstance(node, ast.Attribute)
-                and isinstance(node.ctx, ast.Store)
-                and isinstance(node.value, ast.Name)
-                and node.value.id == "self"
-            ):
-                names.add(node.attr)
-    return {name for name in names if is_private(name)}
+    for statement in cls.body:
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(statement.name)
+        targets = statement.targets if isinstance(statement, ast.Assign) else []
+        if isinstance(statement, ast.AnnAssign):
+            targets = [statement.target]
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    for node in ast.walk(cls):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+        ):
+            names.add(node.attr)
+    return names
 
 
 Scope = dict[str, str]  # a local name -> the dotted name of its module, or of its class

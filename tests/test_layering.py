@@ -51,6 +51,7 @@ from .import_graph import (
     source_modules,
     within,
 )
+from .outside_writes import outside_writes
 from .private_names import Index, allowed, private_reaches
 from .wire_errors import PROTOCOL, PROTOCOL_ERRORS, wire_error_names, wire_errors_in
 
@@ -445,3 +446,77 @@ def test_the_circle_check_sees_a_circle_and_not_a_typing_only_one(tmp_path: Path
     modules = {f"pkg.{name}": tmp_path / f"{name}.py" for name in "abc"}
     assert circles(import_graph(modules, typing=False)) == {("pkg.a", "pkg.b")}
     assert circles(import_graph(modules)) == {("pkg.a", "pkg.b"), ("pkg.a", "pkg.c")}
+
+
+# -- a session's attributes ----------------------------------------------------------------------
+
+
+def test_no_module_sets_a_sessions_attributes_from_outside_its_own() -> None:
+    modules = source_modules()
+    writes = outside_writes(Index(modules), modules)
+    assert [f"{w.module}:{w.line} {w.written}" for w in writes] == []
+
+
+# the real modules the planted sources below name
+PLANTED_WRITE = (
+    "wschat.server.sessions.core",
+    "wschat.server.sessions.session",
+    "wschat.server.sessions.relay",
+    "wschat.server.sessions.store",
+    "wschat.server.sessions.hub",
+)
+IMPORT_SESSION = "from wschat.server.sessions.session import Session\n"
+
+
+@pytest.mark.parametrize(
+    ("source", "refused"),
+    [
+        # the writes the rule was written against: hooks and collaborators set from outside
+        (
+            IMPORT_SESSION + "def hook(session: Session) -> None:\n    session.held = None\n",
+            ["session.held"],
+        ),
+        (
+            IMPORT_SESSION + "def f(session: Session) -> None:\n    session.core.scope = 'o'\n",
+            ["session.core.scope"],
+        ),
+        (
+            IMPORT_SESSION + "def f(s: Session) -> None:\n    s.core.turn_ids += ['x']\n",
+            ["s.core.turn_ids"],
+        ),
+        (
+            IMPORT_SESSION + "def f(s: Session) -> None:\n    del s.core.accepted\n",
+            ["s.core.accepted"],
+        ),
+        (
+            IMPORT_SESSION + "def f(s: Session, mp: object) -> None:\n"
+            "    mp.setattr(s, 'relay', None)\n    setattr(s.core, 'staged', [])\n",
+            ["mp.setattr(s, 'relay', None)", "setattr(s.core, 'staged', [])"],
+        ),
+        (
+            "from wschat.server.sessions.hub import Hub\n"
+            "def f(hub: Hub) -> None:\n    session = hub.new_session()\n    session.held = None\n",
+            ["session.held"],
+        ),
+        # the object's class unknown: a name only the session's classes define
+        ("def f(session: object) -> None:\n    session.used_ids = set()\n", ["session.used_ids"]),
+        # reads, calls, another class's attribute of a shared name, its own: allowed
+        (
+            IMPORT_SESSION + "def f(s: Session) -> None:\n    s.core.turn_ids\n"
+            "    s.relay.connected(None)\n    s.relay.drop_last = None\n",
+            [],
+        ),
+        ("def f(store: object) -> None:\n    store.clock = None\n", []),
+        ("class Session:\n    def __init__(self) -> None:\n        self.held = None\n", []),
+    ],
+)
+def test_the_outside_write_check_refuses_what_it_names(
+    tmp_path: Path, source: str, refused: list[str]
+) -> None:
+    modules = source_modules()
+    index = Index({name: modules[name] for name in PLANTED_WRITE})
+    planted = tmp_path / "planted.py"
+    planted.write_text(source)
+    index.add("tests.sessions.test_planted", planted)
+    written = [w.written for w in outside_writes(index, ["tests.sessions.test_planted"])]
+    assert written == refused

@@ -226,11 +226,7 @@ class Chat:
 
     def __init__(self, engine: Engine, key: str) -> None:
         self._engine = engine
-        self.key = key
-        # whose sessions share cached state (its owner's, as the web layer derives it): an
-        # opening with a system prompt, and on a remote engine every prompt; an opening
-        # without a system prompt every session shares
-        self.scope = ""
+        self.key = key  # what the engine keeps for it is under this key
         self.conversation = Conversation(engine.prompt_format)
         self._running: tuple[Generation, PreparedTurn] | None = None
 
@@ -331,20 +327,25 @@ class Chat:
             turn, len(user), len(prompt), user, images, prompt, messages, history, replaces
         )
 
-    def start(self, prepared: PreparedTurn) -> Generation:
-        """Begin the reply (on the event loop); the exchange joins the conversation when its
-        ``Finished`` comes, unless the generation failed."""
+    def start(
+        self, prepared: PreparedTurn, *, key: str | None = None, scope: str = ""
+    ) -> Generation:
+        """Begin the reply (on the event loop) under the engine session ``key`` (None: the
+        chat's); ``scope``: whose sessions share cached state (its owner's, as the web layer
+        derives it): an opening with a system prompt, and on a remote engine every prompt; an
+        opening without a system prompt every session shares. The exchange joins the
+        conversation when its ``Finished`` comes, unless the generation failed."""
         turn = prepared.turn
         request = GenerationRequest(
             prepared.prompt_ids,
             turn.params,
             [*self.conversation.images_of(prepared.history), *turn.images],
-            self.key,
+            key or self.key,
             new_images=len(turn.images),
             messages=prepared.messages,
             opening=self.conversation.opening(prepared.prompt_ids),
-            opening_scope=self.scope if self.conversation.system else "",
-            cache_scope=self.scope,
+            opening_scope=scope if self.conversation.system else "",
+            cache_scope=scope,
         )
         generation = self._engine.generate(request)
         self._running = (generation, prepared)

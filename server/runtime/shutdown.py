@@ -23,8 +23,8 @@ import uvicorn
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from wschat.protocol import CloseCode, GoAway
 
+from ..sessions.core import SessionState
 from ..sessions.hub import Hub
-from ..sessions.session import SessionState
 from ..web.stats_feed import StatsFeed
 from .transport import handle_loop_exception
 
@@ -48,8 +48,8 @@ async def drain(hub: Hub, stats_feed: StatsFeed, grace_s: float) -> None:
     # the chats' sessions, and the HTTP API's requests (web/openai_api), which have no socket
     sessions = [*(c.session for c in connections if getattr(c, "session", None)), *hub.requests]
     for session in sessions:
-        if session.state is SessionState.QUEUED and session.run is not None:
-            session.run.cancel()  # it would start after the deadline anyway
+        if session.state is SessionState.QUEUED:
+            session.cancel_run()  # it would start after the deadline anyway
     running = {t for s in sessions if (t := session_task(s)) is not None}
     await hub.stop_held_replies()  # no connection to finish them for: cancelled at once
     if running:

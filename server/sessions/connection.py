@@ -44,6 +44,7 @@ from wschat.protocol import (
 
 from .error_boundary import Outbox, expected
 from .hub import Hub
+from .inputs import TakenOver
 from .quotas import FrameRate
 from .relay import CatchUp
 from .session import Session
@@ -98,14 +99,16 @@ class Connection:
                 self.closed = True
 
     async def serve(
-        self, session: Session, resume_token: str, resumed: bool = False, last: int | None = None
+        self,
+        session: Session,
+        resume_token: str,
+        taken_over: TakenOver | None = None,
+        last: int | None = None,
     ) -> None:
-        """Serve ``session`` until the connection ends. ``resumed``: taken over by a resume
-        whose ``last`` is the index of the last ``token`` frame the client got."""
+        """Serve ``session`` until the connection ends. ``taken_over``: by a resume (whose
+        ``last`` is the index of the last ``token`` frame the client got)."""
         self.session = session
-        session.address = self.ws.client.host if self.ws.client else "unknown"
-        catch_up = session.resume(last) if resumed else None
-        session.relay.drop_last = self._drop_transport()
+        catch_up = session.connect(self._drop_transport(), taken_over, last)
         try:
             if await self._open(session, resume_token, catch_up):
                 while not self.closed and await self._handle_next():
@@ -121,7 +124,7 @@ class Connection:
         False when the peer left while the catch-up waited its turn."""
         ready = self._ready(session, resume_token)
         if catch_up is not None:
-            resumed = Resumed(session.last_prompt, catch_up.reply, session.chat.turns)
+            resumed = Resumed(session.core.last_prompt, catch_up.reply, session.chat.turns)
             ready = dataclasses.replace(ready, resumed=resumed)
         await self.send(ready)
         if catch_up is not None and catch_up.frames:
@@ -132,7 +135,7 @@ class Connection:
                     await self.send(frame)
             finally:
                 self._drain_then_release()
-        await session.relay.attach(self.outbox)
+        await session.attach(self.outbox)
         return True
 
     async def _replay_turn(self) -> bool:
@@ -226,7 +229,8 @@ class Connection:
         while True:
             if limit <= 0:
                 return await self.ws.receive()
-            busy_until = time.monotonic() if self.session.busy else self.session.last_active_at
+            core = self.session.core
+            busy_until = time.monotonic() if core.busy else core.last_active_at
             left = max(self.last_frame_at, busy_until) + limit - time.monotonic()
             if left > 0:
                 try:

@@ -47,6 +47,8 @@ class GenerationRun:
     ticket: Ticket
     token_ids: bool = False
     stall_timeout_s: float = 120.0
+    key: str | None = None  # the engine session key it runs under (None: its chat's)
+    scope: str = ""  # whose cached state it may share (engine/history.py ``Chat.start``)
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     generation: Generation | None = None
     # What was sent, packed, so a long reply to a slow reader costs about its text and ids, not
@@ -66,6 +68,14 @@ class GenerationRun:
         """Ended, its exchange in the conversation: it started and did not fail."""
         return self.generation is not None and self.reason not in (None, FinishReason.ERROR)
 
+    def kept_ids(self) -> list[int] | None:
+        """What the engine keeps under the run's key once it ended: its prompt and its reply
+        (None: nothing worth keeping, a reply that failed or never started)."""
+        finished = self.finished
+        if not self.kept or finished is None:
+            return None
+        return [*self.prepared.prompt_ids, *finished.completion_ids]
+
     def cancel(self) -> None:
         self.cancel_requested.set()
         if self.generation is not None:
@@ -76,11 +86,13 @@ class GenerationRun:
         try:
             if await self._wait_for_slot(send):
                 self.started_at = time.perf_counter()
-                self.generation = chat.start(self.prepared)
+                self.generation = chat.start(self.prepared, key=self.key, scope=self.scope)
                 if self.cancel_requested.is_set():
                     self.generation.cancel()
-                await send(self._start_frame())
+                # told before the start frame goes: the session is RUNNING once the chat holds
+                # the running turn, with nothing awaited in between
                 self._notify(RunStarted(self))
+                await send(self._start_frame())
                 reason = await self._stream(send)
             elif (pushed_out := self.ticket.pushed_out) is not None:  # slots.py: fair share
                 await send(error_frame(pushed_out, self.id))
@@ -107,7 +119,7 @@ class GenerationRun:
         ticket = self.ticket
         cancel = asyncio.ensure_future(self.cancel_requested.wait())
         try:
-            while not ticket.granted.done():
+            while not ticket.granted:
                 if ticket.pushed_out is not None:
                     return False
                 # cleared before the send: a grant or a push-out while it is handed over (a
@@ -117,7 +129,7 @@ class GenerationRun:
                 moved = asyncio.ensure_future(ticket.moved.wait())
                 await asyncio.wait({moved, cancel}, return_when=asyncio.FIRST_COMPLETED)
                 moved.cancel()
-                if cancel.done() and not ticket.granted.done():
+                if cancel.done() and not ticket.granted:
                     return False
             return True
         finally:

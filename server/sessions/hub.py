@@ -5,18 +5,24 @@ in memory or in Redis)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..engine import Engine
+from ..engine import Chat, Engine
 from ..settings import UNBATCHED_CONCURRENT, Settings
+from .core import DETACHED_STATES, SessionCore
+from .error_boundary import Send
+from .events import RunListener
 from .gates import Gate
+from .hooks import EngineKeys, SessionHooks
+from .limits import PromptLimits
 from .quotas import ConnectionCaps
-from .session import DETACHED_STATES, Session
+from .session import Session
 from .slots import GenerationSlots
 from .snapshot import import_state
-from .stats import ServerStats
+from .stats import OPENAI_API, ServerStats
 from .store import SessionStore, open_store
 
 if TYPE_CHECKING:
@@ -60,20 +66,59 @@ class Hub:
         if self.settings.max_concurrent is None and engine.info.batch_width:
             self.slots.max_concurrent = engine.info.batch_width
 
-    def new_session(self, key: str | None = None) -> Session:
-        assert self.engine is not None
-        session = Session(
-            key or secrets.token_hex(8),
-            self.engine,
-            self.slots,
-            self.settings,
-            image_checks=self.image_checks,
+    def new_session(
+        self,
+        key: str | None = None,
+        *,
+        address: str = "unknown",
+        scope: str = "",
+        outbox: Send | None = None,
+        hooks: SessionHooks | None = None,
+    ) -> Session:
+        """A chat's session, the store's (``hooks``: its boundaries saved, its rewinds counted);
+        ``address`` and ``scope``: its connection's client and owner (``access.owner_scope``);
+        ``outbox``: where its frames go from the start (else a connection ``attach``es one)."""
+        hooks = hooks or SessionHooks(
+            self.sessions.checkpoint, self.sessions.progress, self.stats.count_rewind
         )
-        session.listeners.append(self.stats.on_run_event)
-        session.on_rewind = self.stats.count_rewind
-        session.boundary = self.sessions.checkpoint
-        session.progress = self.sessions.progress
-        return session
+        listener = self.stats.on_run_event
+        return self._session(key or secrets.token_hex(8), address, scope, outbox, hooks, listener)
+
+    def new_request(self, *, address: str, scope: str, outbox: Send, keys: EngineKeys) -> Session:
+        """An HTTP API request's session (web/openai_api): never in the store, never resumed;
+        each run under the engine session key ``keys`` picks."""
+        key = f"api-{secrets.token_hex(8)}"
+        listener = functools.partial(self.stats.on_run_event, api=OPENAI_API)
+        return self._session(key, address, scope, outbox, SessionHooks(), listener, keys)
+
+    def _session(
+        self,
+        key: str,
+        address: str,
+        scope: str,
+        outbox: Send | None,
+        hooks: SessionHooks,
+        listener: RunListener,
+        keys: EngineKeys | None = None,
+    ) -> Session:
+        """The one place a session is made: its core and what drives it, each collaborator
+        given at construction."""
+        engine, settings = self.engine, self.settings
+        assert engine is not None
+        chat = Chat(engine, key)
+        limits = PromptLimits.of(settings)
+        core = SessionCore(key, chat, self.slots, limits, address=address, scope=scope)
+        return Session(
+            core,
+            engine,
+            settings,
+            max_images=min(settings.max_images, engine.info.max_images),
+            image_checks=self.image_checks,
+            listeners=[listener],
+            hooks=hooks,
+            keys=keys,
+            outbox=outbox,
+        )
 
     def restore_session(
         self, key: str, state: dict[str, Any], partial: dict[str, Any] | None = None

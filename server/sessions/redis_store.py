@@ -55,7 +55,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ..settings import Settings
-from .session import DETACHED_STATES, Session, SessionState
+from .core import DETACHED_STATES, SessionState
+from .session import Session
 from .snapshot import Bounds, export_state, pack, reply_checkpoint, unpack
 from .store import Claim, Rebuild
 

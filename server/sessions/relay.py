@@ -154,8 +154,8 @@ class KeptReply:
 
 
 class Relay:
-    def __init__(self) -> None:
-        self._target: Send | None = None  # the connection's outbox; None while detached
+    def __init__(self, target: Send | None = None) -> None:
+        self._target = target  # the connection's outbox; None while detached
         self.reply: str | None = None  # the id of the last prompt's reply
         self._record = ReplyRecord()  # its token frames, as its run recorded them
         self._ending: list[Frame] = []  # its error and done frames
@@ -165,7 +165,7 @@ class Relay:
         # without asking (set by detach, cleared once a connection is attached again)
         self.in_flight = False
         # drops the connection last attached at once, with what it has not sent (a no-op once
-        # it is gone); set by that connection (sessions/connection.py)
+        # it is gone); that connection's (``connected``)
         self.drop_last: Callable[[], None] | None = None
 
     async def __call__(self, frame: Frame) -> None:
@@ -177,6 +177,10 @@ class Relay:
                 self._held.append(frame)
             return
         await target(frame)
+
+    def connected(self, drop: Callable[[], None] | None) -> None:
+        """A connection holds the session now: ``drop`` drops it (the next one's catch-up does)."""
+        self.drop_last = drop
 
     def begin(self, reply: str, record: ReplyRecord) -> None:
         """A prompt was accepted: its reply is the one a resume gets, ``record`` its tokens."""

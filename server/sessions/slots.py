@@ -26,7 +26,7 @@ class Ticket:
     def __init__(self, owner: str = "", seq: int = 0) -> None:
         self.owner = owner  # the client address whose share it counts against
         self.seq = seq  # arrival order
-        self.granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.granted = False  # a slot is its (set once, before moved)
         self.moved = asyncio.Event()  # set by GenerationSlots whenever position changes
         self.position = 0
         self.released = False
@@ -92,7 +92,7 @@ class GenerationSlots:
         self.running += 1
         self._running_by[ticket.owner] += 1
         ticket.position = 0
-        ticket.granted.set_result(None)
+        ticket.granted = True
         ticket.moved.set()
 
     def _over_share(self, newcomer: str) -> Ticket | None:

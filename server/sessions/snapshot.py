@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgpack
-from wschat.protocol import BadFrame, InvalidParams, parse_params
+from wschat.protocol import BadFrame, GenerationParams, InvalidParams, parse_params
 from wschat.protocol.fields import as_id
 
 from .relay import KeptReply
 
 if TYPE_CHECKING:
     from ..engine import Chat
+    from .images import CheckedImage
     from .session import Session
 
 FORMAT_VERSION = 2  # 2: the state names its engine's model and tokenizer (a fingerprint)
@@ -32,6 +33,18 @@ _DTYPES = frozenset({"|u1", "<f4", "<f2", "<i4", "<i8", "<f8"})
 
 class SnapshotError(ValueError):
     """Bytes that are not a snapshot this version reads."""
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """A session's state read back (``import_state``), but for its conversation, which is in the
+    chat already."""
+
+    defaults: GenerationParams
+    staged: list[CheckedImage]
+    used_ids: set[str]
+    turn_ids: list[str | None]
+    kept: KeptReply | None  # a reply that ended while no connection was attached
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,18 +147,18 @@ def export_state(session: Session) -> dict[str, Any]:
     ended with no connection attached (``Relay.export``: its frames and its done, for the
     resume's catch-up). A running turn joins the conversation when it ends, the next boundary;
     should this process die first, ``import_state`` keeps it as a cancelled exchange."""
-    run, running = session.run, session.chat.export_running()
+    core, run, running = session.core, session.run, session.chat.export_running()
     return {
         "running": {"id": run.id, "turn": running} if run and running else None,
-        "defaults": session.defaults.to_wire(),
-        "chat": session.chat.export_state(),
+        "defaults": core.defaults.to_wire(),
+        "chat": core.chat.export_state(),
         "staged": [
             {"image": c.image, "width": c.width, "height": c.height, "format": c.format}
-            for c in session.staged
+            for c in core.staged
         ],
-        "ids": sorted(session.used_ids),
-        "last_prompt": session.last_prompt,
-        "turn_ids": list(session.turn_ids),
+        "ids": sorted(core.used_ids),
+        "last_prompt": core.last_prompt,
+        "turn_ids": list(core.turn_ids),
         "engine": session.engine.info.fingerprint,  # whose token ids these are
         "relay": session.relay.export(),
     }
@@ -203,7 +216,7 @@ def import_state(
         _keep_cancelled(chat, running, partial)
         del turn_ids[chat.turns - 1 :]  # a regenerate's replaced the last exchange
         turn_ids.append(running_id)
-    session.restore(defaults, staged, ids, turn_ids, kept)
+    session.restore(Restored(defaults, staged, ids, turn_ids, kept))
 
 
 def _keep_cancelled(chat: Chat, running: dict[str, Any], partial: dict[str, Any] | None) -> None:

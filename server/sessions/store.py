@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..settings import STORE_SCHEMES, Settings
-from .session import Session, SessionState
+from .core import SessionState
+from .session import Session
 
 # how long a claim waits for the connection that holds its session to end (a client may see its
 # connection drop, and reconnect, before the server does)

@@ -28,6 +28,7 @@ from wschat.protocol import CHAT_PATH, SESSION_HEADER
 from ..engine import Engine
 from ..sessions.connection import Connection
 from ..sessions.hub import Hub
+from ..sessions.inputs import TakenOver
 from ..settings import Settings
 from .access import owner_scope
 from .admission import Accept, serve_admitted
@@ -94,9 +95,11 @@ async def _serve_session(
     if claim is not None and claim.unavailable:
         log.warning("a resume was not possible (%s): a new session", claim.unavailable)
     resumed = claim.session if claim else None
-    session = resumed or hub.new_session()
+    address = websocket.client.host if websocket.client else "unknown"
+    scope = owner_scope(websocket, hub.settings.tokens)
+    session = resumed or hub.new_session(address=address, scope=scope)
     # a resumed session is its new connection's: the resume token proved the right to it
-    session.chat.scope = owner_scope(websocket, hub.settings.tokens)
+    taken_over = TakenOver(address, scope) if resumed is not None else None
     resume_token = await hub.sessions.add(session)
     connection = Connection(websocket, hub)
     hub.connections.add(connection)
@@ -104,7 +107,7 @@ async def _serve_session(
         # PROTOCOL.md "Transport": the routing key a load balancer learns from the handshake
         await accept([(SESSION_HEADER.encode(), session.key.encode())])
         last = _token_index(websocket.query_params.get("last"))
-        await connection.serve(session, resume_token, resumed is not None, last)
+        await connection.serve(session, resume_token, taken_over, last)
     finally:
         hub.connections.discard(connection)
         await hub.end_connection(session)

@@ -39,9 +39,9 @@ async def engine(
     await made.aclose()
 
 
-async def say(chat: Chat, text: str, tokens: int = 6) -> tuple[str, Finished, int]:
+async def say(chat: Chat, text: str, tokens: int = 6, scope: str = "") -> tuple[str, Finished, int]:
     prepared = await chat.prepare(Turn(text, SamplingParams(tokens)), max_user_tokens=1000)
-    generation = chat.start(prepared)
+    generation = chat.start(prepared, scope=scope)
     streamed, finished = await collect(generation)
     return streamed, finished, prepared.prompt_tokens
 
@@ -123,12 +123,12 @@ async def test_a_chats_requests_say_how_long_their_opening_is() -> None:
 async def test_a_chats_opening_is_its_owners_only_with_a_system_prompt() -> None:
     engine = ScriptedEngine()
     chat = Chat(engine, "s")
-    chat.scope = "owner-digest"
-    await say(chat, "Hello")  # the format's own opening: everyone's
+    owner = "owner-digest"
+    await say(chat, "Hello", scope=owner)  # the format's own opening: everyone's
     await chat.set_system("Be brief.", min_turn_tokens=32)
-    await say(chat, "Hello")
+    await say(chat, "Hello", scope=owner)
     await chat.set_system(None, min_turn_tokens=32)
-    await say(chat, "Hello")
+    await say(chat, "Hello", scope=owner)
     assert [r.opening_scope for r in engine.requests] == ["", "owner-digest", ""]
     assert "owner-digest" not in repr(engine.requests[1])
 
@@ -137,9 +137,8 @@ async def test_every_request_of_a_chat_carries_its_owners_cache_scope() -> None:
     engine = ScriptedEngine()
     chat = Chat(engine, "s")
     await say(chat, "Hello")  # no owner yet: no scope
-    chat.scope = "owner-digest"
-    await say(chat, "Hello")  # without a system prompt too: a remote cache holds it all
-    await chat.set_system("Be brief.", min_turn_tokens=32)
-    await say(chat, "Hello")
+    await say(chat, "Hello", scope="owner-digest")  # without a system prompt too: a remote
+    await chat.set_system("Be brief.", min_turn_tokens=32)  # cache holds it all
+    await say(chat, "Hello", scope="owner-digest")
     assert [r.cache_scope for r in engine.requests] == ["", "owner-digest", "owner-digest"]
     assert "owner-digest" not in repr(engine.requests[1])

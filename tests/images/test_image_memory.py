@@ -27,7 +27,7 @@ from wschat.server.sessions.session import Session
 from wschat.server.sessions.snapshot import export_state
 
 from tests.images import samples
-from tests.sessions.test_session import done_of, make_session
+from tests.sessions.test_session import done_of, image_bytes_of, make_session
 from tests.support import TIMEOUT, RawPeer, collect, raw_peer, running_server
 
 INPUT_BYTES = 64 * 64 * 3  # one image at the tiny processor's input size, RGB
@@ -60,7 +60,7 @@ async def test_a_session_keeps_each_image_at_the_models_input_size(
     await session.handle(Prompt("b", "And this?", (), GenerationParams(max_new_tokens=3)))
     await done_of(recorder, "b")
     assert held_bytes(session) == [INPUT_BYTES] * 4
-    assert session.image_bytes == 4 * INPUT_BYTES
+    assert image_bytes_of(session) == 4 * INPUT_BYTES
 
 
 @pytest.mark.parametrize("upload", UPLOADS.values(), ids=UPLOADS.keys())

@@ -27,9 +27,13 @@ from wschat.protocol import (
     Token,
 )
 from wschat.server.engine import ConversationTooLong, PromptTooLong
+from wschat.server.sessions.core import SessionState
 from wschat.server.sessions.error_boundary import error_frame
-from wschat.server.sessions.session import Session, SessionState
-from wschat.server.sessions.slots import GenerationSlots
+from wschat.server.sessions.hooks import SessionHooks
+from wschat.server.sessions.hub import Hub
+from wschat.server.sessions.images import image_bytes
+from wschat.server.sessions.inputs import TakenOver
+from wschat.server.sessions.session import Session
 from wschat.server.sessions.snapshot import (
     export_state,
     import_state,
@@ -70,13 +74,27 @@ class Recorder:
         ]
 
 
+def session_hub(engine: ScriptedEngine, **settings: Any) -> Hub:
+    """A hub on ``engine`` (one slot, a queue of four unless ``settings`` say otherwise)."""
+    return Hub(Settings(**{"max_concurrent": 1, "max_queue": 4, **settings}), engine)
+
+
 def make_session(
-    engine: ScriptedEngine, slots: GenerationSlots | None = None, **settings: Any
+    engine: ScriptedEngine,
+    hub: Hub | None = None,
+    hooks: SessionHooks | None = None,
+    **settings: Any,
 ) -> tuple[Session, Recorder]:
-    session = Session("s1", engine, slots or GenerationSlots(1, 4), Settings(**settings))
+    """A session of ``hub``'s making (a hub of its own with ``settings`` if none), its frames to
+    the recorder."""
     recorder = Recorder()
-    session.send = recorder
-    return session, recorder
+    hub = hub or session_hub(engine, **settings)
+    return hub.new_session("s1", outbox=recorder, hooks=hooks or SessionHooks()), recorder
+
+
+def image_bytes_of(session: Session) -> int:
+    """What the images the session keeps hold."""
+    return sum(image_bytes(image) for image in session.core.held_images())
 
 
 def slow(n: int = 50, delay: float = 0.02) -> ScriptedEngine:
@@ -182,9 +200,9 @@ async def test_prompt_over_context_is_context_overflow_before_model_work() -> No
 
 
 async def test_queued_sessions_learn_their_position_and_start_in_order() -> None:
-    slots = GenerationSlots(1, 4)
     engine = slow(n=5, delay=0.02)
-    sessions = [make_session(engine, slots) for _ in range(3)]
+    hub = session_hub(engine)
+    sessions = [make_session(engine, hub) for _ in range(3)]
     for i, (session, _) in enumerate(sessions):
         await session.handle(Prompt(f"p{i}", "go"))
     await sessions[1][1].wait_for(lambda f: isinstance(f, Queued))
@@ -194,13 +212,13 @@ async def test_queued_sessions_learn_their_position_and_start_in_order() -> None
     for i, (_, rec) in enumerate(sessions):
         await done_of(rec, f"p{i}")
     assert [q.position for q in sessions[2][1].of(Queued)] == [2, 1]
-    assert slots.running == 0
+    assert hub.slots.running == 0
 
 
 async def test_full_queue_is_overloaded() -> None:
-    slots = GenerationSlots(1, 1)
     engine = slow()
-    (s1, _r1), (s2, _), (s3, _) = (make_session(engine, slots) for _ in range(3))
+    hub = session_hub(engine, max_queue=1)
+    (s1, _r1), (s2, _), (s3, _) = (make_session(engine, hub) for _ in range(3))
     await s1.handle(Prompt("a", "x"))
     await s2.handle(Prompt("b", "x"))
     with pytest.raises(ProtocolError) as raised:
@@ -211,15 +229,15 @@ async def test_full_queue_is_overloaded() -> None:
 
 
 async def test_cancel_while_queued_gives_done_without_start() -> None:
-    slots = GenerationSlots(1, 4)
     engine = slow()
-    (s1, _), (s2, r2) = make_session(engine, slots), make_session(engine, slots)
+    hub = session_hub(engine)
+    (s1, _), (s2, r2) = make_session(engine, hub), make_session(engine, hub)
     await s1.handle(Prompt("a", "x"))
     await s2.handle(Prompt("b", "x"))
     await s2.handle(Cancel("b"))
     done = await done_of(r2, "b")
     assert done.reason is FinishReason.CANCELLED and r2.of(Start) == []
-    assert slots.queued == 0
+    assert hub.slots.queued == 0
     await s1.close()
 
 
@@ -291,7 +309,7 @@ async def test_a_system_prompt_leaving_no_room_for_a_turn_is_too_large_and_chang
     )
     assert session.chat.system == "be brief"
     assert session.chat.turns == 1
-    assert session.defaults == GenerationParams(max_new_tokens=3)
+    assert session.core.defaults == GenerationParams(max_new_tokens=3)
 
 
 async def test_the_longest_system_prompt_accepted_leaves_room_for_a_short_turn() -> None:
@@ -332,8 +350,57 @@ async def test_a_running_turn_exported_mid_reply_comes_back_as_a_cancelled_excha
     rebuilt, _ = make_session(ScriptedEngine())
     import_state(rebuilt, state, partial)
     last = rebuilt.chat.export_state()["exchanges"][-1]
-    assert (rebuilt.chat.turns, rebuilt.last_prompt) == (1, "a")
+    assert (rebuilt.chat.turns, rebuilt.core.last_prompt) == (1, "a")
     assert last["reply"] == partial["ids"]
     elsewhere, _ = make_session(ScriptedEngine())
     import_state(elsewhere, state, {"id": "another", "ids": [1, 2]})  # not this turn's
     assert elsewhere.chat.export_state()["exchanges"][-1]["reply"] == []
+
+
+# -- its connection ----------------------------------------------------------------------------
+
+
+async def test_a_drop_mid_reply_then_a_resume_catch_the_reply_up_and_it_goes_on() -> None:
+    session, rec = make_session(slow(200))
+    await session.handle(Prompt("g", "hello"))
+    await rec.wait_for(lambda f: isinstance(f, Token))  # something to resume
+    await session.disconnect(grace_s=60)  # dropped: the reply goes on
+    held = session.held
+    assert session.state is SessionState.RUNNING_DETACHED and held is not None
+    catch_up = session.connect(None, TakenOver("b", "owner"), 0)
+    assert session.state is SessionState.RUNNING and held.done()
+    assert catch_up is not None and catch_up.reply == "g"
+    assert isinstance(catch_up.frames[0], Token)
+    assert (session.core.address, session.core.scope) == ("b", "owner")
+    await session.close()
+
+
+@pytest.mark.parametrize("state", [SessionState.QUEUED, SessionState.RUNNING])
+async def test_a_drop_before_the_first_token_ends_the_reply_and_leaves_the_session_idle(
+    state: SessionState,
+) -> None:
+    engine = slow(delay=1.0)  # RUNNING is entered at its start, a second before any token
+    hub = session_hub(engine)
+    hog = hub.slots.enqueue() if state is SessionState.QUEUED else None
+    session, rec = make_session(engine, hub)
+    await session.handle(Prompt("g", "hello"))
+    if state is SessionState.RUNNING:
+        await rec.wait_for(lambda f: isinstance(f, Start))
+    assert session.state is state
+    await session.disconnect(grace_s=60)
+    assert session.state is SessionState.IDLE and session.run is None
+    assert session.held is None  # nothing keeps its connection's place
+    catch_up = session.connect(None, TakenOver("a", ""))  # a drop: the resume is told its end
+    assert catch_up is not None and catch_up.reply == "g" and isinstance(catch_up.frames[-1], Done)
+    if hog is not None:
+        hub.slots.release(hog)
+
+
+async def test_a_drop_with_no_grace_ends_the_reply_and_leaves_nothing_to_resume() -> None:
+    session, rec = make_session(slow())
+    await session.handle(Prompt("g", "hello"))
+    await rec.wait_for(lambda f: isinstance(f, Token))
+    await session.disconnect(grace_s=0.0)
+    assert session.state is SessionState.IDLE and session.run is None
+    catch_up = session.connect(None, TakenOver("a", ""))
+    assert catch_up is not None and catch_up.reply is None

@@ -25,9 +25,10 @@ from wschat.protocol import (
     Token,
 )
 from wschat.server.engine import ConversationTooLong
+from wschat.server.sessions.core import SessionState
 from wschat.server.sessions.error_boundary import error_frame
-from wschat.server.sessions.session import Session, SessionState
-from wschat.server.sessions.slots import GenerationSlots
+from wschat.server.sessions.hooks import SessionHooks
+from wschat.server.sessions.session import Session
 from wschat.server.sessions.snapshot import (
     export_state,
     import_state,
@@ -40,7 +41,7 @@ from tests.fakes.scripted import Script, ScriptedEngine
 from tests.protocol.vector_cases import PNG_1X1
 from tests.support import RawPeer, raw_peer, running_server
 
-from .test_session import Recorder, done_of, make_session, slow
+from .test_session import Recorder, done_of, image_bytes_of, make_session, session_hub, slow
 
 
 async def turns(session: Session, rec: Recorder, *texts: str, prefix: str = "p") -> list[Done]:
@@ -62,7 +63,7 @@ async def test_done_turn_numbers_each_kept_exchange_from_one() -> None:
     session, rec = make_session(ScriptedEngine())
     done = await turns(session, rec, "one", "two", "three")
     assert [d.turn for d in done] == [1, 2, 3]
-    assert session.turn_ids == ["p1", "p2", "p3"]
+    assert session.core.turn_ids == ["p1", "p2", "p3"]
 
 
 async def test_rewind_keeps_the_first_exchanges_and_answers_rewound() -> None:
@@ -70,7 +71,11 @@ async def test_rewind_keeps_the_first_exchanges_and_answers_rewound() -> None:
     await turns(session, rec, "one", "two", "three")
     await session.handle(Rewind(1))
     assert rec.frames[-1] == Rewound(1)
-    assert (session.chat.turns, session.last_prompt, session.turn_ids) == (1, "p1", ["p1"])
+    assert (session.chat.turns, session.core.last_prompt, session.core.turn_ids) == (
+        1,
+        "p1",
+        ["p1"],
+    )
     await session.handle(Prompt("b", "again"))
     assert (await done_of(rec, "b")).turn == 2
 
@@ -96,7 +101,7 @@ async def test_rewind_to_the_count_held_changes_nothing_and_to_zero_empties_it()
     assert rec.frames[-1] == Rewound(2) and session.chat.export_state() == before
     await session.handle(Rewind(0))
     assert rec.frames[-1] == Rewound(0)
-    assert (session.chat.turns, session.last_prompt) == (0, None)
+    assert (session.chat.turns, session.core.last_prompt) == (0, None)
 
 
 @pytest.mark.parametrize("keep", [3, 10])
@@ -150,11 +155,10 @@ async def test_staged_images_the_system_prompt_and_defaults_survive_a_rewind() -
 
 
 async def test_a_rewind_is_a_turn_boundary_and_counted() -> None:
-    session, rec = make_session(ScriptedEngine())
     saved: list[int] = []
     counted: list[bool] = []
-    session.boundary = lambda s: saved.append(s.chat.turns)
-    session.on_rewind = counted.append
+    hooks = SessionHooks(boundary=lambda s: saved.append(s.chat.turns), on_rewind=counted.append)
+    session, rec = make_session(ScriptedEngine(), hooks=hooks)
     await turns(session, rec, "one", "two")
     await session.handle(Rewind(1))
     assert saved[-1] == 1 and counted == [False]
@@ -178,7 +182,7 @@ async def test_regenerate_replaces_the_last_exchange_with_a_new_reply_to_the_sam
     assert last.prompt_ids == first.prompt_ids and len(last.images) == 1
     assert last.params.max_new_tokens == 3 and first.params.max_new_tokens != 3
     assert (done.turn, done.usage.completion_tokens) == (2, 3)
-    assert (session.chat.turns, session.turn_ids) == (2, ["p1", "r"])
+    assert (session.chat.turns, session.core.turn_ids) == (2, ["p1", "r"])
     assert len(session.chat.export_state()["exchanges"][-1]["reply"]) == 3
     with pytest.raises(ProtocolError) as reused:  # the regenerate's id is used up
         await session.handle(Prompt("r", "x"))
@@ -210,26 +214,26 @@ async def test_regenerate_leaves_staged_images_staged() -> None:
 
 
 async def test_a_regenerate_holds_the_images_of_the_exchange_it_replaces_once() -> None:
-    slots = GenerationSlots(1, 4)
     engine = ScriptedEngine(
         lambda r: Script([f" t{i}" for i in range(50)], delay_s=0.02), images=True
     )
-    (busy, _), (session, rec) = make_session(engine, slots), make_session(engine, slots)
+    hub = session_hub(engine, max_queue=4)
+    (busy, _), (session, rec) = make_session(engine, hub), make_session(engine, hub)
     await session.handle(
         Prompt("p1", "this?", images=(PNG_1X1,), params=GenerationParams(max_new_tokens=2))
     )
     await done_of(rec, "p1")
-    held = session.image_bytes
+    held = image_bytes_of(session)
     assert held > 0
     await busy.handle(Prompt("a", "hog the slot"))
     await session.handle(Regenerate("r"))
-    assert session.state is SessionState.QUEUED and session.image_bytes == held
+    assert session.state is SessionState.QUEUED and image_bytes_of(session) == held
     await busy.close()
     await rec.wait_for(lambda f: isinstance(f, Start) and f.id == "r")
-    assert session.image_bytes == held
+    assert image_bytes_of(session) == held
     await session.handle(Cancel())
     await done_of(rec, "r")
-    assert session.image_bytes == held
+    assert image_bytes_of(session) == held
 
 
 async def test_regenerate_with_nothing_to_regenerate_is_invalid_params_with_its_id() -> None:
@@ -283,9 +287,9 @@ async def test_a_regenerate_that_does_not_fit_the_context_is_context_overflow() 
 
 
 async def test_a_regenerate_finding_the_queue_full_is_overloaded() -> None:
-    slots = GenerationSlots(1, 0)
     engine = slow()
-    (busy, _), (session, rec) = make_session(engine, slots), make_session(engine, slots)
+    hub = session_hub(engine, max_queue=0)
+    (busy, _), (session, rec) = make_session(engine, hub), make_session(engine, hub)
     await turns(session, rec, "one")
     await busy.handle(Prompt("a", "hog the slot"))
     with pytest.raises(ProtocolError) as raised:
@@ -295,9 +299,9 @@ async def test_a_regenerate_finding_the_queue_full_is_overloaded() -> None:
 
 
 async def test_a_regenerate_cancelled_while_queued_keeps_the_old_exchange() -> None:
-    slots = GenerationSlots(1, 4)
     engine = slow()
-    (busy, _), (session, rec) = make_session(engine, slots), make_session(engine, slots)
+    hub = session_hub(engine, max_queue=4)
+    (busy, _), (session, rec) = make_session(engine, hub), make_session(engine, hub)
     await session.handle(Prompt("p1", "one", params=GenerationParams(max_new_tokens=2)))
     await done_of(rec, "p1")
     before = session.chat.export_state()
@@ -306,7 +310,7 @@ async def test_a_regenerate_cancelled_while_queued_keeps_the_old_exchange() -> N
     await session.handle(Cancel("r"))
     done = await done_of(rec, "r")
     assert (done.reason, done.turn, rec.of(Start, "r")) == (FinishReason.CANCELLED, None, [])
-    assert session.chat.export_state() == before and session.last_prompt == "p1"
+    assert session.chat.export_state() == before and session.core.last_prompt == "p1"
     await busy.close()
 
 
@@ -323,7 +327,7 @@ async def test_a_regenerate_that_fails_keeps_the_old_exchange() -> None:
     await session.handle(Regenerate("r"))
     done = await done_of(rec, "r")
     assert (done.reason, done.turn) == (FinishReason.ERROR, None)
-    assert session.chat.export_state() == before and session.last_prompt == "p1"
+    assert session.chat.export_state() == before and session.core.last_prompt == "p1"
 
 
 async def test_a_regenerate_cancelled_mid_reply_replaces_the_exchange() -> None:
@@ -335,7 +339,7 @@ async def test_a_regenerate_cancelled_mid_reply_replaces_the_exchange() -> None:
     await session.handle(Cancel())
     done = await done_of(rec, "r")
     assert (done.reason, done.turn, session.chat.turns) == (FinishReason.CANCELLED, 1, 1)
-    assert session.turn_ids == ["r"]
+    assert session.core.turn_ids == ["r"]
     reply = session.chat.conversation.exchanges[0].reply_ids
     assert len(reply) == done.usage.completion_tokens
 
@@ -350,7 +354,11 @@ async def test_the_ids_of_the_exchanges_go_with_the_stored_state() -> None:
     state = unpack(pack(export_state(session)))
     rebuilt, _ = make_session(ScriptedEngine())
     import_state(rebuilt, state)
-    assert (rebuilt.turn_ids, rebuilt.last_prompt, rebuilt.chat.turns) == (["p1", "p2"], "p2", 2)
+    assert (rebuilt.core.turn_ids, rebuilt.core.last_prompt, rebuilt.chat.turns) == (
+        ["p1", "p2"],
+        "p2",
+        2,
+    )
 
 
 async def test_a_state_stored_without_the_ids_of_its_exchanges_knows_the_last_one() -> None:
@@ -360,9 +368,9 @@ async def test_a_state_stored_without_the_ids_of_its_exchanges_knows_the_last_on
     del state["turn_ids"]
     rebuilt, rebuilt_rec = make_session(ScriptedEngine())
     import_state(rebuilt, state)
-    assert rebuilt.turn_ids == [None, "p2"]
+    assert rebuilt.core.turn_ids == [None, "p2"]
     await rebuilt.handle(Rewind(1))
-    assert rebuilt.last_prompt is None and rebuilt_rec.frames[-1] == Rewound(1)
+    assert rebuilt.core.last_prompt is None and rebuilt_rec.frames[-1] == Rewound(1)
 
 
 async def test_a_regenerate_exported_mid_reply_comes_back_in_place_of_the_last_exchange() -> None:
@@ -380,7 +388,7 @@ async def test_a_regenerate_exported_mid_reply_comes_back_in_place_of_the_last_e
     assert partial is not None and partial["id"] == "r"
     rebuilt, _ = make_session(ScriptedEngine())
     import_state(rebuilt, state, partial)
-    assert (rebuilt.chat.turns, rebuilt.turn_ids) == (2, ["p1", "r"])
+    assert (rebuilt.chat.turns, rebuilt.core.turn_ids) == (2, ["p1", "r"])
     assert rebuilt.chat.export_state()["exchanges"][-1]["reply"] == partial["ids"]
 
 

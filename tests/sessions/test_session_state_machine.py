@@ -53,8 +53,9 @@ from wschat.protocol import (
 from wschat.server.engine.base import GenerationRequest
 from wschat.server.engine.errors import EngineError
 from wschat.server.sessions.error_boundary import error_frame
-from wschat.server.sessions.session import Session
-from wschat.server.sessions.slots import GenerationSlots, Ticket
+from wschat.server.sessions.hooks import SessionHooks
+from wschat.server.sessions.hub import Hub
+from wschat.server.sessions.slots import Ticket
 from wschat.server.settings import Settings
 
 from tests.fakes.scripted import Script, ScriptedEngine
@@ -100,11 +101,10 @@ class SessionMachine(RuleBasedStateMachine):
         self.plan: list[Script] = []
         self.scripts_used: list[Script] = []  # in engine.start order, i.e. in Start order
         self.engine = ScriptedEngine(self._script, images=self.VISION, max_images=MAX_IMAGES)
-        self.slots = GenerationSlots(1, 1)
-        self.session = Session(
-            "s", self.engine, self.slots, Settings(max_new_tokens=MAX_NEW_TOKENS)
-        )
-        self.session.send = self._record
+        settings = Settings(max_new_tokens=MAX_NEW_TOKENS, max_concurrent=1, max_queue=1)
+        hub = Hub(settings, self.engine)
+        self.slots = hub.slots
+        self.session = hub.new_session("s", outbox=self._record, hooks=SessionHooks())
         # Slots held or awaited by "other sessions", one entry per attempt (None: refused, as
         # timing decided), so that the preconditions below count only what the rules chose.
         self.hogs: list[Ticket | None] = []
@@ -320,7 +320,7 @@ class SessionMachine(RuleBasedStateMachine):
             full = self.queue_full()
             try:
                 # another session of the same address: first come, first served between them
-                ticket = self.slots.enqueue(self.session.address)
+                ticket = self.slots.enqueue(self.session.core.address)
             except ProtocolError as e:
                 assert full and e.code is ErrorCode.OVERLOADED
                 return None
@@ -345,7 +345,7 @@ class SessionMachine(RuleBasedStateMachine):
     def at_most_one_generation_uses_a_slot(self) -> None:
         assert self.slots.running <= 1
         assert (self.session.run is None) == (self.active is None)
-        assert self.session.busy == (self.active is not None)
+        assert self.session.core.busy == (self.active is not None)
 
     @invariant()
     def frame_log_keeps_the_generation_contract(self) -> None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from wschat.protocol import Prompt
+from wschat.server.sessions.core import SessionState
 from wschat.server.sessions.hub import Hub
-from wschat.server.sessions.session import Session, SessionState
-from wschat.server.sessions.slots import GenerationSlots
+from wschat.server.sessions.session import Session
 from wschat.server.sessions.store import MemorySessionStore
 from wschat.server.settings import Settings
 
@@ -18,7 +18,7 @@ from tests.support import TIMEOUT, wait_until
 
 
 def session(key: str) -> Session:
-    return Session(key, ScriptedEngine(), GenerationSlots(1, 1), Settings())
+    return Hub(Settings(), ScriptedEngine()).new_session(key)
 
 
 async def detached(store: MemorySessionStore, key: str) -> str:
@@ -59,7 +59,7 @@ async def test_without_a_window_nothing_is_kept() -> None:
 async def test_a_closed_session_is_not_kept_for_resumption() -> None:
     store = MemorySessionStore(resume_window_s=120)
     closed = session("s")
-    closed.state = SessionState.CLOSED  # as a shutdown leaves it
+    await closed.close()  # as a shutdown leaves it
     await store.add(closed)
     assert await store.detach(closed) is False
     assert store.detached_count == 0
@@ -122,5 +122,5 @@ async def test_stopping_held_replies_cancels_a_reply_that_goes_on_without_a_conn
     await hub.end_connection(held)
     assert held.state is SessionState.RUNNING_DETACHED
     await hub.stop_held_replies()
-    assert (held.state, held.last_prompt) == (SessionState.IDLE, "p")  # cancelled, and kept
+    assert (held.state, held.core.last_prompt) == (SessionState.IDLE, "p")  # cancelled, and kept
     await hub.aclose()

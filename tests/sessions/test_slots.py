@@ -11,7 +11,7 @@ from wschat.server.sessions.slots import GenerationSlots, Ticket
 
 
 def granted(tickets: list[Ticket]) -> list[bool]:
-    return [t.granted.done() for t in tickets]
+    return [t.granted for t in tickets]
 
 
 async def test_one_address_alone_takes_every_slot_and_every_place_in_the_queue() -> None:
@@ -58,7 +58,7 @@ async def test_a_freed_slot_goes_to_the_address_running_the_fewest() -> None:
     waiting_b = slots.enqueue("b")
     assert waiting_b.position == 1  # "a" runs two, "b" none
     slots.release(running[0])
-    assert waiting_b.granted.done()
+    assert waiting_b.granted
     assert [t.position for t in waiting_a] == [1, 2, 3]
     slots.release(running[1])
-    assert waiting_a[0].granted.done()
+    assert waiting_a[0].granted

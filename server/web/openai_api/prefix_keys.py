@@ -65,6 +65,10 @@ class CacheKeys:
         self._entries.move_to_end(best)
         return best
 
+    def of(self, owner: str) -> OwnerKeys:
+        """The keys as one owner's session takes them (``sessions.session.EngineKeys``)."""
+        return OwnerKeys(self, owner)
+
     def release(self, key: str, ids: Sequence[int] | None) -> None:
         """The request under ``key`` is over: the engine now keeps ``ids`` for it (None: nothing
         worth keeping, a failed reply)."""
@@ -92,3 +96,17 @@ class CacheKeys:
         key = f"api-{secrets.token_hex(8)}"
         self._entries[key] = _Entry(owner)
         return key
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerKeys:
+    """``CacheKeys`` as the session of one owner's request takes them."""
+
+    keys: CacheKeys
+    owner: str
+
+    def acquire(self, prompt_ids: Sequence[int]) -> str:
+        return self.keys.acquire(self.owner, prompt_ids)
+
+    def release(self, key: str, ids: Sequence[int] | None) -> None:
+        self.keys.release(key, ids)

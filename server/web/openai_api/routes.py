@@ -30,7 +30,6 @@ from wschat.protocol import (
     FinishReason,
     Frame,
     Overloaded,
-    Prompt,
     ProtocolError,
     Start,
 )
@@ -39,10 +38,10 @@ from wschat.protocol import Token as TokenFrame
 from ...engine import EngineError
 from ...sessions.generation import GenerationRun
 from ...sessions.hub import Hub
-from ...sessions.session import Session
+from ...sessions.inputs import Complete, Converse
 from ..access import owner_scope, refusal
 from .bodies import json_body
-from .conversation import CompletionChat, ReplyIds, api_session, load_chat, new_prompt_id
+from .conversation import ReplyIds, conversation_of, new_prompt_id
 from .cors import cors_route
 from .errors import ApiError, guarded, refusal_error, unknown_path
 from .in_flight import in_flight
@@ -98,31 +97,29 @@ class FrameChannel:
 
 
 class Reply:
-    """One request's run: its session, its frames, the cache key it runs under."""
+    """One request's run: its session, its frames."""
 
-    def __init__(self, api: OpenAIApi, session: Session, request: Request, kind: str) -> None:
+    def __init__(self, api: OpenAIApi, request: Request, kind: str, owner: str) -> None:
+        """``owner``: whose prefixes and openings it may share (``access.owner_scope``)."""
         self.api = api
-        self.session = session
         self.kind = kind  # "chat" or "completion"
         self.frames = FrameChannel()
-        session.send = self.frames
+        address = request.client.host if request.client else "unknown"
+        keys = api.keys.of(owner)  # each run under the key whose state it goes on from
+        self.session = api.hub.new_request(
+            address=address, scope=owner, outbox=self.frames, keys=keys
+        )
         self.run: GenerationRun | None = None
-        self.key = ""
         self.created = int(time.time())
         self._request = request
         self._watch: asyncio.Task[None] | None = None
 
-    async def begin(self, prompt: Prompt, owner: str) -> None:
-        """Queue the prompt as a session would (its refusals raised as they are); ``owner``:
-        whose prefixes and openings it may share (``access.owner_scope``)."""
-        self.session.chat.scope = owner
+    async def begin(self, prompt: Converse | Complete) -> None:
+        """Queue the prompt as a session does (its refusals raised as they are)."""
         await self.session.handle(prompt)
         run = self.session.run
         assert run is not None  # an accepted prompt has its run until it ends
         self.run = run
-        # before the run starts (its task has not run yet): the key its engine state is under
-        self.key = self.api.keys.acquire(owner, run.prepared.prompt_ids)
-        self.session.chat.key = self.key
         task = self.session.generation_task
         assert task is not None
         task.add_done_callback(lambda _: self._ended())
@@ -130,20 +127,15 @@ class Reply:
         self._watch = asyncio.create_task(self._until_disconnected())
 
     def _ended(self) -> None:
-        """The run is over: the key keeps what the engine holds now; a reply remembered."""
+        """The run is over: a chat's reply remembered as the ids it was generated as."""
         run = self.run
         assert run is not None
         if self._watch is not None:
             self._watch.cancel()
         self.api.hub.requests.discard(self.session)
         finished = run.finished
-        if not run.kept or finished is None:
-            self.api.keys.release(self.key, None)
-            return
-        ids = finished.completion_ids
-        self.api.keys.release(self.key, [*run.prepared.prompt_ids, *ids])
-        if self.kind == "chat" and finished.reason in _FINISH:
-            self.api.replies.remember(finished.text, ids)
+        if run.kept and finished is not None and self.kind == "chat" and finished.reason in _FINISH:
+            self.api.replies.remember(finished.text, finished.completion_ids)
 
     async def _until_disconnected(self) -> None:
         with contextlib.suppress(Exception):
@@ -152,8 +144,7 @@ class Reply:
         self.cancel()
 
     def cancel(self) -> None:
-        if self.run is not None:
-            self.run.cancel()
+        self.session.cancel_run()
         self.frames.close()
 
     async def first(self) -> Start | ApiError:
@@ -339,23 +330,21 @@ class OpenAIApi:
         assert engine is not None
         body = await json_body(request, self.hub.settings.max_frame_bytes, engine)
         hub = self.hub
-        session = api_session(engine, hub.settings, hub.stats, hub.slots, hub.image_checks)
-        session.address = request.client.host if request.client else "unknown"
-        reply = Reply(self, session, request, kind)
+        prompt: Converse | Complete
         if kind == "chat":
             parsed = chat_body(body, hub.settings)
-            prompt = await load_chat(session, parsed, self.replies, hub.settings)
+            prompt = conversation_of(parsed, self.replies)
             sampling = parsed.sampling
         else:
             completion = completion_body(body, hub.settings, engine.info.context_tokens)
             self._check_ids(completion.ids)
-            session.chat = CompletionChat(engine, session.key, completion.ids)
-            # the text is the prompt's (its size checked as a prompt's); ids need none
-            text = completion.text if completion.text is not None else "ids"
-            prompt = Prompt(new_prompt_id("cmpl"), text, (), completion.sampling.params)
+            ids = tuple(completion.ids) if completion.ids is not None else None
+            params = completion.sampling.params
+            prompt = Complete(new_prompt_id("cmpl"), completion.text, ids, params)
             sampling = completion.sampling
+        reply = Reply(self, request, kind, owner_scope(request, hub.settings.tokens))
         try:
-            await reply.begin(prompt, owner_scope(request, hub.settings.tokens))
+            await reply.begin(prompt)
         except BaseException:
             reply.cancel()  # what began of it ends: its slot is given back
             raise

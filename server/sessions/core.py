@@ -1,0 +1,450 @@
+"""``SessionCore``: one session's rules, with no I/O: fed an input, it answers with effects.
+
+As python-websockets' sans-I/O ``Protocol`` and h11's ``ConnectionState``, it keeps the state and
+decides, and awaits nothing, starts no task, sets no timer. Its inputs (inputs.py: the client's
+frames, an API request's whole prompt, what an effect yielded, what its run did, what became of
+its connection) come from ``Session`` (session.py), which performs its effects (effects.py, plain
+data). Its collaborators (the ``Chat``, the slots, the limits) come at construction (hub.py).
+
+The rules are two tables, read top to bottom: ``TRANSITIONS`` (what moves the state) and, at the
+end of this module, ``SessionCore.RULES`` (which handler each input gets in each state). Whether
+the session is busy is its state and nothing else.
+
+    IDLE --prompt (or regenerate) accepted--> QUEUED --slot granted--> RUNNING --run ended--> IDLE
+    QUEUED --run ended (cancelled while queued)--> IDLE
+    RUNNING --dropped--> RUNNING_DETACHED --resumed--> RUNNING
+    RUNNING_DETACHED --run ended (or the grace ran out: cancelled)--> IDLE
+    any --close--> CLOSED   (no resume window, detach expiry, shutdown)
+
+(a drop mid-reply: inputs.py ``Dropped``). A refusal (``busy`` in a state that refuses the frame)
+raises a typed ``ProtocolError`` and changes nothing; the door makes it an ``error`` frame (or
+the API's error). An input a state does not expect, or a change ``TRANSITIONS`` does not list,
+is our bug (``SessionMisuse``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from enum import Enum
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from wschat.protocol import (
+    Busy,
+    Cancel,
+    Configure,
+    Configured,
+    GenerationParams,
+    Image,
+    ImageOk,
+    InvalidParams,
+    NotRunning,
+    Ping,
+    Pong,
+    Prompt,
+    Regenerate,
+    Reset,
+    ResetOk,
+    Rewind,
+    Rewound,
+    SessionMisuse,
+)
+from wschat.protocol.frames import CLIENT_FRAMES
+
+from ..engine import Chat, PreparedTurn
+from .effects import (
+    CANCEL_RUN,
+    CHECKPOINT,
+    END_GRACE,
+    SAVE,
+    AcceptedRun,
+    CheckImage,
+    CompletionTurn,
+    CountRewind,
+    Detach,
+    Effect,
+    LoadConversation,
+    PrepareTurn,
+    PromptTurn,
+    SendFrame,
+    SetGrace,
+    SetSystem,
+    StartRun,
+    StopRun,
+)
+from .inputs import (
+    INPUTS,
+    Close,
+    Complete,
+    ConversationLoaded,
+    Converse,
+    Dropped,
+    GraceOver,
+    ImageChecked,
+    Input,
+    RunBegan,
+    RunEnded,
+    RunGrew,
+    SystemSet,
+    TakenOver,
+    TurnPrepared,
+)
+from .limits import PromptLimits
+from .slots import GenerationSlots
+
+if TYPE_CHECKING:
+    from .images import CheckedImage
+    from .snapshot import Restored
+
+log = logging.getLogger("wschat.session")
+
+Effects = list[Effect]
+Handler = Callable[["SessionCore", Any], Effects]
+Rules = dict[type[Input], Handler]
+
+
+class SessionState(Enum):
+    IDLE = "idle"
+    QUEUED = "queued"
+    RUNNING = "running"
+    RUNNING_DETACHED = "running, detached"
+    CLOSED = "closed"
+
+
+class Change(Enum):
+    """What moves a session from one state to another."""
+
+    ACCEPTED = "prompt or regenerate accepted"
+    STARTED = "slot granted"
+    ENDED = "run ended"
+    DROPPED = "dropped mid-reply"
+    RESUMED = "resumed"
+    CLOSE = "close"
+
+
+IDLE, QUEUED, RUNNING, RUNNING_DETACHED, CLOSED = SessionState
+
+# (state, change) -> next state; a pair not listed is our bug, never the peer's.
+TRANSITIONS: dict[SessionState, dict[Change, SessionState]] = {
+    IDLE: {Change.ACCEPTED: QUEUED, Change.CLOSE: CLOSED},
+    QUEUED: {Change.STARTED: RUNNING, Change.ENDED: IDLE, Change.CLOSE: CLOSED},
+    RUNNING: {Change.ENDED: IDLE, Change.DROPPED: RUNNING_DETACHED, Change.CLOSE: CLOSED},
+    RUNNING_DETACHED: {Change.ENDED: IDLE, Change.RESUMED: RUNNING, Change.CLOSE: CLOSED},
+    CLOSED: {Change.CLOSE: CLOSED},
+}
+BUSY_STATES = frozenset({QUEUED, RUNNING, RUNNING_DETACHED})
+DETACHED_STATES = frozenset({RUNNING_DETACHED})
+
+
+class SessionCore:
+    def __init__(
+        self,
+        key: str,
+        chat: Chat,
+        slots: GenerationSlots,
+        limits: PromptLimits,
+        *,
+        address: str = "unknown",
+        scope: str = "",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.key = key
+        self.chat = chat  # the conversation, as token ids per turn
+        self.slots = slots
+        self.limits = limits
+        self.address = address  # its connection's client address: whose fair share it uses
+        # whose cached state its runs may share (web/access.py ``owner_scope``)
+        self.scope = scope
+        self.clock = clock
+        self.state = IDLE
+        self.defaults = GenerationParams()
+        self.staged: list[CheckedImage] = []  # images sent for the next prompt
+        self.used_ids: set[str] = set()  # every generation id this session has had
+        # the id of the prompt (or regenerate) of each exchange the conversation holds, in
+        # order; None where it is unknown (a state stored before they were kept)
+        self.turn_ids: list[str | None] = []
+        self.accepted: AcceptedRun | None = None
+        self.last_active_at = clock()  # when its last generation ended
+
+    RULES: ClassVar[dict[SessionState, Rules]]
+
+    def receive(self, event: Input) -> Effects:
+        """What ``event`` asks for in the current state, as the table says."""
+        return self.RULES[self.state][type(event)](self, event)
+
+    @property
+    def busy(self) -> bool:
+        """A generation runs or waits for a slot."""
+        return self.state in BUSY_STATES
+
+    @property
+    def last_prompt(self) -> str | None:
+        """The id of the prompt (or regenerate) of the conversation's last exchange."""
+        return self.turn_ids[-1] if self.turn_ids else None
+
+    def held_images(self) -> list[Any]:
+        """Its conversation's images, a queued prompt's (a regenerate's are the last exchange's
+        own), the staged ones."""
+        held, accepted = self.chat.images, self.accepted
+        if accepted is not None and self.state is QUEUED and not accepted.prepared.replaces:
+            held = [*held, *accepted.prepared.turn.images]
+        return [*held, *(c.image for c in self.staged)]
+
+    def restore(self, saved: Restored) -> None:
+        """What ``snapshot.import_state`` read back, its conversation in the chat already."""
+        self.defaults, self.staged, self.used_ids = saved.defaults, saved.staged, saved.used_ids
+        self.turn_ids = saved.turn_ids
+
+    def _change(self, change: Change) -> None:
+        new = TRANSITIONS[self.state].get(change)
+        if new is None:
+            raise SessionMisuse(f"session {self.state.value}: {change.value} is not allowed")
+        if new is not self.state:
+            log.debug("session %s: %s -> %s", self.key, self.state.value, new.value)
+        self.state = new
+
+    # -- what a connection sends ---------------------------------------------------------------
+
+    def _on_ping(self, frame: Ping) -> Effects:
+        return [SendFrame(Pong(frame.t))]
+
+    def _refuse_busy(self, frame: Prompt | Regenerate | Configure | Rewind) -> Effects:
+        frame_id = getattr(frame, "id", None)  # a prompt's, a regenerate's, an API request's
+        raise Busy("a generation is already running in this session", id=frame_id)
+
+    def _drop(self, event: Input) -> Effects:
+        """A closed or detached session answers nothing: no connection feeds it."""
+        log.debug("session %s: %s when %s, dropped", self.key, type(event).__name__, self.state)
+        return []
+
+    def _misuse(self, event: Input) -> Effects:
+        raise SessionMisuse(f"session {self.state.value}: {type(event).__name__} is not expected")
+
+    def _on_configure(self, frame: Configure) -> Effects:
+        if frame.params is not None:
+            self.limits.check_params(frame.params)
+        if frame.system is not None:
+            # PROTOCOL.md "configure": checked (too large) before anything changes
+            return [SetSystem(frame)]
+        return self._configured(frame)
+
+    def _on_system_set(self, done: SystemSet) -> Effects:
+        self.turn_ids.clear()  # the conversation starts afresh
+        return self._configured(done.request.frame)
+
+    def _configured(self, frame: Configure) -> Effects:
+        if frame.params is not None:
+            self.defaults = frame.params.merged_over(self.defaults)
+        return [SendFrame(Configured()), SAVE]
+
+    def _cancel_run(self, frame: Cancel) -> Effects:
+        assert self.accepted is not None  # QUEUED and RUNNING have one
+        if frame.id in (None, self.accepted.id):
+            return [CANCEL_RUN]
+        return self._cancel_finished(frame)
+
+    def _cancel_finished(self, frame: Cancel) -> Effects:
+        if frame.id is not None and frame.id not in self.used_ids:
+            raise NotRunning(f"no generation {frame.id!r} in this session", id=frame.id)
+        return []  # PROTOCOL.md "cancel": silent for one that has already finished
+
+    def _on_reset(self, frame: Reset) -> Effects:
+        if self.accepted is not None:
+            return [StopRun(frame)]  # its done goes first; the reset once it ended
+        self.chat.reset()
+        self.turn_ids.clear()
+        self.staged.clear()
+        return [SendFrame(ResetOk()), SAVE]
+
+    def _on_image(self, frame: Image) -> Effects:
+        return [CheckImage(frame)]
+
+    def _on_image_checked(self, done: ImageChecked) -> Effects:
+        image = done.image
+        self.staged.append(image)
+        return [SendFrame(ImageOk(done.request.frame.id, image.width, image.height)), SAVE]
+
+    def _on_rewind(self, frame: Rewind) -> Effects:
+        held = self.chat.turns
+        if frame.keep > held:
+            raise InvalidParams(f"keep is {frame.keep}; the conversation holds {held} exchanges")
+        self.chat.rewind(frame.keep)
+        del self.turn_ids[frame.keep :]
+        return [CountRewind(False), SendFrame(Rewound(self.chat.turns)), SAVE]
+
+    def _on_regenerate(self, frame: Regenerate) -> Effects:
+        self._check_unused(frame.id)
+        if not self.chat.turns:
+            raise InvalidParams("the conversation holds no exchange to regenerate", id=frame.id)
+        merged = self.limits.merged(frame.params, self.defaults, frame.id)
+        # a refusal (context overflow) goes to the error boundary as it is
+        prepared = self.chat.prepare_regenerate(self.limits.sampling(merged))
+        return [*self._launch(frame.id, prepared, bool(merged.token_ids)), CountRewind(True)]
+
+    def _on_prompt(self, frame: Prompt) -> Effects:
+        return self._prompt(frame.id, frame.text, frame.images, frame.params)
+
+    def _prompt(
+        self, prompt_id: str, text: str, uploads: Sequence[bytes], params: GenerationParams | None
+    ) -> Effects:
+        self._check_unused(prompt_id)
+        if not text and not uploads and not self.staged:
+            raise InvalidParams("a prompt needs text or images", id=prompt_id)
+        self.limits.check_text(text, prompt_id)
+        merged = self.limits.merged(params, self.defaults, prompt_id)
+        sampling = self.limits.sampling(merged)
+        turn = PromptTurn(text, tuple(uploads), tuple(self.staged), sampling)
+        return [PrepareTurn(prompt_id, turn, bool(merged.token_ids))]
+
+    def _on_converse(self, request: Converse) -> Effects:
+        self._check_unused(request.id)
+        for text in [request.system or "", *(said.text for said in request.history)]:
+            self.limits.check_text(text, what="a message's text")
+        return [LoadConversation(request)]
+
+    def _on_conversation_loaded(self, done: ConversationLoaded) -> Effects:
+        # the turn to answer, as a prompt frame of a session that held the conversation
+        request = done.request.conversation
+        return self._prompt(request.id, request.user.text, request.user.images, request.params)
+
+    def _on_complete(self, request: Complete) -> Effects:
+        self._check_unused(request.id)
+        if not request.text and not request.ids:
+            raise InvalidParams("a prompt needs text or token ids", id=request.id)
+        self.limits.check_text(request.text or "", request.id)
+        merged = self.limits.merged(request.params, self.defaults, request.id)
+        turn = CompletionTurn(request.text, request.ids, self.limits.sampling(merged))
+        return [PrepareTurn(request.id, turn, bool(merged.token_ids))]
+
+    def _on_turn_prepared(self, done: TurnPrepared) -> Effects:
+        request = done.request
+        effects = self._launch(request.id, done.prepared, request.token_ids)
+        self.staged.clear()  # the prompt took them
+        return effects
+
+    def _check_unused(self, frame_id: str) -> None:
+        if frame_id in self.used_ids:
+            raise InvalidParams(f"id {frame_id!r} was already used in this session", id=frame_id)
+
+    def _launch(self, run_id: str, prepared: PreparedTurn, token_ids: bool) -> Effects:
+        """Queue the run (``overloaded`` when the queue is full), its id used from now on."""
+        ticket = self.slots.enqueue(self.address)
+        self.used_ids.add(run_id)
+        self.accepted = AcceptedRun(run_id, prepared)
+        self._change(Change.ACCEPTED)
+        return [StartRun(run_id, prepared, ticket, token_ids, self.scope)]
+
+    # -- what its run does ---------------------------------------------------------------------
+
+    def _on_began(self, event: RunBegan) -> Effects:
+        self._change(Change.STARTED)
+        return [SAVE]  # the running turn is kept, should this process die
+
+    def _on_grew(self, event: RunGrew) -> Effects:
+        assert self.accepted is not None  # RUNNING has one
+        self.accepted.grew = True
+        return [CHECKPOINT]
+
+    def _on_ended(self, event: RunEnded) -> Effects:
+        accepted = self.accepted
+        assert accepted is not None  # a busy state has one
+        self.accepted = None
+        self.last_active_at = self.clock()
+        if event.kept:  # the chat holds its exchange: after the ones it was prompted after
+            del self.turn_ids[accepted.prepared.history :]
+            self.turn_ids.append(accepted.id)
+        self._change(Change.ENDED)
+        return [END_GRACE, SAVE]
+
+    # -- what becomes of its connection --------------------------------------------------------
+
+    def _on_dropped(self, event: Dropped) -> Effects:
+        grace = event.grace_s > 0
+        # a reply that has sent no token yet (queued, or before its first) has nothing to
+        # resume: cancelled at once rather than hold a slot or a place in the queue; a resume
+        # is told how it ended even so (its done, without asking)
+        mid_reply = self.busy and grace and self.accepted is not None and self.accepted.grew
+        detach = Detach(self.busy and grace)
+        if not mid_reply:
+            return [detach, StopRun(None)] if self.accepted is not None else [detach]
+        self._change(Change.DROPPED)
+        return [detach, SetGrace(event.grace_s)]
+
+    def _on_taken_over(self, event: TakenOver) -> Effects:
+        self.address, self.scope = event.address, event.scope
+        if self.state in DETACHED_STATES:
+            self._change(Change.RESUMED)
+        return [END_GRACE]
+
+    def _on_grace_over(self, event: GraceOver) -> Effects:
+        log.info("session %s: nobody resumed within the grace period: cancelled", self.key)
+        return [CANCEL_RUN]  # kept in the conversation as a cancelled exchange
+
+    def _on_close(self, event: Close) -> Effects:
+        if self.accepted is not None:
+            return [END_GRACE, StopRun(event)]  # closed once the run ended
+        self._change(Change.CLOSE)
+        return [END_GRACE]
+
+
+S = SessionCore
+# an input a state does not list is our bug: it cannot come there
+UNEXPECTED: Rules = dict.fromkeys([*CLIENT_FRAMES.values(), *INPUTS], S._misuse)
+# what a connection may send while a run waits or goes on
+BUSY: Rules = {
+    **UNEXPECTED,
+    Prompt: S._refuse_busy,
+    Image: S._on_image,
+    Cancel: S._cancel_run,
+    Reset: S._on_reset,
+    Ping: S._on_ping,
+    Configure: S._refuse_busy,
+    Rewind: S._refuse_busy,
+    Regenerate: S._refuse_busy,
+    Converse: S._refuse_busy,
+    Complete: S._refuse_busy,
+    GraceOver: S._drop,  # the timer went off as it was cancelled
+}
+# what every state a connection feeds answers alike
+WHILE_OPEN: Rules = {
+    ImageChecked: S._on_image_checked,
+    Dropped: S._on_dropped,
+    TakenOver: S._on_taken_over,
+    Close: S._on_close,
+}
+# no connection feeds a detached session (a resume makes it RUNNING first) nor a closed one
+DROPPED: Rules = dict.fromkeys([*CLIENT_FRAMES.values(), *INPUTS], S._drop)
+
+# (state, input type) -> handler: the session's rules, one row per state.
+SessionCore.RULES = {
+    IDLE: {
+        **UNEXPECTED,
+        Prompt: S._on_prompt,
+        Image: S._on_image,
+        Cancel: S._cancel_finished,
+        Reset: S._on_reset,
+        Ping: S._on_ping,
+        Configure: S._on_configure,
+        Rewind: S._on_rewind,
+        Regenerate: S._on_regenerate,
+        Converse: S._on_converse,
+        Complete: S._on_complete,
+        SystemSet: S._on_system_set,
+        ConversationLoaded: S._on_conversation_loaded,
+        TurnPrepared: S._on_turn_prepared,
+        GraceOver: S._drop,
+        **WHILE_OPEN,
+    },
+    QUEUED: {**BUSY, **WHILE_OPEN, RunBegan: S._on_began, RunEnded: S._on_ended},
+    RUNNING: {**BUSY, **WHILE_OPEN, RunGrew: S._on_grew, RunEnded: S._on_ended},
+    RUNNING_DETACHED: {
+        **DROPPED,
+        TakenOver: S._on_taken_over,
+        Close: S._on_close,
+        RunGrew: S._on_grew,
+        RunEnded: S._on_ended,
+        GraceOver: S._on_grace_over,
+    },
+    CLOSED: DROPPED,
+}

@@ -1,0 +1,167 @@
+"""How a turn is made ready to run, which the core (core.py) asks for and ``Session`` awaits: the
+uploads it carries checked (images.py: in the server's turns, then the session's byte budget),
+its text tokenized and the whole counted against the context (``Chat``); a conversation sent
+whole (an API request's) set in the chat first. Each kind of turn has its case in ``PREPARE``;
+each refusal is raised as the rules or the engine raise it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from wschat.protocol import Image, InvalidParams
+
+from ..engine import (
+    Chat,
+    Conversation,
+    ConversationTooLong,
+    Engine,
+    Message,
+    PreparedTurn,
+    PromptTooLong,
+    Turn,
+)
+from ..settings import Settings
+from .effects import CompletionTurn, PrepareTurn, PromptTurn, TurnKind
+from .gates import Gate
+from .inputs import Converse, ReplySaid, Said, UserSaid
+
+if TYPE_CHECKING:
+    from .images import CheckedImage, ImageRules
+
+
+@dataclass(frozen=True, slots=True)
+class Preparing:
+    """What preparing a session's turns needs: its engine and chat, the server's limits and
+    turns of image checks, and the images the session holds (read when its budget is)."""
+
+    engine: Engine
+    chat: Chat
+    settings: Settings
+    max_images: int
+    image_checks: Gate
+    held_images: Callable[[], list[Any]]
+
+    def image_rules(self) -> ImageRules:
+        from .images import ImageRules  # Pillow loads only for images
+
+        return ImageRules.of(self.engine, self.settings, self.max_images)
+
+
+async def check_staged(preparing: Preparing, frame: Image, staged: int) -> CheckedImage:
+    """An ``image`` frame's upload, to be staged after ``staged`` others."""
+    rules = preparing.image_rules()
+    rules.require(frame.id)
+    rules.stage(staged, frame.id)
+    (image,) = await rules.check([frame.data], preparing.image_checks, frame.id)
+    rules.budget(preparing.held_images(), [image], frame.id)
+    return image
+
+
+async def prepare(preparing: Preparing, effect: PrepareTurn) -> PreparedTurn:
+    return await PREPARE[type(effect.turn)](preparing, effect.id, effect.turn)
+
+
+async def _prompt(preparing: Preparing, prompt_id: str, turn: TurnKind) -> PreparedTurn:
+    assert isinstance(turn, PromptTurn)
+    images = list(turn.staged)
+    if turn.uploads:
+        rules = preparing.image_rules()
+        rules.require(prompt_id)
+        rules.count(len(turn.staged) + len(turn.uploads), prompt_id)
+        checked = await rules.check(turn.uploads, preparing.image_checks, prompt_id)
+        rules.budget(preparing.held_images(), checked, prompt_id)
+        images += checked
+    user = Turn(turn.text, turn.sampling, [image.image for image in images])
+    # a refusal (too large, context overflow) goes to the error boundary as the engine raised it
+    limit = preparing.settings.max_prompt_tokens
+    return await preparing.chat.prepare(user, max_user_tokens=limit)
+
+
+async def _completion(preparing: Preparing, prompt_id: str, turn: TurnKind) -> PreparedTurn:
+    """A raw prompt: its ids, or its text tokenized as text (no markup added), not a
+    conversation rendered in the prompt format."""
+    assert isinstance(turn, CompletionTurn)
+    engine = preparing.engine
+    if turn.ids is not None:
+        ids = list(turn.ids)
+    else:
+        tokenize = preparing.chat.conversation.tokenize_system  # text as text, in every format
+        ids = await engine.text_tokenizer.tokenize(tokenize, turn.text or "")
+    limit = preparing.settings.max_prompt_tokens
+    if len(ids) > limit:
+        raise PromptTooLong(f"prompt is over {limit} tokens")
+    context = engine.info.context_tokens
+    if len(ids) >= context:
+        raise ConversationTooLong(
+            f"the prompt needs {len(ids)} tokens; the context holds {context}"
+        )
+    user = Turn(turn.text or "", turn.sampling, [])
+    return PreparedTurn(user, len(ids), len(ids), ids, [], ids, [Message("user", ids)])
+
+
+PREPARE = {PromptTurn: _prompt, CompletionTurn: _completion}
+
+
+async def load_conversation(preparing: Preparing, request: Converse) -> None:
+    """The conversation before the turn to answer, set in the chat: its texts tokenized together
+    (in the tokenizer's worker thread when they are long), a reply the door knows the ids of as
+    those ids, and the context checked before anything is rendered; each user message's images
+    checked as a prompt's."""
+    engine, conversation = preparing.engine, preparing.chat.conversation
+    exchanges = _exchanges(request.history)
+    chars = len(request.system or "") + sum(len(said.text) for said in request.history)
+    system_ids, exchange_ids = await engine.text_tokenizer.run(
+        functools.partial(_tokenized, conversation, request.system, exchanges), chars
+    )
+    held = len(system_ids) + sum(len(u) + len(r) for u, r in exchange_ids)
+    context = engine.info.context_tokens
+    if held >= context:
+        raise ConversationTooLong(
+            f"the conversation's messages are {held} tokens; the context holds {context}"
+        )
+    if request.system:
+        conversation.set_system(request.system, system_ids)
+    for (user, _), (user_ids, reply) in zip(exchanges, exchange_ids, strict=True):
+        images = await _message_images(preparing, user)
+        placeholder = engine.image_placeholder_ids() if images else []
+        conversation.add_exchange(user_ids, [list(placeholder) for _ in images], images, reply)
+
+
+def _exchanges(history: Sequence[Said]) -> list[tuple[UserSaid, ReplySaid]]:
+    """The messages as the exchanges a ``Conversation`` keeps: a user's, the reply to it."""
+    pairs = list(zip(history[::2], history[1::2], strict=False))
+    exchanges = [(u, r) for u, r in pairs if isinstance(u, UserSaid) and isinstance(r, ReplySaid)]
+    if len(history) % 2 or len(exchanges) != len(pairs):
+        raise InvalidParams("the messages before the last alternate a user's and a reply")
+    return exchanges
+
+
+def _tokenized(
+    conversation: Conversation, system: str | None, exchanges: list[tuple[UserSaid, ReplySaid]]
+) -> tuple[list[int], list[tuple[list[int], list[int]]]]:
+    """The system text's ids and each exchange's (user, reply) ids. Pure work on the tokenizer,
+    for its worker thread."""
+    system_ids = conversation.tokenize_system(system) if system else []
+    return system_ids, [
+        (
+            conversation.tokenize_user(user.text),
+            list(reply.ids) if reply.ids is not None else conversation.tokenize_user(reply.text),
+        )
+        for user, reply in exchanges
+    ]
+
+
+async def _message_images(preparing: Preparing, said: UserSaid) -> list[Any]:
+    """An earlier message's images as the session keeps them, checked as a prompt's are."""
+    if not said.images:
+        return []
+    rules = preparing.image_rules()
+    rules.require()
+    rules.count(len(said.images), per="message")
+    checked = await rules.check(said.images, preparing.image_checks)
+    rules.budget(preparing.held_images(), checked, whose="the conversation's", advice="")
+    return [image.image for image in checked]
