@@ -17,6 +17,9 @@ Interfaces, not only layers:
 - outside ``engine/`` and ``runtime/`` (which builds the engines), the engine is imported only as
   ``wschat.server.engine``, the package's ``__init__``: sessions and web see the ``Engine``
   interface and the engine's errors, never a module that implements them;
+- ``web/`` (the doors) and ``runtime/`` import the session layer only as
+  ``wschat.server.sessions``, its face: a session's inputs, the hub, what a door needs to serve
+  one, never a module of the layer;
 - ``engine.local`` (torch in this process) and ``engine.openai`` (a server over HTTP) never
   import each other: each is an engine of its own over the interface;
 - the engine imports no wire errors. A wire error is whatever names a wire error code: the
@@ -57,6 +60,8 @@ from .wire_errors import PROTOCOL, PROTOCOL_ERRORS, wire_error_names, wire_error
 
 SERVER = "wschat.server"
 ENGINE = "wschat.server.engine"
+SESSIONS = "wschat.server.sessions"
+WEB = "wschat.server.web"
 LOCAL_ENGINES = "wschat.server.engine.local"
 OPENAI_ENGINE = "wschat.server.engine.openai"
 HEAVY = ("torch", "transformers")
@@ -216,6 +221,13 @@ def reaches_into_the_engine(module: str, target: str) -> bool:
     )
 
 
+def reaches_into_the_sessions(module: str, target: str) -> bool:
+    """Whether a module of ``web`` or ``runtime`` imports a module of the session layer other
+    than its package (its face)."""
+    above = within(module, WEB) or within(module, RUNTIME)
+    return above and within(target, SESSIONS) and target != SESSIONS
+
+
 def crosses_engines(module: str, target: str) -> bool:
     """Whether one of ``engine.local`` and ``engine.openai`` imports the other."""
     pair = (LOCAL_ENGINES, OPENAI_ENGINE)
@@ -224,6 +236,11 @@ def crosses_engines(module: str, target: str) -> bool:
 
 def test_outside_the_engine_and_runtime_only_the_engine_package_is_imported() -> None:
     bad = sorted(edge for edge in import_graph() if reaches_into_the_engine(*edge))
+    assert bad == []
+
+
+def test_the_doors_and_the_runtime_import_the_sessions_only_through_their_face() -> None:
+    bad = sorted(edge for edge in import_graph() if reaches_into_the_sessions(*edge))
     assert bad == []
 
 
@@ -259,6 +276,13 @@ def test_the_engine_imports_no_wire_errors() -> None:
         (crosses_engines, f"{ENGINE}.local.hf", f"{ENGINE}.openai.errors", True),
         (crosses_engines, f"{ENGINE}.openai.client", f"{ENGINE}.errors", False),
         (crosses_engines, f"{ENGINE}.local.hf", f"{ENGINE}.local.loader", False),
+        # the doors reached into ten modules of the session layer
+        (reaches_into_the_sessions, f"{WEB}.openai_api.routes", f"{SESSIONS}.session", True),
+        (reaches_into_the_sessions, f"{WEB}.app", f"{SESSIONS}.hub", True),
+        (reaches_into_the_sessions, f"{SERVER}.runtime.shutdown", f"{SESSIONS}.core", True),
+        (reaches_into_the_sessions, f"{WEB}.connection", SESSIONS, False),
+        (reaches_into_the_sessions, f"{SESSIONS}.hub", f"{SESSIONS}.store", False),
+        (reaches_into_the_sessions, "tests.sessions.test_core", f"{SESSIONS}.core", False),
     ],
 )
 def test_the_interface_checks_refuse_what_they_name(

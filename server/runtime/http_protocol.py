@@ -25,7 +25,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from wschat.protocol import Overloaded
 
-from ..sessions.quotas import PendingHandshakes, PendingPlace
+from ..sessions import PendingHandshakes, PendingPlace
 from ..settings import Settings
 from ..web.openai_api.errors import ApiError
 from .transport import Deadline, RateLimitedLog, StuckPeerGuard, log, no_delay

@@ -17,19 +17,14 @@ import signal
 import socket
 import time
 from types import FrameType
-from typing import TYPE_CHECKING
 
 import uvicorn
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from wschat.protocol import CloseCode, GoAway
 
-from ..sessions.core import SessionState
-from ..sessions.hub import Hub
+from ..sessions import Door, Hub, Session, SessionState
 from ..web.stats_feed import StatsFeed
 from .transport import handle_loop_exception
-
-if TYPE_CHECKING:
-    from ..sessions.connection import Connection
 
 log = logging.getLogger("wschat.shutdown")
 
@@ -46,7 +41,7 @@ async def drain(hub: Hub, stats_feed: StatsFeed, grace_s: float) -> None:
     # each goaway on its own: a peer that does not read delays no one else's grace period
     notices = [asyncio.create_task(c.send(GoAway(int(grace_s * 1000)))) for c in connections]
     # the chats' sessions, and the HTTP API's requests (web/openai_api), which have no socket
-    sessions = [*(c.session for c in connections if getattr(c, "session", None)), *hub.requests]
+    sessions = [*(c.session for c in connections), *hub.requests]
     for session in sessions:
         if session.state is SessionState.QUEUED:
             session.cancel_run()  # it would start after the deadline anyway
@@ -68,17 +63,16 @@ async def drain(hub: Hub, stats_feed: StatsFeed, grace_s: float) -> None:
         notice.cancel()
 
 
-async def _end(connection: Connection, keep: bool) -> None:
+async def _end(connection: Door, keep: bool) -> None:
     """Stop its reply and close it; ``keep``: the session outlives this process (the end of the
     connection detaches it to the shared store, app.py), else it is closed for good."""
-    session = getattr(connection, "session", None)
-    if session is not None:
-        await (session.stop_generation() if keep else session.close())
+    session = connection.session
+    await (session.stop_generation() if keep else session.close())
     await connection.close(CloseCode.GOING_AWAY, "server shutting down")
 
 
-def session_task(session: object) -> asyncio.Task[None] | None:
-    task = getattr(session, "generation_task", None)
+def session_task(session: Session) -> asyncio.Task[None] | None:
+    task = session.generation_task
     return task if task is not None and not task.done() else None
 
 

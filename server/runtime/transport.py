@@ -40,9 +40,9 @@ from websockets.frames import Frame
 from websockets.http11 import Request
 from wschat.protocol import CloseCode
 
-from ..sessions.connection import TRANSPORT_EXTENSION
-from ..sessions.quotas import FrameRate
+from ..sessions import FrameRate
 from ..settings import Settings
+from ..web.connection import TRANSPORT_EXTENSION
 
 log = logging.getLogger("wschat.transport")
 

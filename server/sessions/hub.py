@@ -8,7 +8,9 @@ import asyncio
 import functools
 import secrets
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+from wschat.protocol import CloseCode, Frame
 
 from ..engine import Chat, Engine
 from ..settings import UNBATCHED_CONCURRENT, Settings
@@ -25,8 +27,16 @@ from .snapshot import import_state
 from .stats import OPENAI_API, ServerStats
 from .store import SessionStore, open_store
 
-if TYPE_CHECKING:
-    from .connection import Connection
+
+class Door(Protocol):
+    """A connection serving a chat's session (web/connection.py), as a drain ends it
+    (runtime/shutdown.py)."""
+
+    session: Session
+
+    async def send(self, frame: Frame) -> None: ...
+
+    async def close(self, code: CloseCode, reason: str) -> None: ...
 
 
 @dataclass(eq=False)
@@ -39,7 +49,7 @@ class Hub:
     caps: ConnectionCaps = field(init=False)
     replays: Gate = field(init=False)  # replays to resumed connections being written
     image_checks: Gate = field(init=False)  # uploads being decoded and checked
-    connections: set[Connection] = field(default_factory=set)
+    connections: set[Door] = field(default_factory=set)  # the chats' connections
     # the sessions of HTTP API requests running or waiting (web/openai_api): never in the store
     requests: set[Session] = field(default_factory=set)
     load_error: BaseException | None = None  # set once, when the engine factory raised

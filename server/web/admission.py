@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from starlette.websockets import WebSocket
 from wschat.protocol import MODEL_LOADING_REASON, SUBPROTOCOL, CloseCode
 
-from ..sessions.hub import Hub
+from ..sessions import Hub
 from .access import admit
 
 log = logging.getLogger("wschat.admission")

@@ -26,12 +26,11 @@ from starlette.websockets import WebSocket
 from wschat.protocol import CHAT_PATH, SESSION_HEADER
 
 from ..engine import Engine
-from ..sessions.connection import Connection
-from ..sessions.hub import Hub
-from ..sessions.inputs import TakenOver
+from ..sessions import Hub, TakenOver
 from ..settings import Settings
 from .access import owner_scope
 from .admission import Accept, serve_admitted
+from .connection import Connection
 from .openai_api import OpenAIApi
 from .pages import web_routes
 from .stats_feed import StatsFeed
@@ -101,13 +100,13 @@ async def _serve_session(
     # a resumed session is its new connection's: the resume token proved the right to it
     taken_over = TakenOver(address, scope) if resumed is not None else None
     resume_token = await hub.sessions.add(session)
-    connection = Connection(websocket, hub)
+    connection = Connection(websocket, hub, session)
     hub.connections.add(connection)
     try:
         # PROTOCOL.md "Transport": the routing key a load balancer learns from the handshake
         await accept([(SESSION_HEADER.encode(), session.key.encode())])
         last = _token_index(websocket.query_params.get("last"))
-        await connection.serve(session, resume_token, taken_over, last)
+        await connection.serve(resume_token, taken_over, last)
     finally:
         hub.connections.discard(connection)
         await hub.end_connection(session)

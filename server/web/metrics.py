@@ -19,12 +19,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from wschat.protocol import Done
 
-from ..sessions.events import RunDone, RunEvent, RunStarted, TokensSent
-from ..sessions.generation import GenerationRun
-from ..sessions.stats import APIS
+from ..sessions import APIS, GenerationRun, RunDone, RunEvent, RunStarted, TokensSent
 
 if TYPE_CHECKING:
-    from ..sessions.hub import Hub
+    from ..sessions import Hub
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -17,7 +17,7 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
-from ..sessions.hub import Hub
+from ..sessions import Hub
 from .access import http_refusal
 from .admission import Accept, serve_admitted
 from .metrics import CONTENT_TYPE, Metrics

@@ -22,11 +22,10 @@ from typing import TYPE_CHECKING, Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from wschat.protocol import HISTORY_SERIES, CloseCode, Stats, encode
 
-from ..sessions.session import Session
-from ..sessions.stats import OPENAI_API, WEBSOCKET
+from ..sessions import OPENAI_API, WEBSOCKET, Session
 
 if TYPE_CHECKING:
-    from ..sessions.hub import Hub
+    from ..sessions import Hub
 
 MAX_TABLE_ROWS = 200
 # samples kept for a new dashboard's charts, one each interval: the 3 minutes a chart spans

@@ -15,7 +15,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from ...sessions.inputs import Converse, ReplySaid, Said, UserSaid
+from ...sessions import Converse, ReplySaid, Said, UserSaid
 from .requests import ChatBody
 
 # Ids of replies remembered, all together (4 bytes each)

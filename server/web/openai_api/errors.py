@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from wschat.protocol import Error, ErrorCode, InvalidParams, Unsupported
 
-from ...sessions.error_boundary import error_frame
+from ...sessions import error_frame
 from ..access import Refusal
 
 log = logging.getLogger("wschat.openai_api")

@@ -15,7 +15,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 from wschat.protocol import Overloaded
 
-from ...sessions.hub import Hub
+from ...sessions import Hub
 from .cors import allow_origin
 from .errors import ApiError
 

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...engine import EngineInfo
-from ...sessions.hub import Hub
+from ...sessions import Hub
 from .errors import ApiError
 
 OWNER = "wschat"

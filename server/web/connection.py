@@ -42,12 +42,7 @@ from wschat.protocol import (
     encode,
 )
 
-from .error_boundary import Outbox, expected
-from .hub import Hub
-from .inputs import TakenOver
-from .quotas import FrameRate
-from .relay import CatchUp
-from .session import Session
+from ..sessions import CatchUp, FrameRate, Hub, Outbox, Session, TakenOver, expected
 
 log = logging.getLogger("wschat.connection")
 
@@ -61,9 +56,10 @@ TRANSPORT_EXTENSION = "wschat.transport"
 
 
 class Connection:
-    def __init__(self, websocket: WebSocket, hub: Hub) -> None:
+    def __init__(self, websocket: WebSocket, hub: Hub, session: Session) -> None:
         self.ws = websocket
         self.hub = hub
+        self.session = session
         self.closed = False
         # the peer closed with a code of CLEAN_CLOSES, or we closed: not a drop
         self.clean_end = False
@@ -99,15 +95,11 @@ class Connection:
                 self.closed = True
 
     async def serve(
-        self,
-        session: Session,
-        resume_token: str,
-        taken_over: TakenOver | None = None,
-        last: int | None = None,
+        self, resume_token: str, taken_over: TakenOver | None = None, last: int | None = None
     ) -> None:
-        """Serve ``session`` until the connection ends. ``taken_over``: by a resume (whose
+        """Serve its session until the connection ends. ``taken_over``: by a resume (whose
         ``last`` is the index of the last ``token`` frame the client got)."""
-        self.session = session
+        session = self.session
         catch_up = session.connect(self._drop_transport(), taken_over, last)
         try:
             if await self._open(session, resume_token, catch_up):

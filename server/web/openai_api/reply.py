@@ -1,0 +1,257 @@
+"""The HTTP API's door: one request's session, driven as every door drives one (``handle`` its
+whole prompt), its frames read from a ``FrameChannel`` instead of a socket and made OpenAI's:
+``queued`` while it waits for a slot (the same slots and queue as WebSocket prompts), ``start``,
+``token``s as server-sent events or one JSON body, then ``done``. A client that goes away cancels
+the reply as a WebSocket ``cancel`` does: the engine stops within a decode step and the slot is
+free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from wschat.protocol import Done, Error, FinishReason, Frame, Overloaded, Start
+from wschat.protocol import Token as TokenFrame
+
+from ...sessions import Complete, Converse, GenerationRun, Hub
+from .conversation import ReplyIds
+from .errors import ApiError
+from .models import model_id
+from .prefix_keys import CacheKeys
+from .requests import Sampling
+
+log = logging.getLogger("wschat.openai_api")
+
+_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+# A reply cancelled while its client still reads: only a shutdown does that (a client that
+# leaves has nobody left to tell)
+CUT_SHORT = ApiError.of(Overloaded("the reply was cut short: the server is shutting down"))
+
+
+class FrameChannel:
+    """A session's ``send`` for one HTTP request: each frame waits until the request has taken
+    it, so while the client reads slowly the generation merges its tokens, as for a slow socket.
+    Once closed (the client is gone) frames are dropped."""
+
+    def __init__(self) -> None:
+        self._frames: deque[Frame] = deque()
+        self._changed = asyncio.Event()
+        self.closed = False
+
+    async def __call__(self, frame: Frame) -> None:
+        if self.closed:
+            return
+        self._frames.append(frame)
+        self._changed.set()
+        while self._frames and not self.closed:
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def next(self) -> Frame | None:
+        """The next frame; None once closed."""
+        while not self._frames:
+            if self.closed:
+                return None
+            self._changed.clear()
+            await self._changed.wait()
+        frame = self._frames.popleft()
+        self._changed.set()
+        return frame
+
+    def close(self) -> None:
+        self.closed = True
+        self._frames.clear()
+        self._changed.set()
+
+
+class Reply:
+    """One request's run: its session, its frames."""
+
+    def __init__(
+        self,
+        hub: Hub,
+        request: Request,
+        kind: str,
+        owner: str,
+        keys: CacheKeys,
+        replies: ReplyIds,
+    ) -> None:
+        """``owner``: whose prefixes and openings it may share (``access.owner_scope``); its
+        runs go under the key of ``keys`` whose state they go on from; a chat's reply is
+        remembered in ``replies``."""
+        self.hub = hub
+        self.kind = kind  # "chat" or "completion"
+        self.replies = replies
+        self.frames = FrameChannel()
+        address = request.client.host if request.client else "unknown"
+        self.session = hub.new_request(
+            address=address, scope=owner, outbox=self.frames, keys=keys.of(owner)
+        )
+        self.run: GenerationRun | None = None
+        self.created = int(time.time())
+        self._request = request
+        self._watch: asyncio.Task[None] | None = None
+
+    async def begin(self, prompt: Converse | Complete) -> None:
+        """Queue the prompt as a session does (its refusals raised as they are)."""
+        await self.session.handle(prompt)
+        run = self.session.run
+        assert run is not None  # an accepted prompt has its run until it ends
+        self.run = run
+        task = self.session.generation_task
+        assert task is not None
+        task.add_done_callback(lambda _: self._ended())
+        self.hub.requests.add(self.session)  # in /v1/stats while it runs or waits
+        self._watch = asyncio.create_task(self._until_disconnected())
+
+    def _ended(self) -> None:
+        """The run is over: a chat's reply remembered as the ids it was generated as."""
+        run = self.run
+        assert run is not None
+        if self._watch is not None:
+            self._watch.cancel()
+        self.hub.requests.discard(self.session)
+        finished = run.finished
+        if run.kept and finished is not None and self.kind == "chat" and finished.reason in _FINISH:
+            self.replies.remember(finished.text, finished.completion_ids)
+
+    async def _until_disconnected(self) -> None:
+        with contextlib.suppress(Exception):
+            while (await self._request.receive())["type"] != "http.disconnect":
+                pass
+        self.cancel()
+
+    def cancel(self) -> None:
+        self.session.cancel_run()
+        self.frames.close()
+
+    async def first(self) -> Start | ApiError:
+        """``start``, or the error that ended the request before it (the run drained)."""
+        while True:
+            frame = await self.frames.next()
+            if isinstance(frame, Start):
+                return frame
+            if isinstance(frame, Error):
+                await self._drain()
+                return ApiError.of_frame(frame)
+            if isinstance(frame, Done) and self.hub.shutting_down:
+                return shutting_down()  # cancelled while queued by the drain
+            if frame is None or isinstance(frame, Done):
+                # cancelled while queued: the client is gone, nobody reads this
+                return ApiError("the request was cancelled", status=499, code="cancelled")
+
+    async def _drain(self) -> None:
+        while not isinstance(await self.frames.next(), Done | None):
+            pass
+
+    async def whole(self) -> tuple[Done, ApiError | None] | None:
+        """The reply's ``done`` and its error, if it failed; None once the client is gone."""
+        error: ApiError | None = None
+        while True:
+            frame = await self.frames.next()
+            if frame is None:
+                return None  # the client is gone
+            if isinstance(frame, Error):
+                error = ApiError.of_frame(frame)
+            elif isinstance(frame, Done):
+                return frame, error
+
+    async def events(self, sampling: Sampling, start: Start) -> AsyncIterator[bytes]:
+        """The reply as server-sent events, ``data: [DONE]`` last."""
+        try:
+            if self.kind == "chat":
+                yield self._event(self._chunk({"role": "assistant", "content": ""}, None, sampling))
+            while (frame := await self.frames.next()) is not None:
+                if isinstance(frame, TokenFrame):
+                    yield self._event(self._chunk(self._delta(frame.text), None, sampling))
+                elif isinstance(frame, Error):
+                    yield self._event(ApiError.of_frame(frame).body())
+                elif isinstance(frame, Done):
+                    reason = _FINISH.get(frame.reason)
+                    if reason is not None:
+                        yield self._event(self._chunk(self._delta(""), reason, sampling))
+                    elif frame.reason is FinishReason.CANCELLED:
+                        yield self._event(CUT_SHORT.body())
+                    if sampling.include_usage:
+                        yield self._event(self._usage_chunk(frame))
+                    yield b"data: [DONE]\n\n"
+                    return
+        except Exception as error:  # a failure of ours: the client is told, as a socket is
+            log.exception("reply %s failed", self.run.id if self.run else "?")
+            yield self._event(ApiError.of(error).body())
+        finally:
+            self.cancel()  # nothing if it ended; else the client went away mid-stream
+
+    def _delta(self, text: str) -> dict[str, Any]:
+        return {"content": text} if self.kind == "chat" else {"text": text}
+
+    def _chunk(
+        self, delta: dict[str, Any], finish: str | None, sampling: Sampling
+    ) -> dict[str, Any]:
+        if self.kind == "chat":
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"index": 0, **delta, "logprobs": None, "finish_reason": finish}
+        chunk = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        chunk["choices"] = [choice]
+        if sampling.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _usage_chunk(self, done: Done) -> dict[str, Any]:
+        chunk = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
+        chunk["choices"] = []
+        chunk["usage"] = usage(done)
+        return chunk
+
+    def body(self, done: Done) -> dict[str, Any]:
+        reason = _FINISH.get(done.reason, "stop")
+        if self.kind == "chat":
+            message = {"role": "assistant", "content": done.text}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+            body = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": reason}
+            body = self._head("text_completion")
+        body["choices"] = [choice]
+        body["usage"] = usage(done)
+        return body
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        assert self.run is not None
+        info = self.session.engine.info
+        return {
+            "id": self.run.id,
+            "object": kind,
+            "created": self.created,
+            "model": model_id(info),
+            "system_fingerprint": info.fingerprint or None,
+        }
+
+    @staticmethod
+    def _event(data: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def shutting_down() -> ApiError:
+    """A request refused, or cancelled while queued, by a drain: as a WebSocket prompt is told,
+    worth a retry (on another replica, or once the server is back)."""
+    return ApiError("the server is shutting down", status=503, code="overloaded")
+
+
+def usage(done: Done) -> dict[str, Any]:
+    u = done.usage
+    return {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    }
