@@ -1,15 +1,6 @@
 """``RedisSessionStore``: sessions kept in Redis, so any replica can resume them.
 
-Keys (every one with a TTL, so the store holds nothing past the resume window):
-
-    wschat:s:<session>   its state (snapshot.py), written at each turn boundary and at detach;
-                         a reply's start is one, so a running turn is in it as it was prompted
-    wschat:r:<session>   the running reply's checkpoint: its id and tokens so far, written at
-                         most once a second while it grows
-    wschat:t:<token>     the session a resume token names
-    wschat:o:<session>   its owner: the replica whose connection holds it (a lease), or
-                         ``~<replica>`` while that replica goes on with a reply whose connection
-                         dropped (``--resume-grace-s``): held, but any replica may claim it
+Its keys, and the rules each script keeps over them: redis_scripts.py.
 
 While a connection holds a session, its replica renews the lease every third of
 ``--session-lease-s`` and the state's and token's TTLs with it (the window plus the lease); at
@@ -21,15 +12,11 @@ for at most a little over the lease; then the client gets a new session. Each tr
 deadline on Redis's own clock (its ``TIME`` just before): a claim Redis runs later, after this
 process gave up on it (Redis stalled), changes nothing, so the token still works afterwards.
 
-Only another replica's owner value means a session is no longer this replica's: a missing owner
-key is none (the session's first write is still queued, or a lease lapsed), unless the token this
-replica last wrote is gone, which only a claim does.
-
 A state (with its reply checkpoint) over ``max_state_bytes`` is refused by the claim's script by
 its size alone and dropped unread. Any other claimed state is read, checked and rebuilt in a
 worker thread: each list, string and image within what a live session holds
 (``snapshot.Bounds``), its ids within the engine's vocabulary and context, its engine's
-fingerprint this engine's (``Session.import_state``); any other state is refused, logged, and
+fingerprint this engine's (``snapshot.import_state``); any other state is refused, logged, and
 the client gets a new session. What a claim rebuilds is the stored state; a turn that was
 running in it (its replica died mid-reply, or the claim beat a reply held elsewhere) joins the
 conversation as a cancelled exchange with the checkpointed tokens. The replica that held that
@@ -56,6 +43,7 @@ from redis.exceptions import RedisError
 
 from ..settings import Settings
 from .core import DETACHED_STATES, SessionState
+from .redis_scripts import CLAIM, DROP, HEARTBEAT, REPLY, WRITE
 from .session import Session
 from .snapshot import Bounds, export_state, pack, reply_checkpoint, unpack
 from .store import Claim, Rebuild
@@ -72,106 +60,7 @@ CLAIM_MARGIN_S = 1.0  # ...until the lease plus this is over
 # a claim Redis runs later than this after its TIME changes nothing: under the socket timeout,
 # after which this process gives up, less the answer's way back
 CLAIM_DEADLINE_S = TIMEOUT_S / 2
-MIN_KEPT_IDS = 1 << 16  # prompt ids a restored session may have used, at the least
 HELD = "~"  # an owner value's prefix: a reply goes on there without a connection
-
-# KEYS: the token; ARGV: the owner, the lease (ms), the prefix, the deadline (Redis's clock, ms),
-# the most bytes a state and its reply checkpoint may hold together.
-# {0}: no such token or session; {2, ms}: owned by a live connection, its lease lapses in ms
-# (the token stays); {3}: past the deadline (nothing changed); {4, key, bytes}: over the most
-# bytes, refused and dropped unread (STRLEN is O(1): a huge value is never sent, which would hold
-# Redis and this replica up while it crosses the socket); {1, key, state, reply checkpoint or
-# ''}: claimed (from a held owner too).
-_CLAIM = """
-local now = redis.call('TIME')
-if tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) > tonumber(ARGV[4]) then
-  return {3}
-end
-local key = redis.call('GET', KEYS[1])
-if not key then return {0} end
-local owner = ARGV[3] .. 'o:' .. key
-local current = redis.call('GET', owner)
-if current and string.sub(current, 1, 1) ~= '~' then
-  return {2, redis.call('PTTL', owner)}
-end
-redis.call('DEL', KEYS[1])
-local state_key, reply_key = ARGV[3] .. 's:' .. key, ARGV[3] .. 'r:' .. key
-local size = redis.call('STRLEN', state_key) + redis.call('STRLEN', reply_key)
-if size > tonumber(ARGV[5]) then
-  redis.call('DEL', state_key, reply_key)
-  return {4, key, size}
-end
-local state = redis.call('GET', state_key)
-if not state then return {0} end
-redis.call('SET', owner, ARGV[1], 'PX', ARGV[2])
-local reply = redis.call('GET', reply_key)
-return {1, key, state, reply or ''}
-"""
-
-# Whether this replica (``me``) may still write a session: the owner is itself (live or held),
-# or there is no owner and the token is not one this replica wrote before (``first``: its
-# first write) or is still there (a claim deletes it).
-_OURS = """
-local function ours(current, me, token, first)
-  if current then return current == me or current == '~' .. me end
-  return first == '1' or redis.call('EXISTS', token) == 1
-end
-"""
-
-# KEYS: state, token, owner; ARGV: state, session key, ttl (ms), owner, lease (ms), mode:
-# 'live' (a connection here: the lease), 'held' (a reply goes on here without one: '~owner',
-# which only this replica's writes may follow) or 'gone' (let go: no owner), first ('1': the
-# token's first write). 0: another replica owns the session now (nothing written).
-_WRITE = (
-    _OURS
-    + """
-local current = redis.call('GET', KEYS[3])
-local held = '~' .. ARGV[4]
-if not ours(current, ARGV[4], KEYS[2], ARGV[7]) then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
-if ARGV[6] == 'live' then
-  redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5])
-elseif ARGV[6] == 'held' then
-  redis.call('SET', KEYS[3], held, 'PX', ARGV[3])
-elseif current then
-  redis.call('DEL', KEYS[3])
-end
-return 1
-"""
-)
-
-# KEYS: reply checkpoint, owner, token; ARGV: checkpoint, ttl (ms), owner, first. 0: not this
-# replica's now.
-_REPLY = (
-    _OURS
-    + """
-if not ours(redis.call('GET', KEYS[2]), ARGV[3], KEYS[3], ARGV[4]) then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-)
-
-# KEYS: state, token, owner; ARGV: owner, lease (ms), ttl (ms). 0: owned by another replica;
-# -1: the state is gone (Redis lost it): write it again.
-_HEARTBEAT = """
-local current = redis.call('GET', KEYS[3])
-if current and current ~= ARGV[1] then return 0 end
-if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('EXISTS', KEYS[2]) == 0 then return -1 end
-redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
-return 1
-"""
-
-# KEYS: state, token, owner; ARGV: owner. A state too large to keep: a resume gets a new
-# session rather than an old state.
-_DROP = """
-local current = redis.call('GET', KEYS[3])
-if current and current ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
-return 1
-"""
 
 STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 
@@ -183,28 +72,18 @@ class RedisSessionStore:
         self.settings = settings
         self.resume_window_s = settings.resume_window_s
         self.lease_s = settings.session_lease_s
-        # the in-memory limits: images within max_session_image_bytes, ids within the context,
-        # a reply that ended detached (its text twice, the record's and the done's, at up to
-        # 64 bytes a token)
-        self.max_state_bytes = settings.max_session_image_bytes + 16 * settings.context_tokens
-        self.max_state_bytes += 128 * settings.max_new_tokens + (1 << 20)
-        items = max(2 * settings.context_tokens, MIN_KEPT_IDS)
-        self.bounds = Bounds(
-            items=items,
-            values=4 * items,  # the conversation's ids and the prompt ids, with room to spare
-            text_bytes=settings.max_frame_bytes,  # a system prompt came in one frame
-            image_bytes=settings.max_session_image_bytes,
-        )
+        self.bounds = Bounds.of(settings)
+        self.max_state_bytes = self.bounds.state_bytes
         self._rebuild = rebuild
         self.replica = secrets.token_hex(8)  # this process, as an owner
         self.client = aioredis.from_url(
             settings.session_store, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S
         )
-        self._claim = self.client.register_script(_CLAIM)
-        self._write_script = self.client.register_script(_WRITE)
-        self._heartbeat_script = self.client.register_script(_HEARTBEAT)
-        self._drop = self.client.register_script(_DROP)
-        self._reply_script = self.client.register_script(_REPLY)
+        self._claim = self.client.register_script(CLAIM)
+        self._write_script = self.client.register_script(WRITE)
+        self._heartbeat_script = self.client.register_script(HEARTBEAT)
+        self._drop = self.client.register_script(DROP)
+        self._reply_script = self.client.register_script(REPLY)
         self.live: dict[str, Session] = {}
         self._tokens: dict[str, str] = {}  # session key -> its current resume token
         self._stored: dict[str, str] = {}  # session key -> the token this replica last wrote
@@ -403,7 +282,7 @@ class RedisSessionStore:
         return [f"{PREFIX}s:{key}", f"{PREFIX}t:{token}", f"{PREFIX}o:{key}", f"{PREFIX}r:{key}"]
 
     def _mode(self, key: str) -> str:
-        """How ``_WRITE`` leaves the owner key."""
+        """How ``WRITE`` (redis_scripts.py) leaves the owner key."""
         return "live" if key in self.live else "held" if key in self._held else "gone"
 
     async def _write_loop(self) -> None:

@@ -22,9 +22,11 @@ from .relay import KeptReply
 
 if TYPE_CHECKING:
     from ..engine import Chat
+    from ..settings import Settings
     from .images import CheckedImage
     from .session import Session
 
+MIN_KEPT_IDS = 1 << 16  # prompt ids a restored session may have used, at the least
 FORMAT_VERSION = 2  # 2: the state names its engine's model and tokenizer (a fingerprint)
 _ARRAY = 1  # ext type: [dtype, shape, bytes]
 _PIL = 2  # ext type: [mode, width, height, bytes]
@@ -55,6 +57,23 @@ class Bounds:
     values: int  # in all its lists and maps together, each list or map counting one more
     text_bytes: int  # in one string (a system prompt is the longest: one frame)
     image_bytes: int  # in one image
+    state_bytes: int  # a state and its reply's checkpoint together, packed
+
+    @classmethod
+    def of(cls, settings: Settings) -> Bounds:
+        """A live session's limits: images within max_session_image_bytes, ids within the
+        context, a reply that ended detached (its text twice, the record's and the done's, at
+        up to 64 bytes a token)."""
+        items = max(2 * settings.context_tokens, MIN_KEPT_IDS)
+        state_bytes = settings.max_session_image_bytes + 16 * settings.context_tokens
+        state_bytes += 128 * settings.max_new_tokens + (1 << 20)
+        return cls(
+            items=items,
+            values=4 * items,  # the conversation's ids and the prompt ids, with room to spare
+            text_bytes=settings.max_frame_bytes,  # a system prompt came in one frame
+            image_bytes=settings.max_session_image_bytes,
+            state_bytes=state_bytes,
+        )
 
 
 def _limits(bounds: Bounds | None) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from .session import Session
 HANDOVER_S = 2.0
 
 # A session rebuilt under its key from its exported state and the checkpoint of a reply that
-# was running (``Session.import_state``).
+# was running (``snapshot.import_state``).
 Rebuild = Callable[[str, dict[str, Any], dict[str, Any] | None], Session]
 
 
