@@ -1,16 +1,17 @@
 """Where a module sets an attribute of a session from outside the module that defines it, read
 from the source with ``ast`` (as private_names.py reads private names).
 
-A session (``Session`` and its ``SessionCore``) is given its collaborators at construction by one
-factory (``Hub``), and its state changes through its own methods alone: no other module assigns,
-augments or deletes one of their attributes, nor ``setattr``s one (``monkeypatch.setattr``
-included). A write is seen on an object the source says is of one of those classes (a name
-annotated as it or assigned a call of it, an attribute of ``self`` so annotated, as
-private_names.py sees them, or assigned what a function or method of ours is annotated to
-return, as ``hub.new_session()``; an attribute of one that its class was constructed with, as
-``session.core``); or, where the object's class is unknown here, when the name is one that those
-classes define and no other class of ours does (``session.core.state = ...`` in a test that does
-not say what ``session`` is).
+A session (``Session``, its ``SessionCore`` and its ``Chat``) is given its collaborators at
+construction by one factory (``Hub``), and its state changes through its own methods alone: no
+other module assigns, augments or deletes one of their attributes, nor ``setattr``s one
+(``monkeypatch.setattr`` included). A write is seen on an object the source says is of one of
+those classes (a name annotated as it or assigned a call of it, an attribute of ``self`` so
+annotated, as private_names.py sees them, or assigned what a function or method of ours is
+annotated to return, as ``hub.new_session()``; an attribute of one that its class was
+constructed with, as ``session.core``, or a property of one annotated to return one, as
+``session.chat``); or, where the object's class is unknown here, when the name is one that
+those classes define and no other class of ours does (``session.core.state = ...`` in a test
+that does not say what ``session`` is).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .private_names import OWN, Index, Reader, class_names, imported_names
 GUARDED = (
     "wschat.server.sessions.session.Session",
     "wschat.server.sessions.core.SessionCore",
+    "wschat.server.engine.history.Chat",
 )
 
 
@@ -81,23 +83,36 @@ class Guarded:
     @staticmethod
     def _fields(index: Index, cls: str, node: ast.ClassDef) -> dict[str, str]:
         reader = Reader(index, cls.rpartition(".")[0])
-        fields = reader.fields_of(node)
-        for init in node.body:
-            if not (isinstance(init, ast.FunctionDef) and init.name == "__init__"):
+        fields = reader.fields_of(node) | constructed_with(reader, node)
+        for prop in node.body:
+            if not isinstance(prop, ast.FunctionDef):
                 continue
-            arguments = [*init.args.args, *init.args.kwonlyargs]
-            given = {a.arg: c for a in arguments if (c := reader.class_of(a.annotation))}
-            for assign in (n for n in ast.walk(init) if isinstance(n, ast.Assign)):
-                value = assign.value
-                for target in assign.targets:
-                    if (
-                        isinstance(target, ast.Attribute)
-                        and dotted(target) == f"self.{target.attr}"
-                        and isinstance(value, ast.Name)
-                        and value.id in given
-                    ):
-                        fields[target.attr] = given[value.id]
+            returned = reader.class_of(prop.returns)
+            if returned is not None and any(dotted(d) == "property" for d in prop.decorator_list):
+                fields[prop.name] = returned
         return fields
+
+
+def constructed_with(reader: Reader, node: ast.ClassDef) -> dict[str, str]:
+    """``self.x`` -> its class, for each ``self.x = x`` in ``__init__`` of an argument ``x``
+    annotated as a class of ours (``def __init__(self, core: SessionCore)``)."""
+    fields: dict[str, str] = {}
+    for init in node.body:
+        if not (isinstance(init, ast.FunctionDef) and init.name == "__init__"):
+            continue
+        arguments = [*init.args.args, *init.args.kwonlyargs]
+        given = {a.arg: c for a in arguments if (c := reader.class_of(a.annotation))}
+        for assign in (n for n in ast.walk(init) if isinstance(n, ast.Assign)):
+            value = assign.value
+            for target in assign.targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and dotted(target) == f"self.{target.attr}"
+                    and isinstance(value, ast.Name)
+                    and value.id in given
+                ):
+                    fields[target.attr] = given[value.id]
+    return fields
 
 
 def returns_in(index: Index, module: str) -> Iterable[tuple[str, str | None]]:
@@ -143,6 +158,11 @@ class Writer(Reader):
             *(class_names(n) for n in tree.body if isinstance(n, ast.ClassDef))
         )
         super().__init__(index, module)
+
+    def fields_of(self, cls: ast.ClassDef) -> dict[str, str]:
+        """As a reader sees them, and those its ``__init__`` is given (``self.session =
+        session``, ``session: Session``)."""
+        return super().fields_of(cls) | constructed_with(self, cls)
 
     def check_read(self, node: ast.Attribute) -> None:
         return None  # private_names.py's

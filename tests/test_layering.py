@@ -488,6 +488,7 @@ PLANTED_WRITE = (
     "wschat.server.sessions.relay",
     "wschat.server.sessions.store",
     "wschat.server.sessions.hub",
+    "wschat.server.engine.history",
 )
 IMPORT_SESSION = "from wschat.server.sessions.session import Session\n"
 
@@ -503,6 +504,26 @@ IMPORT_SESSION = "from wschat.server.sessions.session import Session\n"
         (
             IMPORT_SESSION + "def f(session: Session) -> None:\n    session.core.scope = 'o'\n",
             ["session.core.scope"],
+        ),
+        # its chat's, reached through the session or held as one
+        (
+            IMPORT_SESSION + "def f(session: Session) -> None:\n    session.chat.scope = 'o'\n",
+            ["session.chat.scope"],
+        ),
+        (
+            IMPORT_SESSION + "def f(session: Session) -> None:\n    session.core.chat.key = 'k'\n",
+            ["session.core.chat.key"],
+        ),
+        (
+            IMPORT_SESSION + "class Reply:\n    def __init__(self, session: Session) -> None:\n"
+            "        self.session = session\n"
+            "    def begin(self) -> None:\n        self.session.chat.key = 'k'\n",
+            ["self.session.chat.key"],
+        ),
+        (
+            "from wschat.server.engine.history import Chat\n"
+            "def f(chat: Chat) -> None:\n    chat.key = 'k'\n    chat.conversation = None\n",
+            ["chat.key", "chat.conversation"],
         ),
         (
             IMPORT_SESSION + "def f(s: Session) -> None:\n    s.core.turn_ids += ['x']\n",
