@@ -19,7 +19,6 @@ LONG_MODULES_LEFT = {
     "wschat.server.engine.local.hf",
     "wschat.server.engine.local.slotkv",
     "wschat.server.engine.openai.dialect",
-    "wschat.server.engine.openai.engine",
 }
 
 

@@ -45,7 +45,8 @@ import httpx
 
 from ..engine.cores import threads_now, usable_cores
 from ..engine.openai.client import EngineHttp
-from ..engine.openai.engine import OpenAIEngine, OpenAIEngineConfig, connect
+from ..engine.openai.engine import OpenAIEngine
+from ..engine.openai.startup import OpenAIEngineConfig, connect
 from ..engine.openai.tokenizer import EMBEDDED, gguf_path
 from .llamacpp import API_KEY_VARIABLE, model_alias
 from .llamacpp_output import relayed

@@ -15,7 +15,8 @@ import pytest
 from wschat.server.engine.openai import OpenAIEngine
 from wschat.server.engine.openai.client import ERROR_BODY_BYTES, EngineHttp
 from wschat.server.engine.openai.dialect import LLAMA_CPP, VLLM, Dialect
-from wschat.server.engine.openai.engine import CHUNK_TEXT_BYTES, gateway_format
+from wschat.server.engine.openai.engine import CHUNK_TEXT_BYTES
+from wschat.server.engine.openai.startup import gateway_format
 from wschat.server.engine.openai.tokenizer import (
     GatewayTokenizer,
     default_cache_dir,

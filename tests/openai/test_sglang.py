@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from wschat.server.engine.openai import OpenAIEngine
 from wschat.server.engine.openai.dialect import AUTO, SGLANG, VLLM
-from wschat.server.engine.openai.engine import DETECTED_MAX_IMAGES
+from wschat.server.engine.openai.startup import DETECTED_MAX_IMAGES
 from wschat.server.engine.openai.tokenizer import (
     GatewayTokenizer,
     default_cache_dir,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from wschat.server.engine.openai.engine import PROBE
+from wschat.server.engine.openai.startup import PROBE
 from wschat.server.engine.openai.tokenizer import (
     TokenizerError,
     default_cache_dir,
