@@ -18,7 +18,6 @@ MAX_MODULE_LINES = 450
 LONG_MODULES_LEFT = {
     "wschat.server.engine.local.hf",
     "wschat.server.engine.local.slotkv",
-    "wschat.server.engine.openai.dialect",
 }
 
 

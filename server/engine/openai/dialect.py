@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..base import SamplingParams
-from .errors import bad_answer, lost
+from . import chunk_values as checked
+from .errors import bad_answer
 
 VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"
@@ -32,8 +33,6 @@ _U32 = 1 << 32
 _I64 = 1 << 63
 # llama.cpp's repetition penalty looks back this many tokens (its default, sent as such)
 LLAMA_CPP_PENALTY_WINDOW = 64
-# the largest count a chunk may give (cached prompt tokens): far over any context
-MAX_COUNT = (1 << 31) - 1
 # The smallest temperature and repetition penalty sent (``divisor``). Engines divide float32
 # logits by each, a repeated token's by both; under 1e-38 a value is 0 in float32 (llama.cpp
 # refuses such a penalty), and one that divides a logit past float32's range makes the draw
@@ -71,8 +70,8 @@ class Dialect:
     prompts on ``/v1/completions``, ``return_token_ids``, a usage chunk with the cached prompt
     tokens. A subclass sets what its engine spells otherwise.
 
-    Every value a chunk gives is checked for its type (and a count for its range) as it is read:
-    a wrong one is a bad answer (``errors.bad_answer``), never a number passed on to a frame."""
+    Every value a chunk gives is checked as it is read (``chunk_values``): a wrong one is a bad
+    answer (``errors.bad_answer``), never a number passed on to a frame."""
 
     name: ClassVar[str]
     # who ``/v1/models`` says owns the model
@@ -193,25 +192,29 @@ class Dialect:
         return self._openai_delta(chunk, "delta")
 
     def choice_ids(self, choice: dict[str, Any]) -> list[int]:
-        return _ids(choice.get("token_ids"))
+        return checked.ids(choice.get("token_ids"))
 
     def _openai_delta(self, chunk: dict[str, Any], text_key: str) -> Delta:
         texts: list[str] = []
         ids: list[int] = []
         finish = None
-        for choice in _list(chunk.get("choices"), "choices"):
+        for choice in checked.items(chunk.get("choices"), "choices"):
             if not isinstance(choice, dict):
                 raise bad_answer(f"a choice that is a {type(choice).__name__}")
             if text_key == "delta":
-                texts.append(_text(_object(choice.get("delta"), "delta").get("content")))
+                texts.append(
+                    checked.text(checked.fields(choice.get("delta"), "delta").get("content"))
+                )
             else:
-                texts.append(_text(choice.get("text")))
+                texts.append(checked.text(choice.get("text")))
             ids += self.choice_ids(choice)
-            finish = _finish(choice.get("finish_reason")) or finish
+            finish = checked.finish(choice.get("finish_reason")) or finish
         cached = None
         if usage := chunk.get("usage"):
-            details = _object(_object(usage, "usage").get("prompt_tokens_details"), "details")
-            cached = _count(details.get("cached_tokens") or 0, "cached_tokens")
+            details = checked.fields(
+                checked.fields(usage, "usage").get("prompt_tokens_details"), "details"
+            )
+            cached = checked.count(details.get("cached_tokens") or 0, "cached_tokens")
         return Delta("".join(texts), ids, finish, cached)
 
 
@@ -274,7 +277,7 @@ class LlamaCppDialect(Dialect):
 
     def reads_images(self, answer: dict[str, Any]) -> bool:
         """``/props``' ``modalities.vision``."""
-        return bool(_object(answer.get("modalities"), "modalities").get("vision"))
+        return bool(checked.fields(answer.get("modalities"), "modalities").get("vision"))
 
     def sampling(
         self, params: SamplingParams, *, stop: Sequence[str], stop_token_ids: Sequence[int]
@@ -339,17 +342,21 @@ class LlamaCppDialect(Dialect):
         """A native chunk: ``content`` and ``tokens``; the last has ``stop: true``, why it
         stopped (``stop_type``: ``limit`` is the length, ``eos`` and ``word`` a stop) and the
         prompt tokens taken from the slot's cache (``timings.cache_n``)."""
-        text, ids = _text(chunk.get("content")), _ids(chunk.get("tokens"))
+        text, ids = checked.text(chunk.get("content")), checked.ids(chunk.get("tokens"))
         if not chunk.get("stop"):
             return Delta(text, ids)
         finish = "length" if chunk.get("stop_type") == "limit" else "stop"
-        cached = _object(chunk.get("timings"), "timings").get("cache_n")
-        return Delta(text, ids, finish, None if cached is None else _count(cached, "cache_n"))
+        cached = checked.fields(chunk.get("timings"), "timings").get("cache_n")
+        return Delta(
+            text, ids, finish, None if cached is None else checked.count(cached, "cache_n")
+        )
 
     def choice_ids(self, choice: dict[str, Any]) -> list[int]:
-        content = _list(_object(choice.get("logprobs"), "logprobs").get("content"), "content")
-        entries = [_object(entry, "logprob") for entry in content]
-        return _ids([entry["id"] for entry in entries if "id" in entry])
+        content = checked.items(
+            checked.fields(choice.get("logprobs"), "logprobs").get("content"), "content"
+        )
+        entries = [checked.fields(entry, "logprob") for entry in content]
+        return checked.ids([entry["id"] for entry in entries if "id" in entry])
 
 
 # every dialect, by the name --engine-dialect gives it
@@ -396,59 +403,3 @@ def _streamed(
 
 def _positive(value: Any) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
-
-
-# -- a chunk's values, checked as they are read ----------------------------------------------
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise bad_answer(f"a text that is a {type(value).__name__}")
-    return value
-
-
-def _ids(value: Any) -> list[int]:
-    """Token ids: ints (the engine's vocabulary is checked where it is known, the engine)."""
-    ids = _list(value, "ids")
-    if not all(type(i) is int for i in ids):
-        raise bad_answer("token ids that are not all integers")
-    return ids
-
-
-def _count(value: Any, name: str) -> int:
-    if type(value) is not int or not 0 <= value <= MAX_COUNT:
-        raise bad_answer(f"{name} {_short(value)}, not a count")
-    return value
-
-
-def _finish(value: Any) -> str | None:
-    """A finish reason; ``abort``: the engine gave the reply up (SGLang and vLLM say so)."""
-    if value is not None and not isinstance(value, str):
-        raise bad_answer(f"a finish reason that is a {type(value).__name__}")
-    if value == "abort":
-        raise lost("the engine aborted the reply")
-    return value or None
-
-
-def _list(value: Any, name: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise bad_answer(f"{name} that is a {type(value).__name__}, not a list")
-    return value
-
-
-def _object(value: Any, name: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise bad_answer(f"{name} that is a {type(value).__name__}, not an object")
-    return value
-
-
-def _short(value: Any) -> str:
-    """A value for the log, cut short: an engine's answer may be of any size."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:40]}..."
