@@ -18,7 +18,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from wschat.server.engine.local import attention
-from wschat.server.engine.local.slotkv import LayerLayout, SlotKV
+from wschat.server.engine.local.sequence_kv import LayerLayout
+from wschat.server.engine.local.slotkv import SlotKV
 
 DECODE_WIDTHS = (1, 8, 32)
 PREFILL_TOKENS = 128

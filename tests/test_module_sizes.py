@@ -17,7 +17,6 @@ MAX_SESSION_LINES = 300
 MAX_MODULE_LINES = 450
 LONG_MODULES_LEFT = {
     "wschat.server.engine.local.hf",
-    "wschat.server.engine.local.slotkv",
 }
 
 

@@ -23,7 +23,8 @@ from wschat.server.engine.local.attention import FULL, SLIDING
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
-from wschat.server.engine.local.slotkv import LayerLayout, SlotKV
+from wschat.server.engine.local.sequence_kv import LayerLayout
+from wschat.server.engine.local.slotkv import SlotKV
 
 from tests.engine.test_batched import WIDTH, alone, greedy, prompts
 from tests.fakes import flash_attn as fake

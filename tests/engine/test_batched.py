@@ -28,7 +28,7 @@ from wschat.server.engine.local.loader import LoadedModel
 from wschat.server.engine.local.output import OutputProcessor
 from wschat.server.engine.local.rows import BatchRow
 from wschat.server.engine.local.sampling import RowSampler
-from wschat.server.engine.local.slotkv import KVState
+from wschat.server.engine.local.sequence_kv import KVState
 
 from tests.engine.hostile import HOSTILE_PARAMS
 from tests.images import samples

@@ -22,7 +22,7 @@ from wschat.server.engine.local.kvstore import CachedPrefix, KVStore
 from wschat.server.engine.local.output import OutputProcessor
 from wschat.server.engine.local.rows import BatchRow
 from wschat.server.engine.local.sampling import RowSampler
-from wschat.server.engine.local.slotkv import KVState
+from wschat.server.engine.local.sequence_kv import KVState
 
 from tests.support import collect
 

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from wschat.server.engine.local.attention import FULL, SLIDING
-from wschat.server.engine.local.slotkv import KVState, LayerLayout, SlotKV
+from wschat.server.engine.local.sequence_kv import KVState, LayerLayout
+from wschat.server.engine.local.slotkv import SlotKV
 
 WINDOW = 4
 LAYOUT = LayerLayout((FULL, SLIDING), WINDOW, 1, 1, torch.float32, torch.device("cpu"))

@@ -72,7 +72,7 @@ from .rows import BatchRow
 from .runner import ModelRunner
 from .sampling import RowSampler
 from .scheduler import GATHER_S, RowState, Scheduler
-from .slotkv import KVState
+from .sequence_kv import KVState
 from .threads import ThreadPolicy
 
 log = logging.getLogger("wschat.engine.batched")

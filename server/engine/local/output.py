@@ -18,7 +18,7 @@ from ..base import Finished
 from ..stopping import finish_reason
 from .kvstore import KVStore, cached_prefix
 from .rows import BatchRow
-from .slotkv import KVState
+from .sequence_kv import KVState
 
 log = logging.getLogger("wschat.engine.batched")
 

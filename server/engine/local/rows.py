@@ -16,7 +16,7 @@ from ..base import Generation, GenerationRequest, LoopBridge
 from .kvstore import CachedPrefix, RingMark, carried_marks
 from .sampling import RowSampler
 from .scheduler import RowState
-from .slotkv import KVState
+from .sequence_kv import KVState
 from .streamer import TokenStreamer
 
 

@@ -20,7 +20,8 @@ from .kvstore import cached_prefix
 from .loader import LoadedModel
 from .rows import BatchRow
 from .sampling import pick_tokens
-from .slotkv import KVState, LayerLayout, SlotKV, ring_of_cache
+from .sequence_kv import KVState, LayerLayout, ring_of_cache
+from .slotkv import SlotKV
 
 
 class ModelRunner:
