@@ -15,9 +15,7 @@ from .import_graph import our_modules
 SESSION = "wschat.server.sessions.session"
 MAX_SESSION_LINES = 300
 MAX_MODULE_LINES = 450
-LONG_MODULES_LEFT = {
-    "wschat.server.engine.local.hf",
-}
+LONG_MODULES_LEFT: set[str] = set()
 
 
 def lines(path: Path) -> int:

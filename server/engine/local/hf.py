@@ -30,8 +30,6 @@ from PIL.Image import Image
 from transformers import (
     Cache,
     DynamicCache,
-    LogitsProcessor,
-    LogitsProcessorList,
     StoppingCriteriaList,
 )
 from wschat.protocol import FinishReason
@@ -43,7 +41,6 @@ from ..base import (
     GenerationRequest,
     KVUsage,
     LoopBridge,
-    SamplingParams,
     fingerprint,
     vocabulary_fingerprint,
 )
@@ -51,21 +48,20 @@ from ..errors import ImagesUnsupported
 from ..formats import build_format
 from ..stopping import final_reason, token_budget
 from ..tokenizing import TextTokenizer
+from .dynamic_cache import OpeningCopy, cache_tensors, copied_cache, crop_cache, ring_mark
+from .image_layout import ImageLayout
 from .kvstore import (
     MIN_OPENING_TOKENS,
     SHARED_OPENINGS,
     CachedPrefix,
     KVStore,
-    RingMark,
     cached_prefix,
     carried_marks,
-    latest_mark,
     shared_length,
-    window_holds,
 )
 from .loader import LoadedModel
+from .logits_processors import sampling_kwargs
 from .memory import give_back, out_of_memory
-from .sampling import Filters, penalize, row_generator, sample
 from .streamer import StopWhen, TokenStreamer, cancel_or_stop
 from .threads import ThreadPolicy
 
@@ -99,7 +95,7 @@ class HFEngine:
         self.tokenizer = loaded.tokenizer
         self._backend = self.tokenizer.backend_tokenizer
         limit = _model_context(self.model.config)
-        images = _ImageLayout.of(loaded) if loaded.has_vision else None
+        images = ImageLayout.of(loaded) if loaded.has_vision else None
         eos = frozenset(_eos_ids(self.model.generation_config, self.tokenizer))
         self.prompt_format = build_format(
             prompt_format, self.tokenizer, eos, instruction_tuned=loaded.instruction_tuned
@@ -171,7 +167,7 @@ class HFEngine:
         return self.image_layout.input_form(image)
 
     @property
-    def image_layout(self) -> _ImageLayout:
+    def image_layout(self) -> ImageLayout:
         if self._images is None:
             raise ImagesUnsupported(f"the model {self.info.model!r} does not read images")
         return self._images
@@ -204,7 +200,7 @@ class HFEngine:
             cache = copied_cache(prefix.cache, len(prefix.ids), self.model.config)
             if cache is None:
                 return None
-            prefix = cached_prefix(cache, list(prefix.ids), _cache_tensors(cache))
+            prefix = cached_prefix(cache, list(prefix.ids), cache_tensors(cache))
         n = self.reusable_length(prefix.ids, request)
         if n == len(prefix.ids):
             return prefix
@@ -212,7 +208,7 @@ class HFEngine:
         if kept == 0:
             return None
         marks = [m for m in prefix.marks if m.length <= kept]
-        return cached_prefix(prefix.cache, prefix.ids[:kept], _cache_tensors(prefix.cache), marks)
+        return cached_prefix(prefix.cache, prefix.ids[:kept], cache_tensors(prefix.cache), marks)
 
     def generate_from(self, request: GenerationRequest, prefix: CachedPrefix | None) -> Generation:
         """Generate on top of ``prefix`` (a transformers ``Cache`` the prompt extends, as
@@ -279,19 +275,19 @@ class HFEngine:
         cache = prefix.cache if prefix else DynamicCache(config=self.model.config)
         cached = len(prefix.ids) if prefix else 0
         # generate concatenates into new tensors: the ones the cache holds now stay as they are
-        mark = _ring_mark(cache, cached) if prefix else None
-        opening = _OpeningCopy(cache, self.opening_to_fill(request), self.model.config)
+        mark = ring_mark(cache, cached) if prefix else None
+        opening = OpeningCopy(cache, self.opening_to_fill(request), self.model.config)
         ids = self._generate(request, generation, streamer, cache, cached, opening)
         if opening.copy is not None:
             shared = opening.copy
             self.kv.put_opening(
-                cached_prefix(shared, ids[: opening.length], _cache_tensors(shared)),
+                cached_prefix(shared, ids[: opening.length], cache_tensors(shared)),
                 request.opening_scope,
             )
         if request.session_key:
             kept = ids[: cache.get_seq_length()]
             marks = carried_marks(prefix, mark)
-            entry = cached_prefix(cache, kept, _cache_tensors(cache), marks)
+            entry = cached_prefix(cache, kept, cache_tensors(cache), marks)
             self.kv.put(request.session_key, entry)
         return Finished(self._reason(generation, streamer), tuple(streamer.generated))
 
@@ -302,12 +298,12 @@ class HFEngine:
         streamer: TokenStreamer,
         cache: Any,
         cached: int,
-        opening: _OpeningCopy,
+        opening: OpeningCopy,
     ) -> list[int]:
         params = request.params
         device = self.model.device
         input_ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
-        kwargs = _sampling_kwargs(params)
+        kwargs = sampling_kwargs(params)
         if self._images is not None:
             kwargs |= self._images.model_inputs(input_ids, request.images, cached, self.model)
         with torch.inference_mode():
@@ -355,132 +351,6 @@ class HFEngine:
         )
 
 
-def _sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
-    # generate picks greedily from the scores the processors leave: the penalty's, then
-    # _Draw's (one finite score, the drawn token). 1.0 and None keep generate's own penalty and
-    # warpers out of it, whatever the model's generation_config says.
-    processors: list[LogitsProcessor] = []
-    if params.repetition_penalty != 1.0:
-        processors.append(_Penalty(params.repetition_penalty))
-    if params.temperature > 0:
-        processors.append(_Draw(params))
-    return {
-        "temperature": 1.0,
-        "repetition_penalty": 1.0,
-        "do_sample": False,
-        "top_k": None,
-        "top_p": None,
-        "min_p": None,
-        "logits_processor": LogitsProcessorList(processors),
-    }
-
-
-class _Penalty(LogitsProcessor):
-    """The repetition penalty of sampling.py, safe for every value the protocol allows, in
-    place of generate's own (which turns the extremes into NaN)."""
-
-    def __init__(self, penalty: float) -> None:
-        self.penalty = penalty
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        return penalize(scores, input_ids, self.penalty)
-
-
-class _Draw(LogitsProcessor):
-    """sampling.py's draw (temperature, top-k, top-p, min-p; no sort of the vocabulary, its
-    own seeded generator) in place of generate's warpers and multinomial: every score but the
-    drawn token's becomes -inf, and generate's greedy pick takes it."""
-
-    def __init__(self, params: SamplingParams) -> None:
-        self.params = params
-        self.filters = Filters.of(params)
-        self.generator: torch.Generator | None = None
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.generator is None:
-            self.generator = row_generator(self.params, scores.device)
-        picked = [sample(row.float(), self.filters, self.generator) for row in scores]
-        out = torch.full_like(scores, -torch.inf)
-        rows = torch.arange(len(picked), device=scores.device)
-        out[rows, torch.tensor(picked, device=scores.device)] = 0.0
-        return out
-
-
-class _OpeningCopy:
-    """The first ``length`` positions of the cache ``generate`` fills, copied at its first
-    token (the prompt prefilled, nothing more yet): the opening ``KVStore.put_opening`` keeps.
-    ``take`` is a stopping rule that never stops (``StopWhen``)."""
-
-    def __init__(self, cache: Any, length: int, config: Any) -> None:
-        self._cache, self.length, self._config = cache, length, config
-        self.copy: DynamicCache | None = None
-        self._taken = length == 0
-
-    def take(self) -> bool:
-        if not self._taken:
-            self._taken = True
-            self.copy = copied_cache(self._cache, self.length, self._config)
-        return False
-
-
-def copied_cache(cache: Any, length: int, config: Any) -> DynamicCache | None:
-    """A new ``DynamicCache`` of the first ``length`` positions of ``cache``, in tensors of its
-    own (``update`` concatenates into new ones); None where a layer no longer holds every
-    one of them (a sliding layer past its window)."""
-    copy = DynamicCache(config=config)
-    target: Any
-    for target, layer in zip(copy.layers, cache.layers, strict=True):
-        if not layer.is_initialized:
-            continue
-        held = layer.keys.shape[-2]
-        if held < length or layer.get_seq_length() != held:
-            return None
-        target.update(layer.keys[..., :length, :], layer.values[..., :length, :])
-    return copy
-
-
-def crop_cache(cache: Any, length: int, marks: Sequence[RingMark] = ()) -> int:
-    """Cut a transformers ``DynamicCache`` back in place to its first ``length`` positions, or
-    where a sliding layer no longer holds what position ``length`` reads (``window_holds``: its
-    sliding layers keep the last ``window - 1`` positions, so only a cache still under the
-    window), to the longest length one of ``marks`` serves (``latest_mark``): full layers cut
-    back, the sliding ones the mark's. The length it is cut to, 0 where neither holds (then it
-    is left as it was). Full layers become views of their tensors, which the next forward's
-    concatenation replaces; sliding layers cut short are copies (see ``KVState.cropped``)."""
-    total = cache.get_seq_length()
-    if length == total:
-        return length
-    sliding = [layer for layer in cache.layers if getattr(layer, "is_sliding", False)]
-    held = [layer for layer in sliding if layer.is_initialized]
-    if all(window_holds(total - x.keys.shape[-2], length, x.sliding_window) for x in held):
-        cache.crop(length - total)  # a negative count: the tokens to drop
-        for layer in held:  # copied: they outlive the cut as the next turn's mark
-            layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
-        return length
-    found = latest_mark(marks, length, sliding[0].sliding_window)
-    if found is None:
-        return 0
-    mark, served = found
-    for layer in cache.layers:
-        if not getattr(layer, "is_sliding", False):
-            layer.crop(mark.length - total)
-    for layer, (keys, values) in zip(sliding, mark.ring, strict=True):
-        layer.keys, layer.values, layer.cumulative_length = keys, values, mark.length
-    return crop_cache(cache, served)  # within what the mark's ring holds
-
-
-def _ring_mark(cache: Any, length: int) -> RingMark:
-    """The sliding layers of ``cache`` (``length`` positions) as a mark of that length."""
-    layers = [x for x in cache.layers if getattr(x, "is_sliding", False) and x.is_initialized]
-    ring_from = max((length - x.keys.shape[-2] for x in layers), default=0)
-    return RingMark(length, tuple((x.keys, x.values) for x in layers), ring_from)
-
-
-def _cache_tensors(cache: Any) -> list[torch.Tensor]:
-    layers = [layer for layer in cache.layers if layer.is_initialized]
-    return [t for layer in layers for t in (layer.keys, layer.values)]
-
-
 def _model_context(config: Any) -> int:
     text = getattr(config, "text_config", config)
     return int(getattr(text, "max_position_embeddings", 8192))
@@ -510,72 +380,3 @@ def _eos_ids(generation_config: Any, tokenizer: Any) -> tuple[int, ...]:
     if isinstance(eot, int) and eot != tokenizer.unk_token_id:
         ids.append(eot)
     return tuple(dict.fromkeys(ids))
-
-
-class _ImageLayout:
-    """How images sit in a prompt for one vision model, and the inputs they add to generate."""
-
-    def __init__(self, processor: Any, placeholder: list[int], image_token_id: int) -> None:
-        self.processor = processor
-        self.placeholder = tuple(placeholder)
-        self.image_token_id = image_token_id
-        self.tokens_per_image = placeholder.count(image_token_id)
-        images = processor.image_processor
-        if getattr(images, "do_pan_and_scan", False) or not images.do_resize:
-            raise ValueError("images are kept at the processor's input size: it must resize")
-        self.input_size = (int(images.size["width"]), int(images.size["height"]))
-        self.resample = images.resample
-
-    @classmethod
-    def of(cls, loaded: LoadedModel) -> _ImageLayout:
-        processor = loaded.processor
-        if processor is None:
-            raise ValueError(f"{loaded.name} has no image processor")
-        # Special tokens only: tokenizing the processor's own expansion gives its exact ids.
-        expansion = processor.full_image_sequence
-        placeholder = loaded.tokenizer(expansion, add_special_tokens=False)["input_ids"]
-        return cls(processor, list(placeholder), int(loaded.model.config.image_token_id))
-
-    def input_form(self, image: Image) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        """The processor's first step, its resize (Pillow, with its filter), done once: run on
-        the result, the processor resizes to the size it already has, a copy in Pillow, so the
-        pixels it hands the model are the upload's (tests/images check it)."""
-        return np.asarray(image.resize(self.input_size, resample=self.resample))
-
-    def images_in(self, ids: list[int]) -> float:
-        return ids.count(self.image_token_id) / self.tokens_per_image
-
-    def reusable_length(self, ids: list[int], length: int, images: int) -> int:
-        """The longest prefix of ``ids[:length]`` that cuts no image's placeholder run in two
-        and holds at most ``images`` images."""
-        lead = self.placeholder.index(self.image_token_id)  # run ids before its soft tokens
-        stop = min(len(ids), length + lead)  # a run that starts before length
-        held, at = 0, 0
-        while True:
-            try:
-                at = ids.index(self.image_token_id, at, stop)
-            except ValueError:
-                return length
-            start = at - lead
-            if held == images or start + len(self.placeholder) > length:
-                return start
-            held += 1
-            at += self.tokens_per_image
-
-    def model_inputs(
-        self, input_ids: torch.Tensor, images: Sequence[Any], cached: int, model: Any
-    ) -> dict[str, Any]:
-        """``token_type_ids`` over the whole prompt; ``pixel_values`` of the uncached images."""
-        ids = input_ids[0].tolist()
-        if self.images_in(ids) != len(images):
-            raise ValueError(
-                f"the prompt has room for {self.images_in(ids):g} images but {len(images)} came"
-            )
-        if not images:
-            return {}
-        inputs: dict[str, Any] = {"token_type_ids": (input_ids == self.image_token_id).long()}
-        new = list(images[int(self.images_in(ids[:cached])) :])
-        if new:
-            pixels = self.processor.image_processor(new, return_tensors="pt")["pixel_values"]
-            inputs["pixel_values"] = pixels.to(model.device, model.dtype)
-        return inputs
