@@ -17,7 +17,7 @@ from wschat.client import Reply, connect
 from wschat.client.status import RESUMED_NOTICE
 from wschat.protocol import FinishReason
 
-from tests.client.test_cli import cli
+from tests.client.cli_process import cli
 from tests.client.test_resume import resumed
 from tests.deploy.cluster import HAPROXY, Replica, cluster, holders
 from tests.deploy.test_haproxy import LONG, other
