@@ -29,7 +29,7 @@ class InProcess:
 
     @staticmethod
     def model_dir() -> str:
-        from wschat.server.engine.local.loader import embedded_model_dir
+        from wschat.server.engine.local.embedded_model import embedded_model_dir
 
         return str(embedded_model_dir())
 

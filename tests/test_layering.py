@@ -441,8 +441,6 @@ def test_the_private_name_check_refuses_what_it_names(
 
 # Two modules that import each other at run time, still to be broken; none is to be added.
 CIRCLES_LEFT = {
-    # the loader starts the dev model's cache; the dev model reads the embedded model's folder
-    ("wschat.server.engine.local.devmodel", "wschat.server.engine.local.loader"),
     # the store opens the Redis store, which takes the store's Claim and Rebuild
     ("wschat.server.sessions.redis_store", "wschat.server.sessions.store"),
 }

@@ -42,7 +42,7 @@ def test_a_stream_that_ends_early_marks_the_measurement_incomplete() -> None:
 
 @pytest.mark.real_model  # the embedded model's tokenizer
 def test_the_whole_run_on_the_cpu_measures_both_systems(tmp_path: Path) -> None:
-    from wschat.server.engine.local.loader import embedded_model_dir
+    from wschat.server.engine.local.embedded_model import embedded_model_dir
 
     out = tmp_path / "gpu.json"
     command = [

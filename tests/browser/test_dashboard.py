@@ -10,7 +10,7 @@ import httpx
 import pytest
 from playwright.async_api import expect
 from wschat.server.engine.base import KVUsage
-from wschat.server.engine.local.loader import EMBEDDED_NAME
+from wschat.server.engine.local.embedded_model import EMBEDDED_NAME
 
 from tests.fakes.scripted import ScriptedEngine
 from tests.prometheus import samples

@@ -14,8 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from wschat.server.engine.local.embedded_model import embedded_model_dir
 from wschat.server.engine.local.fused import FusedAttention, FusedMLP, fuse_layer
-from wschat.server.engine.local.loader import LoadedModel, embedded_model_dir, load_model
+from wschat.server.engine.local.loader import LoadedModel, load_model
 from wschat.server.engine.local.packed import (
     Fp16Linear,
     OnednnBf16Linear,

@@ -65,7 +65,7 @@ def _text_config(vocab_size: int) -> Any:
 def _embedded_tokenizer(cache_dir: Path | None) -> Any:
     from transformers import AutoTokenizer
 
-    from .loader import embedded_model_dir
+    from .embedded_model import embedded_model_dir
 
     return AutoTokenizer.from_pretrained(embedded_model_dir(cache_dir))
 
