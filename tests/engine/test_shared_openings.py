@@ -15,7 +15,7 @@ from wschat.server.engine.local.kvstore import MIN_OPENING_TOKENS, SHARED_OPENIN
 from wschat.server.engine.local.loader import LoadedModel
 from wschat.server.settings import Settings
 
-from tests.engine.test_kv_reuse import WINDOW, Engine, load_widened, make_engine
+from tests.engine.local_turns import WINDOW, Engine, load_widened, make_engine
 from tests.support import collect, raw_peer, running_server
 
 SYSTEM = "Be brief."  # gemma-turns opens with 8 ids: the prompts below fit the window (16)
