@@ -26,7 +26,7 @@ from wschat.server.engine.local.loader import LoadedModel
 from wschat.server.engine.local.sequence_kv import LayerLayout
 from wschat.server.engine.local.slotkv import SlotKV
 
-from tests.engine.test_batched import WIDTH, alone, greedy, prompts
+from tests.engine.batch_runs import WIDTH, alone, greedy, prompts
 from tests.fakes import flash_attn as fake
 from tests.support import collect
 

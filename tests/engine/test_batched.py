@@ -1,6 +1,5 @@
 """``BatchedEngine`` on the tiny random Gemma 3 in float32: batched replies equal replies run
-alone (``HFEngine``'s ``generate``), per row, whatever shares the batch; engine-level and over a
-real server.
+alone (``HFEngine``'s ``generate``), per row, whatever shares the batch.
 
 The tiny model's sliding window is 16 tokens and the engine here prefills in chunks of 32, so
 these prompts cross both the ring of the sliding layers and the chunking of long prompts.
@@ -10,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -19,7 +17,6 @@ from transformers import DynamicCache
 from wschat.server.engine.base import (
     CancelFlag,
     GenerationRequest,
-    SamplingParams,
     TokenPiece,
 )
 from wschat.server.engine.local.batched import BatchedEngine
@@ -30,33 +27,9 @@ from wschat.server.engine.local.rows import BatchRow
 from wschat.server.engine.local.sampling import RowSampler
 from wschat.server.engine.local.sequence_kv import KVState
 
+from tests.engine.batch_runs import WIDTH, alone, greedy, prompts
 from tests.engine.hostile import HOSTILE_PARAMS
-from tests.images import samples
-from tests.support import TIMEOUT, RawPeer, collect, raw_peer, running_server, wait_until
-
-WIDTH = 8
-
-
-@pytest.fixture
-async def batched(tiny_text_loaded: LoadedModel) -> AsyncIterator[BatchedEngine]:
-    engine = BatchedEngine(tiny_text_loaded, width=WIDTH, prefill_tokens=32)
-    yield engine
-    await engine.aclose()
-
-
-def prompts(engine: HFEngine | BatchedEngine, count: int) -> list[list[int]]:
-    """Prompts of 3 to 60 tokens: shorter and longer than the window and the prefill chunk."""
-    return [[2, *engine.tokenize_text("hello world " * (1 + 4 * i))] for i in range(count)]
-
-
-def greedy(tokens: int, **extra: Any) -> SamplingParams:
-    return SamplingParams(max_new_tokens=tokens, **extra)
-
-
-async def alone(engine: HFEngine | BatchedEngine, ids: list[int], params: SamplingParams) -> str:
-    text, finished = await collect(engine.generate(GenerationRequest(ids, params)))
-    assert finished.error is None
-    return text
+from tests.support import TIMEOUT, collect, wait_until
 
 
 async def test_eight_concurrent_greedy_replies_equal_each_reply_run_alone(
@@ -284,193 +257,6 @@ async def test_second_turn_prefills_only_new_tokens_and_matches_a_fresh_session(
     assert text == fresh
 
 
-async def ask(peer: RawPeer, frame_id: str, text: str, **params: Any) -> list[dict[str, Any]]:
-    await peer.send({"type": "prompt", "id": frame_id, "text": text, "params": params})
-    return await peer.recv_until("done")
-
-
-async def test_eight_sessions_over_a_server_get_the_replies_they_get_alone(
-    batched: BatchedEngine, tiny_text_engine: HFEngine
-) -> None:
-    texts = ["hello world " * (1 + 3 * i) for i in range(WIDTH)]
-    expected = []
-    async with running_server(tiny_text_engine, max_concurrent=1) as url:
-        for text in texts:
-            async with raw_peer(url) as (peer, _):
-                expected.append((await ask(peer, "a", text, max_new_tokens=16))[-1]["text"])
-
-    async def session(url: str, text: str) -> list[dict[str, Any]]:
-        async with raw_peer(url) as (peer, ready):
-            assert ready["engine"] == "batched"
-            return await ask(peer, "a", text, max_new_tokens=16)
-
-    async with running_server(batched, max_concurrent=WIDTH) as url:
-        replies = await asyncio.gather(*(session(url, text) for text in texts))
-    for frames, want in zip(replies, expected, strict=True):
-        tokens = [f["text"] for f in frames if f["type"] == "token"]
-        assert frames[-1]["text"] == "".join(tokens) == want
-
-
-async def test_prompts_beyond_the_batch_width_are_queued_with_their_positions(
-    tiny_text_loaded: LoadedModel,
-) -> None:
-    engine = BatchedEngine(tiny_text_loaded, width=2)
-    try:
-        async with (
-            running_server(engine, max_concurrent=2, max_queue=4) as url,
-            raw_peer(url) as (a, _),
-            raw_peer(url) as (b, _),
-            raw_peer(url) as (c, _),
-            raw_peer(url) as (d, _),
-        ):
-            for peer in (a, b):
-                await peer.send(
-                    {
-                        "type": "prompt",
-                        "id": "p",
-                        "text": "Go",
-                        "params": {"max_new_tokens": 400},
-                    }
-                )
-                await peer.recv_until("token")
-            await c.send({"type": "prompt", "id": "p", "text": "Go"})
-            assert (await c.recv_until("queued"))[-1]["position"] == 1
-            await d.send({"type": "prompt", "id": "p", "text": "Go"})
-            assert (await d.recv_until("queued"))[-1]["position"] == 2
-            await a.send({"type": "cancel", "id": "p"})
-            assert (await a.recv_until("done"))[-1]["reason"] == "cancelled"
-            assert (await d.recv_until("queued"))[-1]["position"] == 1
-            started = await c.recv_until("start")
-            assert started[-1]["type"] == "start"
-            await b.send({"type": "cancel", "id": "p"})
-            await c.send({"type": "cancel", "id": "p"})
-            for peer in (b, c, d):
-                assert (await peer.recv_until("done"))[-1]["type"] == "done"
-    finally:
-        await engine.aclose()
-
-
-async def test_an_image_conversations_text_only_turns_run_in_the_batch_and_equal_generate(
-    tiny_vision_loaded: LoadedModel,
-) -> None:
-    """Turns with new images run in generate; the turns after them without images come back to
-    the batch on generate's KV state (image tokens included), and every reply equals that of an
-    engine that re-encodes every image and prefills everything each turn."""
-    engine = BatchedEngine(tiny_vision_loaded, prefill_tokens=32)
-    twin = HFEngine(tiny_vision_loaded, kv_budget_bytes=0)
-    turns = [
-        ("What is this?", [samples.png()]),
-        ("And now? " * 6, None),  # a tail longer than the sliding window (16)
-        ("Once more.", None),
-        ("Compare it with this one.", [samples.jpeg(32, 32)]),
-        ("Which one is larger?", None),
-    ]
-    replies: dict[str, list[list[dict[str, Any]]]] = {"batched": [], "twin": []}
-    paths: list[dict[str, int]] = []
-    try:
-        for name, each in (("batched", engine), ("twin", twin)):
-            async with running_server(each) as url, raw_peer(url) as (peer, ready):
-                assert ready["capabilities"] == {"images": True, "max_images": 4}
-                for n, (text, images) in enumerate(turns):
-                    frame: dict[str, Any] = {
-                        "type": "prompt",
-                        "id": str(n),
-                        "text": text,
-                        "params": {"max_new_tokens": 6},
-                    }
-                    if images:
-                        frame["images"] = images
-                    await peer.send(frame)
-                    replies[name].append(await peer.recv_until("done"))
-                    paths.append(dict(engine.image_turns))
-    finally:
-        await engine.aclose()
-        await twin.aclose()
-    assert [r[-1]["text"] for r in replies["batched"]] == [r[-1]["text"] for r in replies["twin"]]
-    assert all(r[-1]["reason"] == "length" for r in replies["batched"])
-    assert paths[:5] == [
-        {"generate": 1, "batch": 0},
-        {"generate": 1, "batch": 1},
-        {"generate": 1, "batch": 2},
-        {"generate": 2, "batch": 2},
-        {"generate": 2, "batch": 3},
-    ]
-    assert engine.decode_steps > 0
-    cached = [r[0]["cached_tokens"] for r in replies["batched"]]
-    assert cached[0] == 0 and all(c > 0 for c in cached[1:3] + cached[4:])
-
-
-async def test_a_text_turn_whose_image_state_was_evicted_re_encodes_in_generate(
-    tiny_vision_loaded: LoadedModel,
-) -> None:
-    engine = BatchedEngine(tiny_vision_loaded, kv_budget_bytes=0)  # keeps nothing
-    try:
-        async with running_server(engine) as url, raw_peer(url) as (peer, _):
-            frame = {
-                "type": "prompt",
-                "id": "a",
-                "text": "What is this?",
-                "images": [samples.png()],
-                "params": {"max_new_tokens": 5},
-            }
-            await peer.send(frame)
-            with_image = await peer.recv_until("done")
-            text_only = await ask(peer, "b", "And now?", max_new_tokens=5)
-    finally:
-        await engine.aclose()
-    assert with_image[0]["prompt_tokens"] > len(engine.image_placeholder_ids())
-    assert engine.image_turns == {"generate": 2, "batch": 0}
-    assert engine.decode_steps == 0
-    assert text_only[0]["cached_tokens"] == 0 and text_only[-1]["reason"] == "length"
-
-
-async def reply(url: str, text: str, **params: Any) -> list[dict[str, Any]]:
-    async with raw_peer(url) as (peer, _):
-        return await ask(peer, "a", text, **params)
-
-
-async def test_cancel_of_one_session_over_a_server_leaves_its_batch_mates_unchanged(
-    batched: BatchedEngine, tiny_text_engine: HFEngine
-) -> None:
-    mates = ["hello world " * 3, "hello world " * 9]
-    async with running_server(tiny_text_engine, max_concurrent=1) as url:
-        expected = [(await reply(url, text, max_new_tokens=30))[-1]["text"] for text in mates]
-    async with running_server(batched, max_concurrent=WIDTH) as url, raw_peer(url) as (peer, _):
-        await peer.send(
-            {"type": "prompt", "id": "c", "text": "Go", "params": {"max_new_tokens": 400}}
-        )
-        await peer.recv_until("token")
-        others = [asyncio.create_task(reply(url, text, max_new_tokens=30)) for text in mates]
-        await wait_until(lambda: batched.scheduler.decoding_count == 3)  # all three decode together
-        await peer.send({"type": "cancel", "id": "c"})
-        cancelled = (await peer.recv_until("done"))[-1]
-        async with asyncio.timeout(TIMEOUT):
-            texts = [frames[-1]["text"] for frames in await asyncio.gather(*others)]
-    assert cancelled["reason"] == "cancelled"
-    assert cancelled["usage"]["completion_tokens"] < 400
-    assert texts == expected
-
-
-async def test_seeded_sampling_and_stop_strings_over_a_server_ignore_batch_mates(
-    batched: BatchedEngine,
-) -> None:
-    sampled = {"max_new_tokens": 20, "temperature": 0.8, "top_p": 0.9, "top_k": 50, "seed": 42}
-    async with running_server(batched, max_concurrent=WIDTH) as url:
-        alone_sampled = (await reply(url, "Once", **sampled))[-1]["text"]
-        full = (await reply(url, "Tell me", max_new_tokens=16))[-1]["text"]
-        stop = full[len(full) // 2 : len(full) // 2 + 3]
-        mates = [reply(url, "hello world " * i, max_new_tokens=20, temperature=1.0) for i in (2, 5)]
-        together = await asyncio.gather(
-            reply(url, "Once", **sampled),
-            reply(url, "Tell me", max_new_tokens=16, stop=[stop]),
-            *mates,
-        )
-    assert together[0][-1]["text"] == alone_sampled
-    stopped = together[1][-1]
-    assert stopped["reason"] == "stop"
-    assert stopped["text"] == full[: full.index(stop)]
-
-
 async def test_hostile_but_valid_params_leave_the_batch_mates_greedy_replies_unchanged(
     batched: BatchedEngine, tiny_text_engine: HFEngine
 ) -> None:
@@ -531,25 +317,6 @@ async def test_a_failure_in_one_row_ends_that_row_alone(
     assert len(faulty_end.completion_ids) == at_token
     assert [text for text, _ in mates] == expected
     assert {(f.reason.value, f.error) for _, f in mates} == {("length", None)}
-
-
-async def test_hostile_sessions_over_a_server_cost_their_batch_mates_nothing(
-    batched: BatchedEngine, tiny_text_engine: HFEngine
-) -> None:
-    """PROTOCOL.md "params" ranges on the wire: each session's reply ends normally, and the
-    greedy ones are what they are alone."""
-    mates = ["hello world " * 2, "hello world " * 7]
-    async with running_server(tiny_text_engine, max_concurrent=1) as url:
-        expected = [(await reply(url, text, max_new_tokens=20))[-1]["text"] for text in mates]
-    async with running_server(batched, max_concurrent=WIDTH) as url:
-        replies = await asyncio.gather(
-            *(reply(url, text, max_new_tokens=20) for text in mates),
-            *(reply(url, "Go", max_new_tokens=20, **params) for params in HOSTILE_PARAMS),
-        )
-    assert [frames[-1]["text"] for frames in replies[: len(mates)]] == expected
-    assert [frames[-1]["type"] for frames in replies] == ["done"] * len(replies)
-    assert {frames[-1]["reason"] for frames in replies} == {"length"}
-    assert not [f for frames in replies for f in frames if f["type"] == "error"]
 
 
 @pytest.mark.parametrize("cached", [5, 15, 16, 17, 40])  # around the sliding window of 16
