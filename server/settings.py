@@ -24,7 +24,7 @@ DTYPES = (
     "bf16",
     "fp16",
 )
-# What --session-store may name besides "memory" (sessions/store.py opens it)
+# What --session-store may name besides "memory" (sessions/hub.py opens it)
 STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 # What --engine-dialect may name: auto, or a dialect of engine/openai/dialect.py (a test keeps
 # the two in step)

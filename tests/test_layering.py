@@ -34,7 +34,7 @@ Modules, in the packages, the tests and the bench:
 - no module reads another module's private names (``tests/private_names.py`` says how it is
   seen, and the one exception: a unit test reading the state of the module it tests);
 - no two modules import each other at run time (an import under ``if TYPE_CHECKING:`` never
-  runs), but for the pairs ``CIRCLES_LEFT`` names, each still to be broken.
+  runs).
 """
 
 from __future__ import annotations
@@ -439,20 +439,13 @@ def test_the_private_name_check_refuses_what_it_names(
     assert [r.read for r in private_reaches(index, [module]) if not allowed(r)] == refused
 
 
-# Two modules that import each other at run time, still to be broken; none is to be added.
-CIRCLES_LEFT = {
-    # the store opens the Redis store, which takes the store's Claim and Rebuild
-    ("wschat.server.sessions.redis_store", "wschat.server.sessions.store"),
-}
-
-
 def circles(edges: set[Edge]) -> set[Edge]:
     """Each pair of modules that import each other, once (in name order)."""
     return {(a, b) for a, b in edges if a < b and (b, a) in edges}
 
 
 def test_no_two_modules_import_each_other_at_run_time() -> None:
-    assert circles(import_graph(source_modules(), typing=False)) == CIRCLES_LEFT
+    assert circles(import_graph(source_modules(), typing=False)) == set()
 
 
 def test_the_circle_check_sees_a_circle_and_not_a_typing_only_one(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """``Hub``: what all connections share: settings, the engine, generation slots, connection
 quotas, the gates of costly work (gates.py), server stats and the ``SessionStore`` (store.py:
-in memory or in Redis)."""
+in memory or in Redis, the one ``--session-store`` names: ``open_store``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from wschat.protocol import CloseCode, Frame
 
 from ..engine import Chat, Engine
-from ..settings import UNBATCHED_CONCURRENT, Settings
+from ..settings import STORE_SCHEMES, UNBATCHED_CONCURRENT, Settings
 from .core import DETACHED_STATES, SessionCore
 from .error_boundary import Send
 from .events import RunListener
@@ -25,7 +25,18 @@ from .session import Session
 from .slots import GenerationSlots
 from .snapshot import import_state
 from .stats import OPENAI_API, ServerStats
-from .store import SessionStore, open_store
+from .store import MemorySessionStore, Rebuild, SessionStore
+
+
+def open_store(settings: Settings, rebuild: Rebuild) -> SessionStore:
+    """The store ``--session-store`` names: ``memory``, or a Redis URL."""
+    if settings.session_store == "memory":
+        return MemorySessionStore(settings.resume_window_s, settings.max_connections)
+    if not settings.session_store.startswith(STORE_SCHEMES):
+        raise ValueError(f"--session-store: 'memory' or a URL starting {', '.join(STORE_SCHEMES)}")
+    from .redis_store import RedisSessionStore  # redis-py loads only when it is used
+
+    return RedisSessionStore(settings, rebuild)
 
 
 class Door(Protocol):

@@ -1,6 +1,7 @@
 """Where sessions are kept between connections: the ``SessionStore`` interface, and
 ``MemorySessionStore``, which keeps detached sessions in this process for ``?resume=`` within
-the resume window. ``redis_store.py`` keeps them in Redis, where every replica can claim them.
+the resume window. ``redis_store.py`` keeps them in Redis, where every replica can claim them;
+``hub.open_store`` opens the one ``--session-store`` names.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..settings import STORE_SCHEMES, Settings
 from .core import SessionState
 from .session import Session
 
@@ -83,17 +83,6 @@ class SessionStore(Protocol):
         ...
 
     async def aclose(self) -> None: ...
-
-
-def open_store(settings: Settings, rebuild: Rebuild) -> SessionStore:
-    """The store ``--session-store`` names: ``memory``, or a Redis URL."""
-    if settings.session_store == "memory":
-        return MemorySessionStore(settings.resume_window_s, settings.max_connections)
-    if not settings.session_store.startswith(STORE_SCHEMES):
-        raise ValueError(f"--session-store: 'memory' or a URL starting {', '.join(STORE_SCHEMES)}")
-    from .redis_store import RedisSessionStore  # redis-py loads only when it is used
-
-    return RedisSessionStore(settings, rebuild)
 
 
 @dataclass(eq=False)
