@@ -1,5 +1,6 @@
 """The modules of the repository and what each imports, read from the source with ``ast``: the
-reader that ``tests/test_layering.py`` and ``tests/private_names.py`` check their rules on.
+reader that ``tests/test_layering.py``, ``test_interfaces.py`` and ``private_names.py`` check
+their rules on.
 
 Every import statement counts, at module level or inside a function, so a lazy import cannot slip
 past; one under ``if TYPE_CHECKING:`` is typing-only (it never runs).

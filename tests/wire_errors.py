@@ -1,5 +1,5 @@
 """What names a wire error, and where a module imports one, read from the source with ``ast``:
-the reader of ``tests/test_layering.py``'s rule that the engine imports no wire errors."""
+the reader of ``tests/test_interfaces.py``'s rule that the engine imports no wire errors."""
 
 from __future__ import annotations
 

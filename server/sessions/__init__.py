@@ -4,7 +4,7 @@ quotas, gates), one generation run from queue to ``done``, and where an exceptio
 ``error`` frame. Imports the protocol and the engine interface only.
 
 What the doors (web/) and the process (runtime/) may use is exported here, and they import the
-layer through this face alone (tests/test_layering.py): a session's inputs, the hub, what a door
+layer through this face alone (tests/test_interfaces.py): a session's inputs, the hub, what a door
 needs to serve one and what the server counts.
 """
 

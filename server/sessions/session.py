@@ -7,7 +7,7 @@ relay to the outbox the door attached, a turn prepared (turns.py), a run started
 (generation.py), the grace timer set, the store told), and what it yields goes back to the core
 as an input. A refusal, the core's or an effect's, leaves ``handle`` as it was raised, having
 changed nothing: the door frames it (error_boundary.py). Its collaborators come at construction
-from one factory (hub.py); no other module sets its attributes (tests/test_layering.py).
+from one factory (hub.py); no other module sets its attributes (tests/test_outside_writes.py).
 """
 
 from __future__ import annotations
