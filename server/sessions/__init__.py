@@ -18,11 +18,13 @@ from .inputs import Complete, Converse, ReplySaid, Said, TakenOver, UserSaid
 from .quotas import FrameRate, PendingHandshakes, PendingPlace
 from .relay import CatchUp
 from .session import Session
-from .stats import APIS, OPENAI_API, WEBSOCKET
+from .stats import APIS, OPENAI_API, RESPONSES_API, RESPONSES_SOCKET, WEBSOCKET
 
 __all__ = [
     "APIS",
     "OPENAI_API",
+    "RESPONSES_API",
+    "RESPONSES_SOCKET",
     "WEBSOCKET",
     "CatchUp",
     "Complete",

@@ -105,11 +105,13 @@ class Hub:
         listener = self.stats.on_run_event
         return self._session(key or secrets.token_hex(8), address, scope, outbox, hooks, listener)
 
-    def new_request(self, *, address: str, scope: str, outbox: Send, keys: EngineKeys) -> Session:
-        """An HTTP API request's session (web/openai_api): never in the store, never resumed;
-        each run under the engine session key ``keys`` picks."""
+    def new_request(
+        self, *, address: str, scope: str, outbox: Send, keys: EngineKeys, api: str = OPENAI_API
+    ) -> Session:
+        """An API request's session (web/openai_api, web/responses): never in the store, never
+        resumed; each run under the engine session key ``keys`` picks, counted under ``api``."""
         key = f"api-{secrets.token_hex(8)}"
-        listener = functools.partial(self.stats.on_run_event, api=OPENAI_API)
+        listener = functools.partial(self.stats.on_run_event, api=api)
         return self._session(key, address, scope, outbox, SessionHooks(), listener, keys)
 
     def _session(

@@ -23,7 +23,9 @@ _MAX_TTFT_SAMPLES = 10_000
 # The APIs a generation is asked for by (the ``api`` label of ``wschat_generations_total``)
 WEBSOCKET = "websocket"
 OPENAI_API = "openai"
-APIS = (WEBSOCKET, OPENAI_API)
+RESPONSES_API = "responses"  # over HTTP
+RESPONSES_SOCKET = "responses_websocket"  # the Responses API's WebSocket mode
+APIS = (WEBSOCKET, OPENAI_API, RESPONSES_API, RESPONSES_SOCKET)
 
 
 class ServerStats:
@@ -38,7 +40,7 @@ class ServerStats:
         self.generation_tokens = 0
         self.rewinds = 0  # rewind frames answered ``rewound``
         self.regenerates = 0  # regenerate frames accepted (queued)
-        # generations ended, by the API that asked: WEBSOCKET or OPENAI_API (web/openai_api)
+        # generations ended, by the API that asked: one of APIS
         self.generations_by_api: Counter[str] = Counter()
         self._tokens: deque[list[int]] = deque()  # [bucket number, tokens in it], oldest first
         self._ttft: deque[tuple[float, float]] = deque(maxlen=_MAX_TTFT_SAMPLES)  # (time, ms)

@@ -121,7 +121,8 @@ class _HubCollector(Collector):
         yield rewinds
         generations = CounterMetricFamily(
             "wschat_generations",
-            "Generations that ended, by the API that asked (websocket or openai).",
+            "Generations that ended, by the API that asked (websocket, openai, responses, "
+            "responses_websocket).",
             labels=["api"],
         )
         for api in APIS:

@@ -41,7 +41,12 @@ async def json_body(request: Request, limit: int, engine: Engine) -> Any:
         # page's plain form post, which a browser sends without a preflight, is never run
         message = f"the request body must be JSON, sent with Content-Type: {JSON_MEDIA_TYPE}"
         raise ApiError(message, status=415, code="unsupported_media_type")
-    data = await _read(request, limit)
+    return await parse_json(await _read(request, limit), engine)
+
+
+async def parse_json(data: bytes | bytearray, engine: Engine) -> Any:
+    """``data`` parsed as JSON, a large one in the engine's worker thread for text work; 400
+    when it is not JSON (or holds a string that is not text)."""
     if len(data) <= INLINE_BYTES:
         return _parsed(data, json.loads)
     return await engine.text_tokenizer.run(functools.partial(_parsed, data, _loads), len(data))
@@ -60,7 +65,7 @@ async def _read(request: Request, limit: int) -> bytearray:
     return body
 
 
-def _parsed(data: bytearray, loads: Any) -> Any:
+def _parsed(data: bytes | bytearray, loads: Any) -> Any:
     try:
         value = loads(data)
     except (ValueError, UnicodeDecodeError):
@@ -90,7 +95,7 @@ def _holds_surrogate(value: Any) -> bool:
     return False
 
 
-def _loads(data: bytearray) -> Any:
+def _loads(data: bytes | bytearray) -> Any:
     """``json.loads``, with a Python call per object and number: the thread can let go of the
     GIL there (json's own C path never does)."""
     return json.loads(data, object_pairs_hook=_object, parse_int=_int, parse_float=_float)

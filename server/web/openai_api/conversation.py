@@ -48,6 +48,15 @@ class ReplyIds:
         self._replies.move_to_end(text)
         return list(ids)
 
+    def known(self, said: Said) -> Said:
+        """``said``; a reply the API gave, sent back as its text alone, with the ids it was
+        generated as where they are remembered."""
+        if isinstance(said, ReplySaid) and said.ids is None:
+            ids = self.get(said.text)
+            if ids is not None:
+                return ReplySaid(said.text, tuple(ids))
+        return said
+
 
 def new_prompt_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"

@@ -29,18 +29,21 @@ EXPOSED = "Retry-After"
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9a-z-]+")
 
 
-def cors_route(path: str, endpoint: Endpoint, method: str, settings: Settings) -> Route:
-    """``endpoint`` at ``path`` for ``method``, with its preflight answered and every response to
-    a listed origin marked as readable by it."""
+def cors_route(
+    path: str, endpoint: Endpoint, method: str | tuple[str, ...], settings: Settings
+) -> Route:
+    """``endpoint`` at ``path`` for ``method`` (or each of several), with its preflight answered
+    and every response to a listed origin marked as readable by it."""
+    methods = (method,) if isinstance(method, str) else method
 
     async def answer(request: Request) -> Response:
         if request.method == "OPTIONS":
-            return preflight(request, method, settings)
+            return preflight(request, methods, settings)
         response = await endpoint(request)
         allow_origin(response, request, settings)
         return response
 
-    return Route(path, answer, methods=[method, "OPTIONS"], name=endpoint.__name__)
+    return Route(path, answer, methods=[*methods, "OPTIONS"], name=endpoint.__name__)
 
 
 def allow_origin(response: Response, request: Request, settings: Settings) -> None:
@@ -52,13 +55,14 @@ def allow_origin(response: Response, request: Request, settings: Settings) -> No
         response.headers.add_vary_header("Origin")
 
 
-def preflight(request: Request, method: str, settings: Settings) -> Response:
-    """204 with what the browser asked for, for a listed origin and the route's method; 403 for
-    another origin (or a foreign Host), without CORS headers, so the browser refuses the call."""
+def preflight(request: Request, methods: tuple[str, ...], settings: Settings) -> Response:
+    """204 with what the browser asked for, for a listed origin and one of the route's methods;
+    403 for another origin (or a foreign Host), without CORS headers, so the browser refuses the
+    call."""
     asked = request.headers.get("access-control-request-method")
-    if asked is None or "origin" not in request.headers or asked != method:
+    if asked is None or "origin" not in request.headers or asked not in methods:
         # not a browser's preflight, or one for a method the route lacks: what that gets today
-        raise HTTPException(405, headers={"Allow": method})
+        raise HTTPException(405, headers={"Allow": ", ".join(methods)})
     if not host_allowed(request, settings):
         return refusal_error(Refusal.FOREIGN_HOST).response()
     origin = listed_origin(request, settings)
@@ -70,7 +74,7 @@ def preflight(request: Request, method: str, settings: Settings) -> Response:
         return invalid(message, "Access-Control-Request-Headers").response()
     headers = {
         "Access-Control-Allow-Origin": origin,
-        "Access-Control-Allow-Methods": method,
+        "Access-Control-Allow-Methods": asked,
         "Access-Control-Max-Age": str(MAX_AGE_S),
         "Vary": "Origin",
     }

@@ -21,11 +21,10 @@ from starlette.requests import Request
 from wschat.protocol import Done, Error, FinishReason, Frame, Overloaded, Start
 from wschat.protocol import Token as TokenFrame
 
-from ...sessions import Complete, Converse, GenerationRun, Hub
+from ...sessions import OPENAI_API, Complete, Converse, EngineKeys, GenerationRun, Hub
 from .conversation import ReplyIds
 from .errors import ApiError
 from .models import model_id
-from .prefix_keys import CacheKeys
 from .requests import Sampling
 
 log = logging.getLogger("wschat.openai_api")
@@ -78,26 +77,29 @@ class Reply:
     def __init__(
         self,
         hub: Hub,
-        request: Request,
         kind: str,
+        keys: EngineKeys,
+        *,
+        address: str,
         owner: str,
-        keys: CacheKeys,
-        replies: ReplyIds,
+        watch: Request | None = None,
+        replies: ReplyIds | None = None,
+        api: str = OPENAI_API,
     ) -> None:
         """``owner``: whose prefixes and openings it may share (``access.owner_scope``); its
-        runs go under the key of ``keys`` whose state they go on from; a chat's reply is
-        remembered in ``replies``."""
+        runs go under the key ``keys`` gives; the client at ``address`` gets its fair share; a
+        client that leaves ``watch`` (its request) cancels it; a chat's reply is remembered in
+        ``replies``; its generations are counted under ``api`` (stats.py)."""
         self.hub = hub
-        self.kind = kind  # "chat" or "completion"
+        self.kind = kind  # "chat", "completion" or "response"
         self.replies = replies
         self.frames = FrameChannel()
-        address = request.client.host if request.client else "unknown"
         self.session = hub.new_request(
-            address=address, scope=owner, outbox=self.frames, keys=keys.of(owner)
+            address=address, scope=owner, outbox=self.frames, keys=keys, api=api
         )
         self.run: GenerationRun | None = None
         self.created = int(time.time())
-        self._request = request
+        self._request = watch
         self._watch: asyncio.Task[None] | None = None
 
     async def begin(self, prompt: Converse | Complete) -> None:
@@ -110,7 +112,8 @@ class Reply:
         assert task is not None
         task.add_done_callback(lambda _: self._ended())
         self.hub.requests.add(self.session)  # in /v1/stats while it runs or waits
-        self._watch = asyncio.create_task(self._until_disconnected())
+        if self._request is not None:
+            self._watch = asyncio.create_task(self._until_disconnected(self._request))
 
     def _ended(self) -> None:
         """The run is over: a chat's reply remembered as the ids it was generated as."""
@@ -120,12 +123,13 @@ class Reply:
             self._watch.cancel()
         self.hub.requests.discard(self.session)
         finished = run.finished
-        if run.kept and finished is not None and self.kind == "chat" and finished.reason in _FINISH:
-            self.replies.remember(finished.text, finished.completion_ids)
+        replies = self.replies if self.kind == "chat" else None
+        if run.kept and finished is not None and replies is not None and finished.reason in _FINISH:
+            replies.remember(finished.text, finished.completion_ids)
 
-    async def _until_disconnected(self) -> None:
+    async def _until_disconnected(self, request: Request) -> None:
         with contextlib.suppress(Exception):
-            while (await self._request.receive())["type"] != "http.disconnect":
+            while (await request.receive())["type"] != "http.disconnect":
                 pass
         self.cancel()
 

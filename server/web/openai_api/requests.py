@@ -83,7 +83,7 @@ class CompletionBody:
 def chat_body(body: Any, settings: Settings) -> ChatBody:
     """``settings``: the most messages, and the most content parts of all of them together, a
     request may have (``--max-messages``), and the longest reply (``--max-new-tokens``)."""
-    body = _object(body)
+    body = body_object(body)
     _refuse_unsupported(body)
     for name in ("tools", "functions"):
         if body.get(name):
@@ -108,7 +108,7 @@ def chat_body(body: Any, settings: Settings) -> ChatBody:
 
 def completion_body(body: Any, settings: Settings, context_tokens: int) -> CompletionBody:
     """``context_tokens``: the model's context, which a prompt of token ids must fit."""
-    body = _object(body)
+    body = body_object(body)
     _refuse_unsupported(body)
     if body.get("logprobs") is not None:
         raise unsupported("logprobs are not supported", "logprobs")
@@ -136,7 +136,8 @@ def completion_body(body: Any, settings: Settings, context_tokens: int) -> Compl
     raise invalid("prompt must be a string or a list of token ids", "prompt")
 
 
-def _object(body: Any) -> dict[str, Any]:
+def body_object(body: Any) -> dict[str, Any]:
+    """The body as a JSON object naming a model (any: the model served answers it)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     model = body.get("model")
@@ -158,8 +159,26 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
 
 
 def _sampling(body: dict[str, Any], settings: Settings) -> Sampling:
+    params = params_of(body, _SAMPLING, settings)
+    stream = body.get("stream")
+    if stream is not None and type(stream) is not bool:
+        raise invalid("stream must be a boolean", "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, Mapping):
+        raise invalid("stream_options must be an object", "stream_options")
+    if options is not None and not stream:  # as OpenAI's API and vLLM refuse it
+        raise invalid("stream_options is only allowed when stream is true", "stream_options")
+    include_usage = bool(options and options.get("include_usage"))
+    return Sampling(params, bool(stream), include_usage)
+
+
+def params_of(
+    body: Mapping[str, Any], fields: Mapping[str, str], settings: Settings
+) -> GenerationParams:
+    """A prompt frame's params from the body's ``fields`` (OpenAI's name -> ours), each checked
+    as the prompt frame's is (protocol/params.py) and refused under its OpenAI name."""
     ours: dict[str, Any] = {}
-    for name, our_name in _SAMPLING.items():
+    for name, our_name in fields.items():
         value = body.get(name)
         if value is None:
             continue
@@ -176,16 +195,7 @@ def _sampling(body: dict[str, Any], settings: Settings) -> Sampling:
     # does, since clients and frameworks send large defaults; a WebSocket prompt is refused
     if ours.get("max_new_tokens", 0) > settings.max_new_tokens:
         ours["max_new_tokens"] = settings.max_new_tokens
-    stream = body.get("stream")
-    if stream is not None and type(stream) is not bool:
-        raise invalid("stream must be a boolean", "stream")
-    options = body.get("stream_options")
-    if options is not None and not isinstance(options, Mapping):
-        raise invalid("stream_options must be an object", "stream_options")
-    if options is not None and not stream:  # as OpenAI's API and vLLM refuse it
-        raise invalid("stream_options is only allowed when stream is true", "stream_options")
-    include_usage = bool(options and options.get("include_usage"))
-    return Sampling(parse_params(ours), bool(stream), include_usage)
+    return parse_params(ours)
 
 
 def _count(messages: list[Any], most: int) -> None:
@@ -211,7 +221,7 @@ def _message(message: Any, n: int) -> Part:
     named = message.get("role")
     role = _ROLES.get(named) if isinstance(named, str) else None
     if role is None:
-        raise unsupported(f"role {_shown(named)} is not supported", f"{param}.role")
+        raise unsupported(f"role {shown(named)} is not supported", f"{param}.role")
     if message.get("tool_calls") or message.get("function_call"):
         raise unsupported("tool calls are not supported", f"{param}.tool_calls")
     content = message.get("content")
@@ -227,14 +237,14 @@ def _message(message: Any, n: int) -> Part:
         if kind == "text" and isinstance(item.get("text"), str):
             texts.append(item["text"])
         elif kind == "image_url" and role == "user":
-            part.images.append(_data_uri(item.get("image_url"), where))
+            part.images.append(data_uri(item.get("image_url"), where))
         else:
-            raise unsupported(f"a content part of type {_shown(kind)} is not supported here", where)
+            raise unsupported(f"a content part of type {shown(kind)} is not supported here", where)
     part.text = "\n".join(texts)
     return part
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """A value the client sent, as an error message names it: a string or a number, cut short
     (a message never repeats a large part of the body)."""
     if not isinstance(value, str | int | float) or isinstance(value, bool):
@@ -243,7 +253,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
-def _data_uri(value: Any, where: str) -> bytes:
+def data_uri(value: Any, where: str) -> bytes:
     url = value.get("url") if isinstance(value, Mapping) else value
     if not isinstance(url, str) or not url.startswith("data:"):
         raise unsupported("an image must be a data URI (data:image/...;base64,...)", where)

@@ -38,7 +38,7 @@ class OpenAIApi:
         self.hub = hub
         self.replies = ReplyIds()
         self._keys: CacheKeys | None = None
-        self.models = Models(hub, self._admit)
+        self.models = Models(hub, self.admit)
 
     @property
     def keys(self) -> CacheKeys:
@@ -76,7 +76,7 @@ class OpenAIApi:
         try:
             reply, sampling = await self._begin(request, kind)
         except (ApiError, ProtocolError, EngineError) as e:
-            return self._refused(ApiError.of(e))
+            return self.refused(ApiError.of(e))
         except ClientDisconnect:  # gone, or dropped, before its body was whole: nobody reads it
             return Response(status_code=499)
         try:
@@ -87,7 +87,7 @@ class OpenAIApi:
 
     async def _begin(self, request: Request, kind: str) -> tuple[Reply, Sampling]:
         """The request read and its prompt queued, or its refusal raised."""
-        self._admit(request)
+        self.admit(request)
         engine = self.hub.engine
         assert engine is not None
         body = await json_body(request, self.hub.settings.max_frame_bytes, engine)
@@ -105,7 +105,11 @@ class OpenAIApi:
             prompt = Complete(new_prompt_id("cmpl"), completion.text, ids, params)
             sampling = completion.sampling
         owner = owner_scope(request, hub.settings.tokens)
-        reply = Reply(hub, request, kind, owner, self.keys, self.replies)
+        address = request.client.host if request.client else "unknown"
+        keys = self.keys.of(owner)
+        reply = Reply(
+            hub, kind, keys, address=address, owner=owner, watch=request, replies=self.replies
+        )
         try:
             await reply.begin(prompt)
         except BaseException:
@@ -116,7 +120,7 @@ class OpenAIApi:
     async def _respond(self, reply: Reply, sampling: Sampling) -> Response:
         first = await reply.first()
         if isinstance(first, ApiError):
-            return self._refused(first)
+            return self.refused(first)
         if sampling.stream:
             events = reply.events(sampling, first)
             return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -130,10 +134,10 @@ class OpenAIApi:
         if error is None and done.reason is FinishReason.CANCELLED:
             error = CUT_SHORT
         if error is not None:
-            return self._refused(error)
+            return self.refused(error)
         return JSONResponse(reply.body(done))
 
-    def _admit(self, request: Request) -> None:
+    def admit(self, request: Request) -> None:
         """Refused (401, 403, 503), or the request may go on."""
         why = refusal(request, self.hub.settings)
         if why is not None:
@@ -154,7 +158,7 @@ class OpenAIApi:
                 f"token ids must be below {limit}", param="prompt", code="invalid_params"
             )
 
-    def _refused(self, error: ApiError) -> Response:
+    def refused(self, error: ApiError) -> Response:
         if error.wire is not None:
             self.hub.stats.count_error(error.wire)
         return error.response()
