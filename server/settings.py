@@ -197,6 +197,20 @@ class Settings:
         "most messages in one OpenAI-compatible chat request, and most content parts in all "
         "of them together (more: 400 before any is read)",
     )
+    responses_kept: int = option(
+        1000,
+        "Responses API: most responses kept (`store`, its default) for `GET /v1/responses/{id}` "
+        "and `previous_response_id`, every owner's together; past it, the owner (bearer token) "
+        "that holds the most gives up its least recently used",
+    )
+    responses_kept_mib: int = option(
+        256,
+        "Responses API: MiB the kept responses may hold, each counted with its whole "
+        "conversation (texts, token ids, images); past it, as past `--responses-kept`",
+    )
+    responses_kept_s: float = option(
+        3600.0, "Responses API: how long a kept response is kept after it ended"
+    )
     frames_per_second: int = option(50, "client frames per second before a connection is closed")
     max_connections: int = option(
         1000,

@@ -5,7 +5,8 @@
   interface and the engine's errors, never a module that implements them;
 - ``web/`` (the doors) and ``runtime/`` import the session layer only as
   ``wschat.server.sessions``, its face: a session's inputs, the hub, what a door needs to serve
-  one, never a module of the layer;
+  one, never a module of the layer; the Responses API runs its responses through the chat API's
+  door (``Reply``), with no rule of its own;
 - ``engine.local`` (torch in this process) and ``engine.openai`` (a server over HTTP) never
   import each other: each is an engine of its own over the interface;
 - the engine imports no wire errors. A wire error is whatever names a wire error code: the
@@ -66,6 +67,17 @@ def test_the_doors_and_the_runtime_import_the_sessions_only_through_their_face()
     assert bad == []
 
 
+def test_the_responses_api_is_a_door_onto_the_chat_apis_session_core() -> None:
+    """The Responses API (web/responses) runs each response as the chat API runs a completion,
+    a ``Reply`` (web/openai_api/reply.py) whose session ``Hub.new_request`` makes: it holds no
+    rule of its own, reaching neither a module of the session layer nor of the engine."""
+    edges = {(m, t) for m, t in import_graph() if within(m, f"{WEB}.responses")}
+    assert (f"{WEB}.responses.run", f"{WEB}.openai_api.reply") in edges
+    assert (f"{WEB}.openai_api.reply", SESSIONS) in set(import_graph())
+    reaching = [e for e in edges if reaches_into_the_sessions(*e) or reaches_into_the_engine(*e)]
+    assert reaching == []
+
+
 def test_the_local_and_openai_engines_never_import_each_other() -> None:
     bad = sorted(edge for edge in import_graph() if crosses_engines(*edge))
     assert bad == []
@@ -103,6 +115,8 @@ def test_the_engine_imports_no_wire_errors() -> None:
         (reaches_into_the_sessions, f"{WEB}.app", f"{SESSIONS}.hub", True),
         (reaches_into_the_sessions, f"{SERVER}.runtime.shutdown", f"{SESSIONS}.core", True),
         (reaches_into_the_sessions, f"{WEB}.connection", SESSIONS, False),
+        (reaches_into_the_sessions, f"{WEB}.responses.run", f"{SESSIONS}.limits", True),
+        (reaches_into_the_sessions, f"{WEB}.responses.run", SESSIONS, False),
         (reaches_into_the_sessions, f"{SESSIONS}.hub", f"{SESSIONS}.store", False),
         (reaches_into_the_sessions, "tests.sessions.test_core", f"{SESSIONS}.core", False),
     ],

@@ -33,6 +33,7 @@ from .admission import Accept, serve_admitted
 from .connection import Connection
 from .openai_api import OpenAIApi
 from .pages import web_routes
+from .responses import ResponsesApi
 from .stats_feed import StatsFeed
 
 if TYPE_CHECKING:
@@ -154,6 +155,7 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
                 await hub.engine.aclose()
 
     api = OpenAIApi(hub)  # the OpenAI-compatible HTTP API (openai_api/)
+    responses = ResponsesApi(hub, api)  # its Responses API, over HTTP and a WebSocket
     app = Starlette(
         routes=[
             Route("/healthz", healthz),
@@ -162,6 +164,7 @@ def build_app(settings: Settings, engine: Engine | EngineFactory) -> Starlette:
             # before the static mount, which would otherwise take the handshake and close it (403)
             WebSocketRoute("/static/{path:path}", no_chat_here),
             *api.routes(),
+            *responses.routes(),
             *web_routes(hub, stats_feed),
             api.unknown_paths(),
             WebSocketRoute("/{path:path}", no_chat_here),  # last: what no other route serves
