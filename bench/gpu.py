@@ -29,7 +29,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -281,10 +281,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             model, prompts, eos, pad = local.ceiling_inputs(texts(n))
             return static_batch(model, prompts, args.tokens, eos, pad)
 
-        def ours(n: int) -> list[Any]:
-            return asyncio.run(concurrent(url, texts(n), args.tokens))
+        def ours_at(ws_url: str) -> Callable[[int], list[Any]]:
+            return lambda n: asyncio.run(concurrent(ws_url, texts(n), args.tokens))
 
-        systems = [("ceiling", ceiling)] + ([("wschat", ours)] if url else [])
+        systems = [("ceiling", ceiling)] + ([("wschat", ours_at(url))] if url else [])
         rows: dict[str, dict[int, list[dict[str, Any]]]] = {name: {} for name, _ in systems}
         for _, measure in systems:
             measure(1)  # warm-up: kernels, allocator, the first connection

@@ -239,8 +239,12 @@ class Bench:
         logits = {rows: torch.randn(rows, self.vocab) for rows in WIDTHS}
         bitmasks = {rows: allocate_bitmask(rows, self.vocab) for rows in WIDTHS}
         steps: dict[int, list[float]] = {rows: [] for rows in WIDTHS}
-        per_token = {lib.name: {part: [] for part in PARTS} for lib in libs}
-        lockstep = {lib.name: {part: [] for part in PARTS} for lib in libs}
+        per_token: dict[str, dict[str, list[float]]] = {
+            lib.name: {part: [] for part in PARTS} for lib in libs
+        }
+        lockstep: dict[str, dict[str, list[float]]] = {
+            lib.name: {part: [] for part in PARTS} for lib in libs
+        }
         rounds: list[dict[str, Any]] = []
         for round_ in range(args.rounds):
             here: dict[str, Any] = {"load": os.getloadavg()[0]}

@@ -64,7 +64,9 @@ class Library:
 
     def about(self) -> dict[str, str]:
         meta = importlib.metadata.metadata(self.package)
-        licence = meta.get("License-Expression") or meta.get("License") or ""
+        fields = ("License-Expression", "License")
+        licences = [v for f in fields for v in meta.get_all(f) or () if v]
+        licence = licences[0] if licences else ""
         return {"version": meta["Version"], "licence": licence, **self.notes}
 
 

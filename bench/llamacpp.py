@@ -359,7 +359,9 @@ class Direct:
 
 
 @contextlib.contextmanager
-def peer(logs: Path, slots: int, threads: int) -> Iterator[Callable[[list[str], int], Any]]:
+def peer(
+    logs: Path, slots: int, threads: int
+) -> Iterator[Callable[[list[str], int], list[StreamTimes]]]:
     """llama.cpp's server as a peer row of the main run: ``threads`` threads on the cores the
     rest of the run shares, ``slots`` slots, answering the plain request; warmed up at
     ``slots`` streams (its first use of a slot is slow)."""

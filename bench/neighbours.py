@@ -41,18 +41,20 @@ class PassClock:
 
         self.passes: list[float] = []
         self.picks: list[float] = []
-        self._module, self._runner = runner, engine.runner
-        self._decode, self._pick = engine.runner.decode, runner.pick_tokens
+        # the runner module's names: ``pick_tokens`` is patched where the runner looks it up
+        self._runner_names = vars(runner)
+        self._runner = engine.runner
+        self._decode, self._pick = engine.runner.decode, self._runner_names["pick_tokens"]
         self._in_full_pass = False
 
     def __enter__(self) -> PassClock:
         self._runner.decode = self._timed_decode
-        self._module.pick_tokens = self._timed_pick
+        self._runner_names["pick_tokens"] = self._timed_pick
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._runner.decode = self._decode
-        self._module.pick_tokens = self._pick
+        self._runner_names["pick_tokens"] = self._pick
 
     def _timed_decode(self, rows: Any) -> Any:
         self._in_full_pass = len(rows) == WIDTH

@@ -59,7 +59,7 @@ def run(work: Workload, *, engine: str, peer_wanted: bool, logs: Path) -> dict[s
         server = stack.enter_context(procs.wschat(engine, logs, sessions=work.idle_sessions + 50))
         url = server.ws_url
         _server_streams(url, work.texts(1), 4)  # warm-up
-        measure = {
+        measure: dict[str, Callable[[list[str], int], list[StreamTimes]]] = {
             "ceiling": local.static,
             f"wschat-{engine}": lambda t, k: _server_streams(url, t, k),
         }
@@ -130,8 +130,8 @@ def run(work: Workload, *, engine: str, peer_wanted: bool, logs: Path) -> dict[s
         log.info("starting wschat --engine %s", other)
         with procs.wschat(other, logs) as server:
             _server_streams(server.ws_url, work.texts(1), 4)
-            rounds = _rounds(work, lambda t, k: _server_streams(server.ws_url, t, k), 1)
-        result[f"wschat-{other}"] = {n: figures_over_rounds(r) for n, r in rounds.items()}
+            by_n = _rounds(work, lambda t, k: _server_streams(server.ws_url, t, k), 1)
+        result[f"wschat-{other}"] = {n: figures_over_rounds(r) for n, r in by_n.items()}
     log.info("transformers continuous batching manager, in process")
     try:
         cb = {n: [local.continuous(work.texts(n), work.tokens)] for n in (1, max(work.concurrency))}

@@ -12,6 +12,7 @@ from typing import Any
 import msgpack
 import websockets
 from websockets.asyncio.client import ClientConnection
+from websockets.typing import Subprotocol
 
 from .stats import StreamTimes
 
@@ -38,7 +39,7 @@ class Peer:
 @contextlib.asynccontextmanager
 async def session(url: str) -> AsyncIterator[Peer]:
     async with asyncio.timeout(TIMEOUT):
-        ws = await websockets.connect(url, subprotocols=["wschat.v1"], max_queue=None)
+        ws = await websockets.connect(url, subprotocols=[Subprotocol("wschat.v1")], max_queue=None)
     try:
         peer = Peer(ws)
         peer.ready = await peer.recv()
