@@ -29,9 +29,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Self, TypeVar
 
-from . import chart, images, llamacpp, openai_api, openings, report, resume, threads, widths
+from . import chart, images, llamacpp, openai_api, openings, render, report, resume, threads, widths
+from .figures import Section
 from .workload import Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,51 +54,77 @@ def _machine() -> dict[str, object]:
     }
 
 
+class Work(Protocol):
+    """A scenario's workload: ``Work()`` the full run, ``Work.quick()`` a short one."""
+
+    @classmethod
+    def quick(cls) -> Self: ...
+
+
+W = TypeVar("W", bound=Work)
+Measure = Callable[[bool, Path, str], dict[str, Any]]  # (quick, logs, engine): the figures
+
+
+def measured(work: type[W], run: Callable[[W, Path, str], dict[str, Any]]) -> Measure:
+    """``run`` of the full workload, or of the short one where ``quick``."""
+    return lambda quick, logs, engine: run(work.quick() if quick else work(), logs, engine)
+
+
+def _runs_anywhere() -> str | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Scenario:
     """A scenario ``--only NAME`` runs alone (into bench/results/NAME.json)."""
 
-    work: Any  # its Work class: ``Work()`` the full run, ``Work.quick()`` a short one
-    run: Callable[..., dict[str, Any]]  # run(work, logs, engine=...)
-    table: Callable[[dict[str, Any]], str]  # of {name: the run's result}
-    targets: Callable[[dict[str, Any]], list[dict[str, Any]]]
+    measure: Measure
+    report: Callable[[dict[str, Any]], Section]  # of the run's result: tables, text, targets
     help: str
-    available: Callable[[], str | None] = lambda: None  # why it cannot run here, if it cannot
+    available: Callable[[], str | None] = _runs_anywhere  # why it cannot run here, if it cannot
     in_full_run: bool = True
 
 
 SCENARIOS = {
     "threads": Scenario(
-        threads.ThreadsWork, threads.run, report.threads_table, threads.targets, "a busy neighbour"
+        measured(threads.ThreadsWork, threads.run), threads.report, "a busy neighbour"
     ),
     "widths": Scenario(
-        widths.WidthsWork, widths.run, report.widths_table, widths.targets,
+        measured(widths.WidthsWork, widths.run),
+        widths.report,
         "8/16/32 sessions at batch widths 8/16/32",
     ),
     "images": Scenario(
-        images.ImagesWork, images.run, report.images_table, images.targets,
+        measured(images.ImagesWork, images.run),
+        images.report,
         "8 conversations, half with an image in turn 1",
     ),
     "llamacpp": Scenario(
-        llamacpp.LlamaWork, llamacpp.run, report.llamacpp_table, llamacpp.targets,
+        measured(llamacpp.LlamaWork, llamacpp.run),
+        llamacpp.report,
         "llama.cpp's server direct and with wschat --engine openai in front",
         available=llamacpp.available,
     ),
     "resume": Scenario(
-        resume.ResumeWork, resume.run, report.resume_table, resume.targets,
-        "replies dropped mid-stream and resumed", in_full_run=False,
+        measured(resume.ResumeWork, resume.run),
+        resume.report,
+        "replies dropped mid-stream and resumed",
+        in_full_run=False,
     ),
     "openai": Scenario(
-        openai_api.OpenAIWork, openai_api.run, openai_api.report, openai_api.targets,
+        measured(openai_api.OpenAIWork, openai_api.run),
+        openai_api.report,
         "streams through the openai SDK against the WebSocket; a conversation resent whole",
-        available=openai_api.available, in_full_run=False,
+        available=openai_api.available,
+        in_full_run=False,
     ),
     "openings": Scenario(
-        openings.OpeningsWork, openings.run, openings.report, openings.targets,
+        measured(openings.OpeningsWork, openings.run),
+        openings.report,
         "first prompts on fresh sessions with the shared opening and without",
         in_full_run=False,
     ),
-}  # fmt: skip
+}
 
 
 def _measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -107,8 +134,7 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
         why_not = scenario.available()
         if why_not:
             raise SystemExit(f"no {args.only} scenario: {why_not}")
-        work = scenario.work.quick() if args.quick else scenario.work()
-        return {args.only: scenario.run(work, args.logs, engine=args.engine)}
+        return {args.only: scenario.measure(args.quick, args.logs, args.engine)}
     from .run import run
 
     work = Workload.quick() if args.quick else Workload()
@@ -120,20 +146,21 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
                 result[name] = (
                     {"skipped": why_not}
                     if why_not
-                    else scenario.run(scenario.work(), args.logs, engine=args.engine)
+                    else scenario.measure(False, args.logs, args.engine)
                 )
     return result
 
 
-def _judged(result: dict[str, Any], only: str | None) -> str:
-    """Add the targets to ``result`` (of the scenario ``only``, or of a whole run); the table
+def judged(result: dict[str, Any], only: str | None) -> str:
+    """Add the targets to ``result`` (of the scenario ``only``, or of a whole run); the text
     to print."""
     if only is None:
-        result["targets"] = report.targets(result)
-        return report.table(result)
-    scenario = SCENARIOS[only]
-    result["targets"] = scenario.targets(result[only])
-    return scenario.table(result)
+        taken = {name: s.report for name, s in SCENARIOS.items() if s.in_full_run}
+        sections = report.sections(result, taken)
+    else:
+        sections = [SCENARIOS[only].report(result[only])]
+    result["targets"] = [t.as_json() for s in sections for t in s.targets]
+    return render.text(*sections)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     # the figures first: a run of an hour is never lost to its table
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
-    print(_judged(result, args.only))
+    print(judged(result, args.only))
     path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     print(f"\nwrote {path}")
     if not args.only:

@@ -21,11 +21,13 @@ import dataclasses
 import logging
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import wsload
+from .figures import Target, at_most
+from .render import figure
 from .stats import StreamTimes, median, percentile
 from .workload import Workload, story
 
@@ -106,27 +108,29 @@ def figures(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return {key: statistics.median(f[key] for f in per_round) for key in per_round[0]}
 
 
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    ratio = result["p95_x_bound"]
+def targets(result: dict[str, Any]) -> list[Target]:
     return [
-        {"target": f"staggered joiners' TTFT p95 <= {TARGET} x (alone + one step)",
-         "value": result["ttft_p95_s"], "against": result["bound_s"], "unit": "ms",
-         "ratio": ratio, "ratio_unit": "x", "limit": TARGET, "op": "<=",
-         "met": ratio <= TARGET}
-    ]  # fmt: skip
+        Target.judged(
+            f"staggered joiners' TTFT p95 <= {TARGET} x (alone + one step)",
+            value=result["ttft_p95_s"],
+            against=result["bound_s"],
+            ratio=result["p95_x_bound"],
+            limit=at_most(TARGET),
+            unit="ms",
+        )
+    ]
 
 
-def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
+def lines(result: dict[str, Any]) -> list[str]:
+    """The cadence, the joiners' TTFT and the same prompts alone (in the main run's text)."""
     work = result["workload"]
-    return "\n".join(
-        [
-            f"staggered arrivals: {work['sessions']} sessions, one more every "
-            f"{work['every_steps']} decode steps of the static batch "
-            f"({fmt(result['step_s'], 'ms')} each), {work['tokens']} tokens each, median of "
-            f"{work['rounds']} rounds:",
-            f"joiners' TTFT median {fmt(result['ttft_median_s'], 'ms')}, p95 "
-            f"{fmt(result['ttft_p95_s'], 'ms')}; the same prompts alone in process "
-            f"{fmt(result['alone_median_s'], 'ms')} (p95 {fmt(result['p95_x_alone'], 'x')} of "
-            "it)",
-        ]
-    )
+    return [
+        f"staggered arrivals: {work['sessions']} sessions, one more every "
+        f"{work['every_steps']} decode steps of the static batch "
+        f"({figure(result['step_s'], 'ms')} each), {work['tokens']} tokens each, median of "
+        f"{work['rounds']} rounds:",
+        f"joiners' TTFT median {figure(result['ttft_median_s'], 'ms')}, p95 "
+        f"{figure(result['ttft_p95_s'], 'ms')}; the same prompts alone in process "
+        f"{figure(result['alone_median_s'], 'ms')} (p95 {figure(result['p95_x_alone'], 'x')} of "
+        "it)",
+    ]

@@ -33,6 +33,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from . import render
+from .figures import Column, Section, Table
+
 log = logging.getLogger("bench.gpu")
 
 # google/gemma-3-12b-it's text_config (its config.json), in transformers 5's spelling.
@@ -322,37 +325,55 @@ def _device_name(device: str) -> str:
     return f"cpu ({os.cpu_count()} cores)"
 
 
-def table(result: dict[str, Any]) -> str:
+TABLE = (
+    Column("sessions", 8, "n"),
+    Column("ceiling tok/s", 15),
+    Column("wschat tok/s", 14),
+    Column("ratio", 7, ".2f"),
+    Column("TTFT p50 ceil/ours ms", 23),
+    Column("TTFT p95 ceil/ours ms", 23),
+    Column("1 stream vs bound", 19, ".2f"),
+    Column("", 0, left=True),  # a row's warning
+)
+
+
+def _pair_ms(ceiling: float, ours: float) -> str:
+    return f"{ceiling * 1e3:.0f} /{ours * 1e3:>9.0f}"
+
+
+def report(result: dict[str, Any]) -> Section:
     bound = result["weight_bound_tps"]
-    lines = [
-        f"{result['model']} on {result['device']}, {result['dtype']}, attention "
-        f"{result['attention']} (batched engine: {result.get('batched_attention', '?')}), "
-        f"{result['tokens']} new tokens per stream",
-        f"weights {result['weight_bytes'] / 1e9:.1f} GB; copy bandwidth "
-        f"{result['copy_bandwidth_bytes_s'] / 1e9:.0f} GB/s; weight-bandwidth bound "
-        f"{bound:.1f} tokens/s per stream",
-        "",
-        f"{'sessions':>8} {'ceiling tok/s':>14} {'wschat tok/s':>13} {'ratio':>6} "
-        f"{'TTFT p50 ceil/ours ms':>22} {'TTFT p95 ceil/ours ms':>22} {'1 stream vs bound':>18}",
-    ]
+    table = Table(TABLE)
     for n, ceiling in result["ceiling"].items():
         ours = result.get("wschat", {}).get(n)
         if ours is None:
-            lines.append(f"{n:>8} {ceiling['aggregate_tps']:>14.1f}  (wschat not measured)")
+            table.line(f"{n:>8} {ceiling['aggregate_tps']:>14.1f}  (wschat not measured)")
             continue
-        ratio = ours["aggregate_tps"] / ceiling["aggregate_tps"]
-        of_bound = ceiling["stream_tps"] / bound
-        incomplete = "" if ceiling["complete"] and ours["complete"] else "  (short streams!)"
-        lines.append(
-            f"{n:>8} {ceiling['aggregate_tps']:>14.1f} {ours['aggregate_tps']:>13.1f} "
-            f"{ratio:>6.2f} {ceiling['ttft_median_s'] * 1e3:>10.0f} /"
-            f"{ours['ttft_median_s'] * 1e3:>9.0f} {ceiling['ttft_p95_s'] * 1e3:>10.0f} /"
-            f"{ours['ttft_p95_s'] * 1e3:>9.0f} {of_bound:>18.2f}{incomplete}"
+        table.add(
+            n,
+            ceiling["aggregate_tps"],
+            ours["aggregate_tps"],
+            ours["aggregate_tps"] / ceiling["aggregate_tps"],
+            _pair_ms(ceiling["ttft_median_s"], ours["ttft_median_s"]),
+            _pair_ms(ceiling["ttft_p95_s"], ours["ttft_p95_s"]),
+            ceiling["stream_tps"] / bound,
+            "" if ceiling["complete"] and ours["complete"] else "  (short streams!)",
         )
     if result["error"]:
-        lines.append(f"error: {result['error']}")
-    lines.append(f"wall {result['wall_s']:.0f} s")
-    return "\n".join(lines)
+        table.line(f"error: {result['error']}")
+    table.line(f"wall {result['wall_s']:.0f} s")
+    return Section(
+        [
+            f"{result['model']} on {result['device']}, {result['dtype']}, attention "
+            f"{result['attention']} (batched engine: {result.get('batched_attention', '?')}), "
+            f"{result['tokens']} new tokens per stream",
+            f"weights {result['weight_bytes'] / 1e9:.1f} GB; copy bandwidth "
+            f"{result['copy_bandwidth_bytes_s'] / 1e9:.0f} GB/s; weight-bandwidth bound "
+            f"{bound:.1f} tokens/s per stream",
+            "",
+            table,
+        ]
+    )
 
 
 def _sessions(text: str) -> list[int]:
@@ -382,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         return serve(args)
     result = run(args)
-    print(table(result), flush=True)
+    print(render.text(report(result)), flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -34,6 +34,8 @@ from wschat.server.engine.local.runner import ModelRunner
 from wschat.server.engine.local.sampling import RowSampler, pick_tokens
 from wschat.server.engine.local.threads import ThreadPolicy
 
+from . import render
+from .figures import Column, Table
 from .grammar_checks import check, compile_all, ms, timed, try_compile, uncompilable
 from .grammar_libs import LIBRARIES, Library, special_ids
 
@@ -343,32 +345,37 @@ def main() -> None:
     bench.refusals()
     bench.result["machine"] = bench.machine()
     args.out.write_text(json.dumps(bench.result, indent=1, ensure_ascii=False) + "\n")
-    print(table(bench.result))
+    print(render.markdown(table(bench.result)))
     os._exit(0)  # a compile still running in a daemon thread (try_compile) is left to die
 
 
-def table(result: dict[str, Any]) -> str:
-    lines = [
-        "| library | tokenizer setup | compile, median of formats (max) | per token, 1 row: "
-        "median / p99 (% of a step) | per step, 8 rows: median / p99 (% of a step) |",
-        "|---|---|---|---|---|",
-    ]
+TABLE = (  # printed as Markdown (render.markdown): the widths are not used
+    Column("library", 0),
+    Column("tokenizer setup", 0),
+    Column("compile, median of formats (max)", 0),
+    Column("per token, 1 row: median / p99 (% of a step)", 0),
+    Column("per step, 8 rows: median / p99 (% of a step)", 0),
+)
+
+
+def table(result: dict[str, Any]) -> Table:
+    out = Table(TABLE)
     for name, lib in result["libraries"].items():
         compiles = [c["median_ms"] for c in lib["compile"].values() if "median_ms" in c]
         one, eight = lib["one_row_per_token"]["total"], lib["eight_rows_per_step"]["total"]
-        lines.append(
-            f"| {name} {lib['version']} | {lib['tokenizer_setup_ms'] / 1000:.1f} s | "
-            f"{statistics.median(compiles):.1f} ms ({max(compiles):.0f}) | "
+        out.add(
+            f"{name} {lib['version']}",
+            f"{lib['tokenizer_setup_ms'] / 1000:.1f} s",
+            f"{statistics.median(compiles):.1f} ms ({max(compiles):.0f})",
             f"{one['median_us']:.0f} / {one['p99_us']:.0f} µs ({one['pct_of_step']} % / "
-            f"{one['p99_pct_of_step']} %) | {eight['median_us'] / 1000:.2f} / "
-            f"{eight['p99_us'] / 1000:.2f} ms ({eight['pct_of_step']} % / "
-            f"{eight['p99_pct_of_step']} %) |"
+            f"{one['p99_pct_of_step']} %)",
+            f"{eight['median_us'] / 1000:.2f} / {eight['p99_us'] / 1000:.2f} ms "
+            f"({eight['pct_of_step']} % / {eight['p99_pct_of_step']} %)",
         )
     steps = result["decode_step_ms"]
-    lines.append(
-        f"\ndecode step: 1 row {steps['1']['median']} ms, 8 rows {steps['8']['median']} ms"
-    )
-    return "\n".join(lines)
+    out.line("")
+    out.line(f"decode step: 1 row {steps['1']['median']} ms, 8 rows {steps['8']['median']} ms")
+    return out
 
 
 if __name__ == "__main__":

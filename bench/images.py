@@ -23,7 +23,7 @@ import dataclasses
 import io
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from . import procs, wsload
+from .figures import Column, Section, Table, Target, at_least, at_most
 from .llamacpp import paired_ratio
 from .stats import StreamTimes, median
 
@@ -123,7 +124,7 @@ def expected_batched(work: dict[str, Any]) -> int:
     return int(work["sessions"] // 2 * (work["turns"] - 1) * work["rounds"])
 
 
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+def targets(result: dict[str, Any]) -> list[Target]:
     """The text turns of image conversations all in the batch; their rate within TARGET."""
     mixed, text = result["figures"]["images"], result["figures"]["text"]
     batched, alone = (
@@ -131,44 +132,60 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         mixed["text_turns"]["image_turns_generate"],
     )
     want = expected_batched(result["workload"])
-    ratio = result["text_turns_x"]
-    return [
-        {"target": "images: text turns after an image served in the batch (of all)",
-         "value": float(batched), "against": float(want), "unit": "n", "ratio": float(alone),
-         "ratio_unit": "n", "limit": 0.0, "op": "<=", "met": alone == 0 and batched == want},
-        {"target": f"images: text turns agg tok/s >= {TARGET} x all-text",
-         "value": mixed["text_turns_tps"], "against": text["text_turns_tps"], "unit": "",
-         "ratio": ratio, "ratio_unit": "x", "limit": TARGET, "op": ">=", "met": ratio >= TARGET},
-    ]  # fmt: skip
+    in_batch = Target.judged(
+        "images: text turns after an image served in the batch (of all)",
+        value=float(batched),
+        against=float(want),
+        ratio=float(alone),
+        limit=at_most(0.0, "n"),
+        unit="n",
+    )
+    rate = Target.judged(
+        f"images: text turns agg tok/s >= {TARGET} x all-text",
+        value=mixed["text_turns_tps"],
+        against=text["text_turns_tps"],
+        ratio=result["text_turns_x"],
+        limit=at_least(TARGET),
+    )
+    # none alone is not enough: every text turn is counted in the batch
+    return [dataclasses.replace(in_batch, met=alone == 0 and batched == want), rate]
 
 
-def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
+TABLE = (
+    Column("conversations", 15, left=True),
+    Column("turn 1 tok/s", 13),
+    Column("text turns tok/s", 18),
+    Column("vs text", 9, "x"),
+    Column("rows/step", 11, ".2f"),
+    Column("image turns: batch / generate (turn 1; later)", 48),
+)
+
+
+def report(result: dict[str, Any]) -> Section:
     work = result["workload"]
-    lines = [
-        f"image conversations: {work['sessions']} sessions on {result['model']} (batch width "
-        f"{work['sessions']}), {work['turns']} turns of {work['tokens']} tokens, every session "
-        "at once each turn;",
-        f"'images': half send an image in turn 1; median of {work['rounds']} rounds; the "
-        "engine's counters summed over rounds",
-    ]
-    head = f"{'conversations':<15}{'turn 1 tok/s':>13}{'text turns tok/s':>18}{'vs text':>9}"
-    head += f"{'rows/step':>11}{'image turns: batch / generate (turn 1; later)':>48}"
-    lines += [head, "-" * len(head)]
+    table = Table(TABLE)
     for kind, f in result["figures"].items():
-        ratio = result["text_turns_x"] if kind == "images" else 1.0
         first, rest = f["first_turn"], f["text_turns"]
         paths = (
             f"{first['image_turns_batch']} / {first['image_turns_generate']}; "
             f"{rest['image_turns_batch']} / {rest['image_turns_generate']}"
         )
-        lines.append(
-            f"{kind:<15}{f['first_turn_tps']:>13.1f}{f['text_turns_tps']:>18.1f}"
-            f"{fmt(ratio, 'x'):>9}{f['rows_per_step']:>11.2f}{paths:>48}"
-        )
+        ratio = result["text_turns_x"] if kind == "images" else 1.0
+        table.add(kind, f["first_turn_tps"], f["text_turns_tps"], ratio, f["rows_per_step"], paths)
     for kind, f in result["figures"].items():
         rates = ", ".join(f"{rate:.1f}" for rate in f["turn_tps"])
-        lines.append(f"{kind}: tokens/s by turn (median over rounds): {rates}")
-    return "\n".join(lines)
+        table.line(f"{kind}: tokens/s by turn (median over rounds): {rates}")
+    return Section(
+        [
+            f"image conversations: {work['sessions']} sessions on {result['model']} (batch "
+            f"width {work['sessions']}), {work['turns']} turns of {work['tokens']} tokens, "
+            "every session at once each turn;",
+            f"'images': half send an image in turn 1; median of {work['rounds']} rounds; the "
+            "engine's counters summed over rounds",
+            table,
+        ],
+        targets(result),
+    )
 
 
 # -- the measurement --------------------------------------------------------------------------

@@ -38,6 +38,8 @@ from typing import Any
 import httpx
 
 from . import procs, wsload
+from .figures import Column, Section, Table, Target, at_least, at_most
+from .render import figure
 from .stats import Concurrent, StreamTimes, figures_over_rounds, median, percentile
 from .workload import story
 
@@ -165,138 +167,158 @@ def cancel_summary(waits: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
-def _row(
-    target: str,
-    value: Any,
-    against: Any,
-    unit: str,
-    ratio: float,
-    ratio_unit: str,
-    limit: float,
-    op: str,
-) -> dict[str, Any]:
-    met = ratio >= limit if op == ">=" else ratio <= limit
-    return {
-        "target": target,
-        "value": value,
-        "against": against,
-        "unit": unit,
-        "ratio": ratio,
-        "ratio_unit": ratio_unit,
-        "limit": limit,
-        "op": op,
-        "met": met,
-    }
-
-
 def _streams(n: int) -> str:
     return "1 stream" if n == 1 else f"{n} streams"
 
 
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+def targets(result: dict[str, Any]) -> list[Target]:
     """In front of llama.cpp (both layouts): aggregate tokens/s within FRONT_RATIO of direct,
     and in the split layout TTFT within FRONT_TTFT_LIMIT_S; in process (shared layout): the
     ratios of IN_PROCESS_RATIO, TTFT within IN_PROCESS_TTFT_X, and OVER_BEFORE the dtype auto
     picked before packed weights."""
-    rows: list[dict[str, Any]] = []
+    rows: list[Target] = []
     for layout, run in result["layouts"].items():
-        figures, compared = run["figures"], run["compared"]
-        direct = figures[DIRECT]
-        for system in FRONTS:
-            for n in JUDGED:
-                if n not in figures.get(system, {}):
-                    continue
-                ours, c = figures[system][n], compared[system][n]
-                rows.append(
-                    _row(
-                        f"{layout}, {_streams(n)}: {system} agg >= {FRONT_RATIO} x direct",
-                        ours["aggregate_tps"], direct[n]["aggregate_tps"], "",
-                        c["aggregate_x"], "x", FRONT_RATIO, ">=",
-                    )
-                )  # fmt: skip
-                if layout == SPLIT:
-                    rows.append(
-                        _row(
-                            f"{layout}, {_streams(n)}: {system} TTFT <= direct + "
-                            f"{FRONT_TTFT_LIMIT_S * 1000:.0f} ms",
-                            ours["ttft_median_s"], direct[n]["ttft_median_s"], "ms",
-                            c["ttft_diff_s"], "ms", FRONT_TTFT_LIMIT_S, "<=",
-                        )
-                    )  # fmt: skip
-        local = run.get("inprocess")
-        if local is None or local not in figures:
-            continue
-        for n, limit in IN_PROCESS_RATIO.items():
-            if n in figures[local]:
-                rows.append(
-                    _row(
-                        f"{layout}, {_streams(n)}: in process agg >= {limit} x llama.cpp",
-                        figures[local][n]["aggregate_tps"], direct[n]["aggregate_tps"], "",
-                        compared[local][n]["aggregate_x"], "x", limit, ">=",
-                    )
-                )  # fmt: skip
-        rows.append(
-            _row(
-                f"{layout}, 1 stream: in process TTFT <= {IN_PROCESS_TTFT_X} x llama.cpp's",
-                figures[local][1]["ttft_median_s"], direct[1]["ttft_median_s"], "ms",
-                compared[local][1]["ttft_x"], "x", IN_PROCESS_TTFT_X, "<=",
-            )
-        )  # fmt: skip
-        before = run.get("before")
-        rss = run.get("rss_mb", {})
-        if before in rss:
-            rows.append(
-                _row(
-                    f"{layout}: in process RSS <= {run['before_dtype']}'s (same streams)",
-                    rss[local], rss[before], "MB", rss[local] / rss[before], "x", 1.0, "<=",
-                )
-            )  # fmt: skip
-        if before in figures:
-            now, then = figures[local][1], figures[before][1]
-            ratio = paired_ratio(now["aggregate_tps_rounds"], then["aggregate_tps_rounds"])
-            rows.append(
-                _row(
-                    f"{layout}, 1 stream: {run['dtype']} >= {OVER_BEFORE} x {run['before_dtype']}",
-                    figures[local][1]["aggregate_tps"], figures[before][1]["aggregate_tps"], "",
-                    ratio, "x", OVER_BEFORE, ">=",
-                )
-            )  # fmt: skip
+        rows += _front_targets(layout, run)
+        if run.get("inprocess") in run["figures"]:
+            rows += _in_process_targets(layout, run)
     return rows
 
 
-def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
+def _front_targets(layout: str, run: dict[str, Any]) -> list[Target]:
+    figures, compared = run["figures"], run["compared"]
+    direct, rows = figures[DIRECT], []
+    for system in FRONTS:
+        for n in JUDGED:
+            if n not in figures.get(system, {}):
+                continue
+            ours, c = figures[system][n], compared[system][n]
+            rows.append(
+                Target.judged(
+                    f"{layout}, {_streams(n)}: {system} agg >= {FRONT_RATIO} x direct",
+                    value=ours["aggregate_tps"],
+                    against=direct[n]["aggregate_tps"],
+                    ratio=c["aggregate_x"],
+                    limit=at_least(FRONT_RATIO),
+                )
+            )
+            if layout == SPLIT:
+                rows.append(
+                    Target.judged(
+                        f"{layout}, {_streams(n)}: {system} TTFT <= direct + "
+                        f"{FRONT_TTFT_LIMIT_S * 1000:.0f} ms",
+                        value=ours["ttft_median_s"],
+                        against=direct[n]["ttft_median_s"],
+                        ratio=c["ttft_diff_s"],
+                        limit=at_most(FRONT_TTFT_LIMIT_S, "ms"),
+                        unit="ms",
+                    )
+                )
+    return rows
+
+
+def _in_process_targets(layout: str, run: dict[str, Any]) -> list[Target]:
+    figures, compared, local = run["figures"], run["compared"], run["inprocess"]
+    direct, rows = figures[DIRECT], []
+    for n, limit in IN_PROCESS_RATIO.items():
+        if n in figures[local]:
+            rows.append(
+                Target.judged(
+                    f"{layout}, {_streams(n)}: in process agg >= {limit} x llama.cpp",
+                    value=figures[local][n]["aggregate_tps"],
+                    against=direct[n]["aggregate_tps"],
+                    ratio=compared[local][n]["aggregate_x"],
+                    limit=at_least(limit),
+                )
+            )
+    rows.append(
+        Target.judged(
+            f"{layout}, 1 stream: in process TTFT <= {IN_PROCESS_TTFT_X} x llama.cpp's",
+            value=figures[local][1]["ttft_median_s"],
+            against=direct[1]["ttft_median_s"],
+            ratio=compared[local][1]["ttft_x"],
+            limit=at_most(IN_PROCESS_TTFT_X),
+            unit="ms",
+        )
+    )
+    before = run.get("before")
+    rss = run.get("rss_mb", {})
+    if before in rss:
+        rows.append(
+            Target.judged(
+                f"{layout}: in process RSS <= {run['before_dtype']}'s (same streams)",
+                value=rss[local],
+                against=rss[before],
+                ratio=rss[local] / rss[before],
+                limit=at_most(1.0),
+                unit="MB",
+            )
+        )
+    if before in figures:
+        now, then = figures[local][1], figures[before][1]
+        rows.append(
+            Target.judged(
+                f"{layout}, 1 stream: {run['dtype']} >= {OVER_BEFORE} x {run['before_dtype']}",
+                value=now["aggregate_tps"],
+                against=then["aggregate_tps"],
+                ratio=paired_ratio(now["aggregate_tps_rounds"], then["aggregate_tps_rounds"]),
+                limit=at_least(OVER_BEFORE),
+            )
+        )
+    return rows
+
+
+TABLE = (
+    Column("system", 34, left=True),
+    Column("streams", 8, "n"),
+    Column("agg tok/s", 11),
+    Column("stream tok/s", 13),
+    Column("TTFT med", 10, "ms"),
+    Column("TTFT p95", 10, "ms"),
+    Column("agg vs direct", 15, "x"),
+    Column("TTFT - direct", 15, "ms"),
+)
+
+
+def report(result: dict[str, Any]) -> Section:
     work = result["workload"]
-    lines = [
-        f"llama.cpp's server (xllamacpp {result.get('xllamacpp', '?')}) on the embedded GGUF, "
-        f"{result['slots']} slots; {work['tokens']} tokens per stream, greedy, median of "
-        f"{work['rounds']} rounds; ratios and differences to llama.cpp direct (its plain "
-        "default request), round by round",
-    ]
-    head = f"{'system':<34}{'streams':>8}{'agg tok/s':>11}{'stream tok/s':>13}"
-    head += f"{'TTFT med':>10}{'TTFT p95':>10}{'agg vs direct':>15}{'TTFT - direct':>15}"
+    out = Section(
+        [
+            f"llama.cpp's server (xllamacpp {result.get('xllamacpp', '?')}) on the embedded "
+            f"GGUF, {result['slots']} slots; {work['tokens']} tokens per stream, greedy, median "
+            f"of {work['rounds']} rounds; ratios and differences to llama.cpp direct (its plain "
+            "default request), round by round",
+        ],
+        targets(result),
+    )
     for layout, run in result["layouts"].items():
-        lines += [
-            "",
-            f"{layout}: llama.cpp {run['threads']} threads on cores {run['engine_cores']}; "
-            f"wschat and the load generator on cores {run['front_cores']}",
-            head,
-            "-" * len(head),
-        ]
+        table = Table(TABLE)
         for system, by_n in run["figures"].items():
             for n, f in sorted(by_n.items()):
                 c = run["compared"][system][n]
-                lines.append(
-                    f"{system:<34}{n:>8}{f['aggregate_tps']:>11.1f}{f['stream_tps']:>13.1f}"
-                    f"{fmt(f['ttft_median_s'], 'ms'):>10}{fmt(f['ttft_p95_s'], 'ms'):>10}"
-                    f"{fmt(c['aggregate_x'], 'x'):>15}{fmt(c['ttft_diff_s'], 'ms'):>15}"
+                table.add(
+                    system,
+                    n,
+                    f["aggregate_tps"],
+                    f["stream_tps"],
+                    f["ttft_median_s"],
+                    f["ttft_p95_s"],
+                    c["aggregate_x"],
+                    c["ttft_diff_s"],
                 )
+        out.parts += [
+            "",
+            f"{layout}: llama.cpp {run['threads']} threads on cores {run['engine_cores']}; "
+            f"wschat and the load generator on cores {run['front_cores']}",
+            table,
+        ]
         if run.get("rss_mb"):
             rss = ", ".join(f"{system} {mb:.0f} MB" for system, mb in run["rss_mb"].items())
-            lines.append(f"RSS after the rounds: {rss}")
+            out.parts.append(f"RSS after the rounds: {rss}")
     c = result.get("cancel")
     if c:
         parts = [
-            f"{label} median {fmt(c[key]['median_s'], 'ms')}, p95 {fmt(c[key]['p95_s'], 'ms')}"
+            f"{label} median {figure(c[key]['median_s'], 'ms')}, p95 "
+            f"{figure(c[key]['p95_s'], 'ms')}"
             for key, label in (
                 ("done_s", "cancel to done"),
                 ("idle_s", "cancel to slot idle"),
@@ -304,11 +326,11 @@ def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
             )
             if key in c
         ]
-        lines.append(
+        out.parts.append(
             f"cancels through {VIA_OPENAI}, split layout ({c['count']}x, read from llama.cpp's "
             "/slots): " + "; ".join(parts)
         )
-    return "\n".join(lines)
+    return out
 
 
 # -- llama.cpp spoken to directly -------------------------------------------------------------

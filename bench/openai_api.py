@@ -34,6 +34,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from . import procs, wsload
+from .figures import Column, Section, Table, Target, Unit, at_least, at_most
+from .render import figure
 from .stats import Concurrent, StreamTimes, median
 from .workload import CONVERSATION, story
 
@@ -305,7 +307,7 @@ def _user(text: str) -> dict[str, str]:
     return {"role": "user", "content": text}
 
 
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+def targets(result: dict[str, Any]) -> list[Target]:
     """Issue 26: the SDK's streams at 0.95 x the WebSocket's or better (tokens/s up, TTFT down),
     round by round; turn 10 resent whole reads 90 % of its prompt from cache, its TTFT at most
     1.3 x turn 1's."""
@@ -314,76 +316,91 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     for n, ws in streams["websocket"].items():
         sdk = streams["openai-sdk"][n]
         for key, (label, unit) in LABELS.items():
-            target = f"openai sdk {label} at {n} streams vs WebSocket"
-            ratio = result["ratios"]["openai-sdk"][n][key]
-            rows.append(_row(target, sdk[key], ws[key], unit, ratio, 0.95, ">="))
+            rows.append(
+                Target.judged(
+                    f"openai sdk {label} at {n} streams vs WebSocket",
+                    value=sdk[key],
+                    against=ws[key],
+                    ratio=result["ratios"]["openai-sdk"][n][key],
+                    limit=at_least(0.95),
+                    unit=unit,
+                )
+            )
     turns = result["conversation"]
     last, first = turns[-1], turns[0]
     share = last["cached_tokens"] / last["prompt_tokens"] if last["prompt_tokens"] else None
-    target = f"turn {len(turns)} resent whole: cached share of its prompt"
-    rows.append(_row(target, last["cached_tokens"], last["prompt_tokens"], "tok", share, 0.9, ">="))
-    ratio = last["ttft"] / first["ttft"] if first["ttft"] else None
-    target = f"turn {len(turns)} resent whole: TTFT vs turn 1"
-    rows.append(_row(target, last["ttft"], first["ttft"], "s", ratio, 1.3, "<="))
+    rows.append(
+        Target.judged(
+            f"turn {len(turns)} resent whole: cached share of its prompt",
+            value=last["cached_tokens"],
+            against=last["prompt_tokens"],
+            ratio=share,
+            limit=at_least(0.9),
+            unit="tok",
+        )
+    )
+    rows.append(
+        Target.judged(
+            f"turn {len(turns)} resent whole: TTFT vs turn 1",
+            value=last["ttft"],
+            against=first["ttft"],
+            ratio=last["ttft"] / first["ttft"] if first["ttft"] else None,
+            limit=at_most(1.3),
+            unit="s",
+        )
+    )
     return rows
 
 
-LABELS = {
+LABELS: dict[str, tuple[str, Unit]] = {
     "aggregate_tps": ("tokens/s", "tok/s"),
     "stream_tps": ("stream tokens/s", "tok/s"),
     "ttft_median_s": ("TTFT (WebSocket's/SDK's)", "s"),
 }
+TABLE = (
+    Column("api", 12, left=True),
+    Column("streams", 8, "n"),
+    Column("tok/s", 10),
+    Column("stream tok/s", 14),
+    Column("TTFT", 10, "ms"),
+    Column("vs WebSocket: tok/s, TTFT", 28),
+    Column("client CPU", 12, "ms"),
+)
 
 
-def _row(
-    target: str,
-    value: float,
-    against: float,
-    unit: str,
-    ratio: float | None,
-    limit: float,
-    op: str,
-) -> dict[str, Any]:
-    met = None if ratio is None else (ratio >= limit if op == ">=" else ratio <= limit)
-    return {"target": target, "value": value, "against": against, "unit": unit,
-            "ratio": ratio, "ratio_unit": "x", "limit": limit, "op": op, "met": met}  # fmt: skip
-
-
-def report(result: dict[str, Any]) -> str:
-    """``--only openai``: the figures and the targets."""
-    from .report import figure, target_lines
-
-    return "\n".join(
-        [table(result["openai"], figure), "", *target_lines(targets(result["openai"]))]
-    )
-
-
-def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
+def report(result: dict[str, Any]) -> Section:
     work = result["workload"]
-    lines = [
-        f"OpenAI-compatible API: wschat --engine {result['engine']} on the embedded model; "
-        f"{work['tokens']} greedy tokens per stream, {work['rounds']} rounds, the WebSocket, "
-        f"the SDK and a plain HTTP client back to back",
-        f"{'api':<12}{'streams':>8}{'tok/s':>10}{'stream tok/s':>14}{'TTFT':>10}"
-        f"{'vs WebSocket: tok/s, TTFT':>28}{'client CPU':>12}",
-    ]
+    table = Table(TABLE)
     for api, by_n in result["streams"].items():
         for n, f in by_n.items():
             ratios = result["ratios"].get(api, {}).get(n)
             versus = (
-                f"{fmt(ratios['aggregate_tps'], 'x')}, {fmt(ratios['ttft_median_s'], 'x')}"
+                f"{figure(ratios['aggregate_tps'], 'x')}, {figure(ratios['ttft_median_s'], 'x')}"
                 if ratios
                 else ""
             )
-            lines.append(
-                f"{api:<12}{n:>8}{f['aggregate_tps']:>10.1f}{f['stream_tps']:>14.1f}"
-                f"{fmt(f['ttft_median_s'], 'ms'):>10}{versus:>28}"
-                f"{fmt(f.get('client_cpu_s'), 'ms'):>12}"
+            table.add(
+                api,
+                n,
+                f["aggregate_tps"],
+                f["stream_tps"],
+                f["ttft_median_s"],
+                versus,
+                f.get("client_cpu_s"),
             )
-    lines.append("conversation resent whole through the SDK (median per turn):")
+    out = Section(
+        [
+            f"OpenAI-compatible API: wschat --engine {result['engine']} on the embedded model; "
+            f"{work['tokens']} greedy tokens per stream, {work['rounds']} rounds, the WebSocket, "
+            f"the SDK and a plain HTTP client back to back",
+            table,
+            "conversation resent whole through the SDK (median per turn):",
+        ],
+        targets(result),
+    )
     for i, t in enumerate(result["conversation"], start=1):
-        lines.append(
+        out.parts.append(
             f"  turn {i:>2}: prompt {t['prompt_tokens']:>5.0f}, cached {t['cached_tokens']:>5.0f},"
-            f" TTFT {fmt(t['ttft'], 'ms')}"
+            f" TTFT {figure(t['ttft'], 'ms')}"
         )
-    return "\n".join(lines)
+    return out

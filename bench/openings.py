@@ -19,12 +19,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import procs, wsload
+from .figures import Section, Target, at_most
+from .render import figure
 from .stats import median
 
 log = logging.getLogger("bench.openings")
@@ -108,42 +109,39 @@ def summary(samples: dict[str, dict[int, list[Any]]]) -> dict[str, Any]:
     return out
 
 
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+def targets(result: dict[str, Any]) -> list[Target]:
     rows = []
     for n, ratio in result["shared_over_unshared"].items():
-        shared = result["modes"]["shared"][n]
-        unshared = result["modes"]["unshared"][n]
         limit = TARGETS.get(n, 1.0)
         rows.append(
-            {"target": f"{n} first prompts at once, TTFT: shared opening / none <= {limit}",
-             "value": shared["ttft_median_s"], "against": unshared["ttft_median_s"],
-             "unit": "ms", "ratio": ratio, "ratio_unit": "x", "limit": limit, "op": "<=",
-             "met": ratio <= limit}
-        )  # fmt: skip
+            Target.judged(
+                f"{n} first prompts at once, TTFT: shared opening / none <= {limit}",
+                value=result["modes"]["shared"][n]["ttft_median_s"],
+                against=result["modes"]["unshared"][n]["ttft_median_s"],
+                ratio=ratio,
+                limit=at_most(limit),
+                unit="ms",
+            )
+        )
     return rows
 
 
-def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
+def report(result: dict[str, Any]) -> Section:
     work = result["workload"]
-    lines = [
-        f"first prompts on fresh sessions: wschat --engine {result['engine']}, embedded model, "
-        f"default prompt format, {work['rounds']} rounds (order alternating), medians"
-    ]
+    out = Section(
+        [
+            f"first prompts on fresh sessions: wschat --engine {result['engine']}, embedded "
+            f"model, default prompt format, {work['rounds']} rounds (order alternating), medians"
+        ],
+        targets(result),
+    )
     for n, ratio in result["shared_over_unshared"].items():
         cells = []
         for mode in ("shared", "unshared"):
             row = result["modes"][mode][n]
             cells.append(
-                f"{mode} TTFT {fmt(row['ttft_median_s'], 'ms')} (cached_tokens "
+                f"{mode} TTFT {figure(row['ttft_median_s'], 'ms')} (cached_tokens "
                 f"{row['cached_tokens']} of {row['prompt_tokens']})"
             )
-        lines.append(f"  {n} at once: {'; '.join(cells)}; shared / unshared {ratio:.2f}")
-    return "\n".join(lines)
-
-
-def report(result: dict[str, Any]) -> str:
-    """``--only openings``: the figures and the targets."""
-    from .report import figure, target_lines
-
-    inner = result["openings"]
-    return "\n".join([table(inner, figure), "", *target_lines(targets(inner))])
+        out.parts.append(f"  {n} at once: {'; '.join(cells)}; shared / unshared {ratio:.2f}")
+    return out

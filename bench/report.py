@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import statistics
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import arrivals, images, llamacpp, resume, threads, widths
+from . import arrivals, llamacpp
+from .figures import Column, Section, Table, Target, above, at_least, at_most
+from .render import figure
 
 
 def _get(result: dict[str, Any], *path: Any) -> Any:
@@ -16,22 +18,6 @@ def _get(result: dict[str, Any], *path: Any) -> Any:
             return None
         node = node[key]
     return node
-
-
-def figure(value: Any, unit: str = "") -> str:
-    """``value`` as the tables print it in ``unit`` ("ms" for seconds, "x", "MB", "n" for a
-    count); "-" when it is missing."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if unit == "ms":
-        return f"{value * 1000:.0f} ms"
-    if unit == "x":
-        return f"{value:.3f}x"
-    if unit == "MB":
-        return f"{value:.1f} MB"
-    if unit == "n":
-        return f"{value:.0f}"
-    return f"{value:.1f}"
 
 
 def paired(ours: dict[str, Any], ceiling: dict[str, Any], key: str) -> float:
@@ -61,8 +47,9 @@ def turn_ratios(result: dict[str, Any]) -> list[float]:
     return [turns[-1]["ttft"] / turns[0]["ttft"]]
 
 
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each target of issue 5: what we measured, against what, and whether it is met."""
+def targets(result: dict[str, Any]) -> list[Target]:
+    """Each target of issue 5 (and the staggered arrivals'): what we measured, against what,
+    and whether it is met."""
     ours = result[f"wschat-{result['engine']}"]
     top = max(ours)
     ceil = result["ceiling"]
@@ -70,114 +57,159 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     turns, ratios = result["conversation"], turn_ratios(result)
     cancel, memory = result["cancel"], result["memory"]
     one, many = ours[1], ours[top]
-    rows = [
-        # target, measured, against, unit of both, ratio or difference, its unit, limit, op
-        ("one stream tokens/s >= 0.95 x in-process", one["stream_tps"], ceil[1]["stream_tps"],
-         "", paired(one, ceil[1], "stream_tps"), "x", 0.95, ">="),
-        ("one stream TTFT <= in-process + 15 ms", one["ttft_median_s"], ceil[1]["ttft_median_s"],
-         "ms", one["ttft_median_s"] - ceil[1]["ttft_median_s"], "ms", 0.015, "<="),
-        (f"{top} sessions aggregate >= 0.9 x static batch", many["aggregate_tps"],
-         ceil[top]["aggregate_tps"], "", paired(many, ceil[top], "aggregate_tps"), "x", 0.9, ">="),
-        (f"{top} sessions aggregate > transformers serve --c-b", many["aggregate_tps"],
-         peer_cb["aggregate_tps"] if peer_cb else None, "",
-         paired(many, peer_cb, "aggregate_tps") if peer_cb else None, "x", 1.0, ">"),
-        (f"{top} sessions TTFT p95 <= 1.2 x static batch's", many["ttft_p95_s"],
-         ceil[top]["ttft_p95_s"], "ms", ttft_p95_ratio(many, ceil[top]), "x", 1.2, "<="),
-        (f"turn {len(turns)} TTFT <= 1.3 x turn 1 (median of {len(ratios)} runs)",
-         turns[-1]["ttft"], turns[0]["ttft"], "ms", statistics.median(ratios), "x", 1.3, "<="),
-        ("cancel to done p95 <= one decode step + 30 ms", cancel["p95_s"],
-         cancel["decode_step_s"], "ms", cancel["p95_s"] - cancel["decode_step_s"], "ms", 0.030,
-         "<="),
-        (f"{memory['sessions']} idle sessions <= 50 MB more RSS", memory["rss_idle_mb"],
-         memory["rss_none_mb"], "MB", memory["delta_mb"], "MB", 50.0, "<="),
-    ]  # fmt: skip
-    out = []
-    for name, value, against, unit, ratio, ratio_unit, limit, op in rows:
-        met = None
-        if ratio is not None:
-            met = {">=": ratio >= limit, "<=": ratio <= limit, ">": ratio > limit}[op]
-        out.append(
-            {"target": name, "value": value, "against": against, "unit": unit, "ratio": ratio,
-             "ratio_unit": ratio_unit, "limit": limit, "op": op, "met": met}
-        )  # fmt: skip
+    out = [
+        Target.judged(
+            "one stream tokens/s >= 0.95 x in-process",
+            value=one["stream_tps"],
+            against=ceil[1]["stream_tps"],
+            ratio=paired(one, ceil[1], "stream_tps"),
+            limit=at_least(0.95),
+        ),
+        Target.judged(
+            "one stream TTFT <= in-process + 15 ms",
+            value=one["ttft_median_s"],
+            against=ceil[1]["ttft_median_s"],
+            ratio=one["ttft_median_s"] - ceil[1]["ttft_median_s"],
+            limit=at_most(0.015, "ms"),
+            unit="ms",
+        ),
+        Target.judged(
+            f"{top} sessions aggregate >= 0.9 x static batch",
+            value=many["aggregate_tps"],
+            against=ceil[top]["aggregate_tps"],
+            ratio=paired(many, ceil[top], "aggregate_tps"),
+            limit=at_least(0.9),
+        ),
+        Target.judged(
+            f"{top} sessions aggregate > transformers serve --c-b",
+            value=many["aggregate_tps"],
+            against=peer_cb["aggregate_tps"] if peer_cb else None,
+            ratio=paired(many, peer_cb, "aggregate_tps") if peer_cb else None,
+            limit=above(1.0),
+        ),
+        Target.judged(
+            f"{top} sessions TTFT p95 <= 1.2 x static batch's",
+            value=many["ttft_p95_s"],
+            against=ceil[top]["ttft_p95_s"],
+            ratio=ttft_p95_ratio(many, ceil[top]),
+            limit=at_most(1.2),
+            unit="ms",
+        ),
+        Target.judged(
+            f"turn {len(turns)} TTFT <= 1.3 x turn 1 (median of {len(ratios)} runs)",
+            value=turns[-1]["ttft"],
+            against=turns[0]["ttft"],
+            ratio=statistics.median(ratios),
+            limit=at_most(1.3),
+            unit="ms",
+        ),
+        Target.judged(
+            "cancel to done p95 <= one decode step + 30 ms",
+            value=cancel["p95_s"],
+            against=cancel["decode_step_s"],
+            ratio=cancel["p95_s"] - cancel["decode_step_s"],
+            limit=at_most(0.030, "ms"),
+            unit="ms",
+        ),
+        Target.judged(
+            f"{memory['sessions']} idle sessions <= 50 MB more RSS",
+            value=memory["rss_idle_mb"],
+            against=memory["rss_none_mb"],
+            ratio=memory["delta_mb"],
+            limit=at_most(50.0, "MB"),
+            unit="MB",
+        ),
+    ]
     if "arrivals" in result:
         out += arrivals.targets(result["arrivals"])
-    if "threads" in result:
-        out += threads.targets(result["threads"])
-    if "widths" in result:
-        out += widths.targets(result["widths"])
-    if "images" in result:
-        out += images.targets(result["images"])
-    if "layouts" in result.get("llamacpp", {}):
-        out += llamacpp.targets(result["llamacpp"])
     return out
 
 
-def table(result: dict[str, Any]) -> str:
-    lines = []
+def sections(
+    result: dict[str, Any], scenarios: Mapping[str, Callable[[dict[str, Any]], Section]]
+) -> list[Section]:
+    """A full run: its own section, then the section of each of ``scenarios`` (name: its
+    report) that it took in, or why it skipped it."""
+    out = [section(result)]
+    for name, report_of in scenarios.items():
+        if name in result:
+            skipped = result[name].get("skipped")
+            why = Section([f"no {name} scenario: {skipped}"])
+            out.append(why if skipped else report_of(result[name]))
+    return out
+
+
+def section(result: dict[str, Any]) -> Section:
+    """The main run: every system at every stream count, the peers, the conversation, the
+    staggered arrivals, cancels and idle sessions; its targets."""
     ours_name = f"wschat-{result['engine']}"
     systems = [ours_name, *(k for k in result if k.startswith("wschat-") and k != ours_name)]
     systems += ["ceiling", "transformers-cb-inprocess"]
     peers = result.get("peers", {})
     systems += [k for k in peers if isinstance(peers[k], dict) and "error" not in peers[k]]
-    head = f"{'system':<30}{'streams':>8}{'agg tok/s':>11}{'stream tok/s':>13}"
-    head += f"{'TTFT med':>10}{'TTFT p95':>10}{'ITL p95':>9}{'vs ceiling':>11}"
-    lines += [head, "-" * len(head)]
+    table = Table(SYSTEMS)
     for name in systems:
         figures = result.get(name) or peers.get(name) or {}
         if "error" in figures:
-            lines.append(f"{name:<30} failed: {figures['error']}")
+            table.line(f"{name:<30} failed: {figures['error']}")
             continue
         for n, f in sorted(figures.items()):
             ceil = _get(result, "ceiling", n)
             ratio = paired(f, ceil, "aggregate_tps") if ceil else None
-            lines.append(
-                f"{name:<30}{n:>8}{f['aggregate_tps']:>11.1f}{f['stream_tps']:>13.1f}"
-                f"{figure(f['ttft_median_s'], 'ms'):>10}{figure(f['ttft_p95_s'], 'ms'):>10}"
-                f"{figure(f['itl_p95_s'], 'ms'):>9}{figure(ratio, 'x'):>11}"
+            table.add(
+                name,
+                n,
+                f["aggregate_tps"],
+                f["stream_tps"],
+                f["ttft_median_s"],
+                f["ttft_p95_s"],
+                f["itl_p95_s"],
+                ratio,
             )
     for name, value in peers.items():
         if isinstance(value, str):
-            lines.append(f"peers: {name}: {value}")
+            table.line(f"peers: {name}: {value}")
         elif isinstance(value, dict) and "error" in value:
-            lines.append(f"{name:<30} failed: {value['error']}")
-    lines += peer_lines(result)
-    lines.append("")
+            table.line(f"{name:<30} failed: {value['error']}")
+    for line in peer_lines(result):
+        table.line(line)
+    out = Section([table, ""], targets(result))
     turns = result["conversation"]
-    lines.append(
+    out.parts.append(
         "conversation TTFT by turn (ms): "
         + " ".join(f"{t['ttft'] * 1000:.0f}" for t in turns)
         + "; cached tokens at turn "
         + f"{len(turns)}: {turns[-1]['cached_tokens']} of {turns[-1]['prompt_tokens']}"
     )
-    lines.append(
+    out.parts.append(
         f"turn {len(turns)} / turn 1 in each run: "
         + " ".join(figure(r, "x") for r in turn_ratios(result))
     )
     if "arrivals" in result:
-        lines.append(arrivals.table(result["arrivals"], figure))
+        out.parts += arrivals.lines(result["arrivals"])
     c = result["cancel"]
-    lines.append(
+    out.parts.append(
         f"cancel to done ({c['count']}x): median {figure(c['median_s'], 'ms')}, "
         f"p95 {figure(c['p95_s'], 'ms')}; one decode step {figure(c['decode_step_s'], 'ms')}"
     )
     m = result["memory"]
-    lines.append(
+    out.parts.append(
         f"RSS: {m['rss_none_mb']:.0f} MB with no session, {m['rss_idle_mb']:.0f} MB with "
         f"{m['sessions']} idle sessions (+{m['delta_mb']:.1f} MB)"
     )
-    if "threads" in result:
-        lines += ["", threads.table(result["threads"], figure)]
-    if "widths" in result:
-        lines += ["", widths.table(result["widths"], figure)]
-    if "images" in result:
-        lines += ["", images.table(result["images"], figure)]
-    if "layouts" in result.get("llamacpp", {}):
-        lines += ["", llamacpp.table(result["llamacpp"], figure)]
-    elif "llamacpp" in result:
-        lines += ["", f"no llama.cpp scenario: {result['llamacpp']['skipped']}"]
-    lines += ["", *target_lines(targets(result))]
-    return "\n".join(lines)
+    return out
+
+
+SYSTEMS = (
+    Column("system", 30, left=True),
+    Column("streams", 8, "n"),
+    Column("agg tok/s", 11),
+    Column("stream tok/s", 13),
+    Column("TTFT med", 10, "ms"),
+    Column("TTFT p95", 10, "ms"),
+    Column("ITL p95", 9, "ms"),
+    Column("vs ceiling", 11, "x"),
+)
 
 
 def peer_lines(result: dict[str, Any]) -> list[str]:
@@ -196,46 +228,3 @@ def peer_lines(result: dict[str, Any]) -> list[str]:
         f"{figure(paired(many, ours[top], 'aggregate_tps'), 'x')} aggregate, TTFT p95 "
         f"{figure(many['ttft_p95_s'], 'ms')} vs {figure(ours[top]['ttft_p95_s'], 'ms')}"
     ]
-
-
-def threads_table(result: dict[str, Any]) -> str:
-    """``--only threads``: the busy-neighbour table and its targets."""
-    rows = threads.targets(result["threads"])
-    return "\n".join([threads.table(result["threads"], figure), "", *target_lines(rows)])
-
-
-def widths_table(result: dict[str, Any]) -> str:
-    """``--only widths``: the batch-width table and its targets."""
-    rows = widths.targets(result["widths"])
-    return "\n".join([widths.table(result["widths"], figure), "", *target_lines(rows)])
-
-
-def images_table(result: dict[str, Any]) -> str:
-    """``--only images``: image conversations against text ones, and the targets."""
-    rows = images.targets(result["images"])
-    return "\n".join([images.table(result["images"], figure), "", *target_lines(rows)])
-
-
-def llamacpp_table(result: dict[str, Any]) -> str:
-    """``--only llamacpp``: the llama.cpp table and its targets."""
-    rows = llamacpp.targets(result["llamacpp"])
-    return "\n".join([llamacpp.table(result["llamacpp"], figure), "", *target_lines(rows)])
-
-
-def resume_table(result: dict[str, Any]) -> str:
-    """``--only resume``: the mid-reply resume figures and their target."""
-    rows = resume.targets(result["resume"])
-    return "\n".join([resume.table(result["resume"], figure), "", *target_lines(rows)])
-
-
-def target_lines(rows: list[dict[str, Any]]) -> list[str]:
-    head = f"{'target':<62}{'measured':>12}{'against':>12}{'ratio/diff':>12}  met"
-    lines = [head, "-" * len(head)]
-    for t in rows:
-        unit = t["unit"]
-        met = {True: "yes", False: "NO", None: "-"}[t["met"]]
-        lines.append(
-            f"{t['target']:<62}{figure(t['value'], unit):>12}{figure(t['against'], unit):>12}"
-            f"{figure(t['ratio'], t['ratio_unit']):>12}  {met}"
-        )
-    return lines

@@ -17,12 +17,14 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import procs
+from .figures import Section, Target
+from .render import figure
 from .stats import median, percentile
 from .workload import story
 from .wsload import Peer, session
@@ -132,26 +134,36 @@ def summary(reference: str, drops: Sequence[Drop]) -> dict[str, Any]:
     }
 
 
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+def targets(result: dict[str, Any]) -> list[Target]:
     """Issue 14: every drop resumes with the whole reply, nothing lost or repeated."""
+    whole, drops = result["whole"], result["drops"]
     return [
-        {"target": "resume: every dropped reply resumed whole, none repeated",
-         "value": result["whole"], "against": result["drops"], "unit": "", "ratio": None,
-         "ratio_unit": "", "limit": result["drops"], "op": "==",
-         "met": result["whole"] == result["drops"]}
-    ]  # fmt: skip
+        Target(
+            target="resume: every dropped reply resumed whole, none repeated",
+            value=whole,
+            against=drops,
+            unit="",
+            ratio=None,
+            ratio_unit="",
+            limit=drops,
+            op="==",
+            met=whole == drops,
+        )
+    ]
 
 
-def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
+def report(result: dict[str, Any]) -> Section:
     work = result["workload"]
-    return "\n".join(
+    return Section(
         [
             f"mid-reply resume: wschat --engine {result['engine']} on the embedded model; "
             f"{result['drops']} drops, each after {work['after']} token frames of a "
             f"{work['tokens']}-token greedy reply, resumed at once",
             f"resume latency (drop to first token frame on the new connection): median "
-            f"{fmt(result['latency_median_s'], 'ms')}, p95 {fmt(result['latency_p95_s'], 'ms')}",
+            f"{figure(result['latency_median_s'], 'ms')}, p95 "
+            f"{figure(result['latency_p95_s'], 'ms')}",
             f"whole replies (before + after == uninterrupted, indices rising): "
             f"{result['whole']} of {result['drops']}",
-        ]
+        ],
+        targets(result),
     )

@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import httpx
 import psutil
 
 from . import procs, wsload
+from .figures import Column, Section, Table, Target, at_least
 from .procs import Running
 from .stats import Concurrent, StreamTimes, figures_over_rounds
 from .workload import story
@@ -186,46 +186,60 @@ def ratios(figures: dict[str, Any]) -> dict[str, dict[str, dict[int, float]]]:
     return out
 
 
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+def targets(result: dict[str, Any]) -> list[Target]:
     """One row per neighbour state and session count: the default against the best fixed count."""
     figures, rows = result["figures"], []
     for state in STATES:
         for n in SESSIONS:
             best, against = _best_fixed(figures, state, n)
-            ratio = result["ratios"]["default"][state][n]
             what = "1 stream" if n == 1 else f"{n} sessions"
             rows.append(
-                {"target": f"threads, {state}, {what}: default >= {TARGET} x best ({best})",
-                 "value": figures["default"][state][n][key_of(n)], "against": against,
-                 "unit": "", "ratio": ratio, "ratio_unit": "x", "limit": TARGET, "op": ">=",
-                 "met": ratio >= TARGET}
-            )  # fmt: skip
+                Target.judged(
+                    f"threads, {state}, {what}: default >= {TARGET} x best ({best})",
+                    value=figures["default"][state][n][key_of(n)],
+                    against=against,
+                    ratio=result["ratios"]["default"][state][n],
+                    limit=at_least(TARGET),
+                )
+            )
     return rows
 
 
-def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
+TABLE = (
+    Column("threads", 12, left=True),
+    Column("neighbour", 11, left=True),
+    Column("1 stream tok/s", 16),
+    Column("vs best", 9, "x"),
+    Column("8 sessions agg tok/s", 22),
+    Column("vs best", 9, "x"),
+)
+
+
+def report(result: dict[str, Any]) -> Section:
     work = result["workload"]
-    lines = [
-        f"busy neighbour: a CPU-bound process pinned to core {result['neighbour_core']} of "
-        f"{result['cores']}; wschat --engine {result['engine']} on the embedded model,",
-        f"{work['tokens']} tokens per stream, median of {work['rounds']} rounds; "
-        "each ratio is to the best of --threads 1 and --threads 2 in its cell",
-    ]
-    head = f"{'threads':<12}{'neighbour':<11}{'1 stream tok/s':>16}{'vs best':>9}"
-    head += f"{'8 sessions agg tok/s':>22}{'vs best':>9}"
-    lines += [head, "-" * len(head)]
+    table = Table(TABLE)
     figures, ratio = result["figures"], result["ratios"]
     for state in STATES:
         for config in figures:
             one, many = figures[config][state][1], figures[config][state][8]
-            lines.append(
-                f"{config:<12}{state:<11}{one['stream_tps']:>16.1f}"
-                f"{fmt(ratio[config][state][1], 'x'):>9}{many['aggregate_tps']:>22.1f}"
-                f"{fmt(ratio[config][state][8], 'x'):>9}"
+            table.add(
+                config,
+                state,
+                one["stream_tps"],
+                ratio[config][state][1],
+                many["aggregate_tps"],
+                ratio[config][state][8],
             )
     seen = result["default_threads_seen"]
-    lines.append(
-        "threads the default used (read after each measurement): "
-        + "; ".join(f"{s}: {', '.join(str(t) for t in seen[s])}" for s in STATES)
+    return Section(
+        [
+            f"busy neighbour: a CPU-bound process pinned to core {result['neighbour_core']} of "
+            f"{result['cores']}; wschat --engine {result['engine']} on the embedded model,",
+            f"{work['tokens']} tokens per stream, median of {work['rounds']} rounds; "
+            "each ratio is to the best of --threads 1 and --threads 2 in its cell",
+            table,
+            "threads the default used (read after each measurement): "
+            + "; ".join(f"{s}: {', '.join(str(t) for t in seen[s])}" for s in STATES),
+        ],
+        targets(result),
     )
-    return "\n".join(lines)

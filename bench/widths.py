@@ -20,12 +20,12 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import procs, wsload
+from .figures import Column, Section, Table, Target, at_least, at_most
 from .llamacpp import paired_ratio
 from .stats import StreamTimes, figures_over_rounds, median, percentile
 from .workload import story
@@ -122,59 +122,83 @@ def best_width(figures: dict[int, dict[int, dict[str, Any]]]) -> dict[int, int]:
     }
 
 
-def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+def targets(result: dict[str, Any]) -> list[Target]:
     """Per width: no collapse past the width; and FIFO held in every cell."""
     figures, rows = result["figures"], []
     for width, ratio in result["growth"].items():
         by_n = figures[width]
         few, most = min(by_n), max(by_n)
         rows.append(
-            {"target": f"width {width}: {most} sessions agg >= {NO_COLLAPSE} x {few} sessions",
-             "value": by_n[most]["aggregate_tps"], "against": by_n[few]["aggregate_tps"],
-             "unit": "", "ratio": ratio, "ratio_unit": "x", "limit": NO_COLLAPSE, "op": ">=",
-             "met": ratio >= NO_COLLAPSE}
-        )  # fmt: skip
+            Target.judged(
+                f"width {width}: {most} sessions agg >= {NO_COLLAPSE} x {few} sessions",
+                value=by_n[most]["aggregate_tps"],
+                against=by_n[few]["aggregate_tps"],
+                ratio=ratio,
+                limit=at_least(NO_COLLAPSE),
+            )
+        )
     orders = [f["fifo"] for by_n in figures.values() for f in by_n.values()]
     wrong = sum(o["out_of_order"] for o in orders)
+    pairs = sum(o["pairs"] for o in orders)
+    fifo = Target.judged(
+        "widths: queued sessions start in arrival order (pairs out of order)",
+        value=float(wrong),
+        against=float(pairs),
+        ratio=float(wrong),
+        limit=at_most(0.0, "n"),
+        unit="n",
+    )
+    # not judged where the places the queue gave do not order the arrivals (``fifo``)
     judged = all(o["judged"] for o in orders)
-    rows.append(
-        {"target": "widths: queued sessions start in arrival order (pairs out of order)",
-         "value": float(wrong), "against": float(sum(o["pairs"] for o in orders)), "unit": "n",
-         "ratio": float(wrong), "ratio_unit": "n", "limit": 0.0, "op": "<=",
-         "met": wrong == 0 if judged else None}
-    )  # fmt: skip
-    return rows
+    return [*rows, fifo if judged else dataclasses.replace(fifo, met=None)]
 
 
-def table(result: dict[str, Any], fmt: Callable[[Any, str], str]) -> str:
+TABLE = (
+    Column("width", 6, "n"),
+    Column("sessions", 9, "n"),
+    Column("agg tok/s", 11),
+    Column("vs best", 9, "x"),
+    Column("stream tok/s", 14),
+    Column("TTFT p50", 10, "ms"),
+    Column("TTFT p95", 10, "ms"),
+    Column("queue p50", 11, "ms"),
+    Column("queue p95", 11, "ms"),
+    Column("FIFO", 14),
+)
+
+
+def report(result: dict[str, Any]) -> Section:
     work = result["workload"]
-    lines = [
-        f"past the batch width: wschat --engine {result['engine']} with --max-concurrent "
-        f"{'/'.join(str(w) for w in work['widths'])} side by side; {work['tokens']} tokens per "
-        f"stream, median of {work['rounds']} rounds;",
-        "TTFT from the prompt's send (a queued session's wait in it); queue: start.queued_ms; "
-        f"FIFO: queued pairs started out of arrival order (by > {TIE_S * 1000:.0f} ms)",
-    ]
-    head = f"{'width':>6}{'sessions':>9}{'agg tok/s':>11}{'vs best':>9}{'stream tok/s':>14}"
-    head += f"{'TTFT p50':>10}"
-    head += f"{'TTFT p95':>10}{'queue p50':>11}{'queue p95':>11}{'FIFO':>14}"
-    lines += [head, "-" * len(head)]
+    table = Table(TABLE)
     figures, best = result["figures"], result["best_width"]
     for width, by_n in figures.items():
         for n, f in sorted(by_n.items()):
             top = figures[best[n]][n]["aggregate_tps"]
-            lines.append(
-                f"{width:>6}{n:>9}{f['aggregate_tps']:>11.1f}"
-                f"{fmt(f['aggregate_tps'] / top if top else None, 'x'):>9}"
-                f"{f['stream_tps']:>14.1f}"
-                f"{fmt(f['ttft_median_s'], 'ms'):>10}{fmt(f['ttft_p95_s'], 'ms'):>10}"
-                f"{fmt(f['queue_p50_s'], 'ms'):>11}{fmt(f['queue_p95_s'], 'ms'):>11}"
-                f"{_fifo_cell(f['fifo']):>14}"
+            table.add(
+                width,
+                n,
+                f["aggregate_tps"],
+                f["aggregate_tps"] / top if top else None,
+                f["stream_tps"],
+                f["ttft_median_s"],
+                f["ttft_p95_s"],
+                f["queue_p50_s"],
+                f["queue_p95_s"],
+                _fifo_cell(f["fifo"]),
             )
-    lines.append(
-        "best width by sessions: " + ", ".join(f"{n}: {w}" for n, w in sorted(best.items()))
+    return Section(
+        [
+            f"past the batch width: wschat --engine {result['engine']} with --max-concurrent "
+            f"{'/'.join(str(w) for w in work['widths'])} side by side; {work['tokens']} tokens "
+            f"per stream, median of {work['rounds']} rounds;",
+            "TTFT from the prompt's send (a queued session's wait in it); queue: "
+            "start.queued_ms; FIFO: queued pairs started out of arrival order (by > "
+            f"{TIE_S * 1000:.0f} ms)",
+            table,
+            "best width by sessions: " + ", ".join(f"{n}: {w}" for n, w in sorted(best.items())),
+        ],
+        targets(result),
     )
-    return "\n".join(lines)
 
 
 def _fifo_cell(order: dict[str, Any]) -> str:

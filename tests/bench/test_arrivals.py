@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench import arrivals, report
+from bench import arrivals
 from bench.workload import Workload
 
 
@@ -39,15 +39,15 @@ def test_the_target_holds_joiners_to_1_2_x_the_prompt_alone_plus_one_step(
     one = [{"interval_s": 0.2, "step_s": 0.050, "alone_s": [0.0, 0.070, 0.070],
             "ttft_s": [0.0, 0.100, joiner_s]}]  # fmt: skip
     (row,) = arrivals.targets(arrivals.figures(one))
-    assert row["target"] == "staggered joiners' TTFT p95 <= 1.2 x (alone + one step)"
-    assert (row["value"], row["against"]) == (joiner_s, pytest.approx(0.120))
-    assert row["met"] is met
+    assert row.target == "staggered joiners' TTFT p95 <= 1.2 x (alone + one step)"
+    assert (row.value, row.against) == (joiner_s, pytest.approx(0.120))
+    assert row.met is met
 
 
 def test_the_table_says_the_cadence_and_the_joiners_against_the_prompts_alone() -> None:
     work = arrivals.ArrivalsWork(sessions=4, tokens=32, rounds=2)
     result = {"workload": {**dataclasses.asdict(work)}, **arrivals.figures(rounds())}
-    assert arrivals.table(result, report.figure).splitlines() == [
+    assert arrivals.lines(result) == [
         "staggered arrivals: 4 sessions, one more every 4 decode steps of the static batch "
         "(55 ms each), 32 tokens each, median of 2 rounds:",
         "joiners' TTFT median 130 ms, p95 150 ms; the same prompts alone in process 65 ms "

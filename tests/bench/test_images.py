@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from bench import images, report
+from bench import images, render
 from bench.stats import StreamTimes
 
 
@@ -82,21 +82,21 @@ def result(later_generate: int = 0, rates: tuple[float, float] = (95.0, 100.0)) 
 
 def test_every_text_turn_after_an_image_in_the_batch_meets_the_target() -> None:
     rows = images.targets(result())
-    assert [(r["target"], r["met"]) for r in rows] == [
+    assert [(r.target, r.met) for r in rows] == [
         ("images: text turns after an image served in the batch (of all)", True),
         ("images: text turns agg tok/s >= 0.9 x all-text", True),
     ]
-    assert (rows[0]["value"], rows[0]["against"], rows[0]["ratio"]) == (12.0, 12.0, 0.0)
+    assert (rows[0].value, rows[0].against, rows[0].ratio) == (12.0, 12.0, 0.0)
 
 
 def test_a_text_turn_sent_to_generate_misses_the_target() -> None:
     rows = images.targets(result(later_generate=1, rates=(80.0, 100.0)))
-    assert [r["met"] for r in rows] == [False, False]
-    assert rows[0]["ratio"] == 3.0  # one per round
+    assert [r.met for r in rows] == [False, False]
+    assert rows[0].ratio == 3.0  # one per round
 
 
 def test_the_table_has_a_row_per_kind_with_its_paths() -> None:
-    lines = report.images_table({"images": result()}).splitlines()
+    lines = render.text(images.report(result())).splitlines()
     assert lines[4].split() == [
         "text",
         "50.0",

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from bench import llamacpp, report
+from bench import llamacpp, render
+from bench.__main__ import judged
+from bench.figures import Target
 from bench.llamacpp import DIRECT, SHARED, SPLIT, VIA_LLAMACPP, VIA_OPENAI
 
 LOCAL = "wschat in process (batched)"
@@ -106,8 +108,8 @@ def test_rounds_of_unequal_counts_give_no_ratio() -> None:
     assert math.isnan(llamacpp.paired_difference([], []))
 
 
-def targets_by_name() -> dict[str, dict[str, Any]]:
-    return {row["target"]: row for row in llamacpp.targets(result())}
+def targets_by_name() -> dict[str, Target]:
+    return {row.target: row for row in llamacpp.targets(result())}
 
 
 def test_both_fronts_are_held_to_direct_in_both_layouts_and_ttft_in_the_split_one() -> None:
@@ -117,29 +119,29 @@ def test_both_fronts_are_held_to_direct_in_both_layouts_and_ttft_in_the_split_on
             for streams in ("1 stream", "8 streams"):
                 assert f"{where}, {streams}: {system} agg >= 0.95 x direct" in rows
     assert sum("TTFT <= direct" in name for name in rows) == 4  # split only, 2 fronts x 1 and 8
-    assert rows[f"split, 8 streams: {VIA_LLAMACPP} agg >= 0.95 x direct"]["met"]
-    assert not rows[f"split, 8 streams: {VIA_LLAMACPP} TTFT <= direct + 15 ms"]["met"]  # 25 ms
+    assert rows[f"split, 8 streams: {VIA_LLAMACPP} agg >= 0.95 x direct"].met
+    assert not rows[f"split, 8 streams: {VIA_LLAMACPP} TTFT <= direct + 15 ms"].met  # 25 ms
     # 36/40, 45/50, 60/60 -> 0.9
-    assert not rows[f"shared, 1 stream: {VIA_OPENAI} agg >= 0.95 x direct"]["met"]
+    assert not rows[f"shared, 1 stream: {VIA_OPENAI} agg >= 0.95 x direct"].met
 
 
 def test_the_in_process_engine_is_held_to_llama_cpp_and_to_the_dtype_before() -> None:
     rows = targets_by_name()
     one = rows["shared, 1 stream: in process agg >= 0.6 x llama.cpp"]
-    assert (one["ratio"], one["met"]) == (0.6, True)  # 0.7, 0.6, 0.55
+    assert (one.ratio, one.met) == (0.6, True)  # 0.7, 0.6, 0.55
     eight = rows["shared, 8 streams: in process agg >= 1.0 x llama.cpp"]
-    assert math.isclose(eight["ratio"], (1.5 + 110 / 120) / 2) and eight["met"]
+    assert (eight.ratio, eight.met) == (pytest.approx((1.5 + 110 / 120) / 2), True)
     ttft = rows["shared, 1 stream: in process TTFT <= 2.5 x llama.cpp's"]
-    assert math.isclose(ttft["ratio"], 2.0) and ttft["met"]  # 2, 3, 2
+    assert (ttft.ratio, ttft.met) == (pytest.approx(2.0), True)  # 2, 3, 2
     before = rows["shared, 1 stream: bf16-packed >= 2.5 x bfloat16"]
-    assert math.isclose(before["ratio"], 2.8) and before["met"]  # 2.8, 2.0, 3.0
+    assert (before.ratio, before.met) == (pytest.approx(2.8), True)  # 2.8, 2.0, 3.0
     rss = rows["shared: in process RSS <= bfloat16's (same streams)"]
-    assert math.isclose(rss["ratio"], 0.96) and rss["met"]
+    assert (rss.ratio, rss.met) == (pytest.approx(0.96), True)
     assert not any(name.startswith("split") and "in process" in name for name in rows)
 
 
 def test_the_table_has_a_block_per_layout_a_row_per_system_and_count_and_the_cancels() -> None:
-    text = report.llamacpp_table({"llamacpp": result()})
+    text = render.text(llamacpp.report(result()))
     lines = text.splitlines()
     assert any(line.startswith("shared: llama.cpp 2 threads on cores [0, 1]") for line in lines)
     assert any(line.startswith("split: llama.cpp 1 threads on cores [0]") for line in lines)
@@ -151,7 +153,7 @@ def test_the_table_has_a_block_per_layout_a_row_per_system_and_count_and_the_can
     assert "cancel to slot idle median 25 ms, p95 30 ms" in text
     assert "direct close to slot idle median 15 ms" in text
     rows = llamacpp.targets(result())
-    assert text.count(" NO") == sum(not row["met"] for row in rows) > 0
+    assert text.count(" NO") == sum(not row.met for row in rows) > 0
 
 
 def test_the_split_layout_gives_llama_cpp_every_core_but_the_last(monkeypatch: Any) -> None:
@@ -201,9 +203,10 @@ def test_the_main_runs_table_and_targets_take_the_llama_cpp_scenario() -> None:
     from tests.bench.test_report_ttft import result as main_run
 
     run = main_run([0.1] * 3, [0.1] * 3, [[0.05, 0.06]]) | {"llamacpp": result()}
-    assert llamacpp.table(result(), report.figure) in report.table(run)
-    names = [row["target"] for row in report.targets(run)]
+    text = judged(run, None)
+    assert "\n".join(render.section_lines(llamacpp.report(result()))) in text
+    names = [row["target"] for row in run["targets"]]
     assert "shared, 1 stream: in process agg >= 0.6 x llama.cpp" in names
     skipped = main_run([0.1] * 3, [0.1] * 3, [[0.05, 0.06]])
     skipped["llamacpp"] = {"skipped": "xllamacpp is not installed"}
-    assert "no llama.cpp scenario: xllamacpp is not installed" in report.table(skipped)
+    assert "no llamacpp scenario: xllamacpp is not installed" in judged(skipped, None)

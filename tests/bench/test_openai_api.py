@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from bench import openai_api
+from bench import openai_api, render
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import TIMEOUT, http_base, running_server
 
@@ -52,7 +52,7 @@ def result() -> dict[str, Any]:
 
 
 def test_the_targets_are_met_at_095_and_for_the_last_turn_resent_whole() -> None:
-    met = {row["target"]: row["met"] for row in openai_api.targets(result())}
+    met = {row.target: row.met for row in openai_api.targets(result())}
     assert met == {
         "openai sdk tokens/s at 1 streams vs WebSocket": True,
         "openai sdk stream tokens/s at 1 streams vs WebSocket": True,
@@ -63,7 +63,7 @@ def test_the_targets_are_met_at_095_and_for_the_last_turn_resent_whole() -> None
 
 
 def test_the_report_has_a_line_per_api_and_streams_and_per_turn() -> None:
-    text = openai_api.report({"openai": result()})
+    text = render.text(openai_api.report(result()))
     assert "openai-sdk         1       9.6" in text
     assert "http               1      10.1" in text
     assert "1.010x, 1.250x" in text  # the plain client's tokens/s and TTFT against the WebSocket's

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from bench import openings
-from bench.report import figure
+from bench import openings, render
 
 
 def samples() -> dict[str, dict[int, list[tuple[float, int, int]]]]:
@@ -24,8 +23,8 @@ def test_the_summary_sets_each_modes_median_ttft_against_the_other() -> None:
 
 def test_the_table_and_targets_name_the_ratio_per_concurrency() -> None:
     result = {"workload": {"rounds": 6}, "engine": "batched", **openings.summary(samples())}
-    text = openings.table(result, figure)
+    text = render.text(openings.report(result))
     assert "8 at once: shared TTFT 200 ms (cached_tokens [112] of [121, 122])" in text
     assert "shared / unshared 0.40" in text
-    met = {row["target"].split(",")[0]: row["met"] for row in openings.targets(result)}
+    met = {row.target.split(",")[0]: row.met for row in openings.targets(result)}
     assert met == {"8 first prompts at once": True, "1 first prompts at once": True}

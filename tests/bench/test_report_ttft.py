@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from bench import report
+from bench import render, report
+from bench.figures import Target
 
 
 def figures(ttft_p95: list[float]) -> dict[str, Any]:
@@ -31,8 +32,8 @@ def result(ours: list[float], ceiling: list[float], runs: list[list[float]]) -> 
     }
 
 
-def row(rows: list[dict[str, Any]], starts: str) -> dict[str, Any]:
-    (found,) = [r for r in rows if r["target"].startswith(starts)]
+def row(rows: list[Target], starts: str) -> Target:
+    (found,) = [r for r in rows if r.target.startswith(starts)]
     return found
 
 
@@ -40,9 +41,9 @@ def test_ttft_p95_at_8_sessions_is_the_median_of_round_by_round_ratios() -> None
     # rounds: 0.30/0.15 = 2.0, 0.18/0.15 = 1.2, 0.11/0.10 = 1.1 -> 1.2 (medians: 0.18/0.15)
     rows = report.targets(result([0.30, 0.18, 0.11], [0.15, 0.15, 0.10], [[0.05, 0.06]]))
     target = row(rows, "8 sessions TTFT p95")
-    assert target["target"] == "8 sessions TTFT p95 <= 1.2 x static batch's"
-    assert target["ratio"] == pytest.approx(1.2)
-    assert target["met"] is True
+    assert target.target == "8 sessions TTFT p95 <= 1.2 x static batch's"
+    assert target.ratio == pytest.approx(1.2)
+    assert target.met is True
 
 
 def test_ttft_p95_falls_back_to_the_medians_without_rounds() -> None:
@@ -57,11 +58,11 @@ def test_turn_10_against_turn_1_is_the_median_of_each_runs_own_ratio() -> None:
         [1.6, 2.0, 1.0, 1.3]
     )
     target = row(report.targets(result([0.1] * 3, [0.1] * 3, runs)), "turn 3 TTFT")
-    assert target["target"] == "turn 3 TTFT <= 1.3 x turn 1 (median of 4 runs)"
-    assert target["ratio"] == pytest.approx(1.45)
-    assert target["met"] is False
+    assert target.target == "turn 3 TTFT <= 1.3 x turn 1 (median of 4 runs)"
+    assert target.ratio == pytest.approx(1.45)
+    assert target.met is False
 
 
 def test_the_table_gives_each_runs_last_turn_over_its_first() -> None:
-    text = report.table(result([0.1] * 3, [0.1] * 3, [[0.05, 0.06], [0.04, 0.05]]))
+    text = render.text(report.section(result([0.1] * 3, [0.1] * 3, [[0.05, 0.06], [0.04, 0.05]])))
     assert "turn 2 / turn 1 in each run: 1.200x 1.250x" in text.splitlines()

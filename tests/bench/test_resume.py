@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import report, resume
+from bench import render, resume
 from bench.resume import Drop
 
 REFERENCE = " a b c d e"
@@ -54,8 +54,8 @@ def test_the_target_is_met_only_when_every_drop_is_whole_and_the_table_says_so()
         **resume.summary(REFERENCE, [drop([token(" c d e", 5), done()]), drop([done()])]),
     }
     (row,) = resume.targets(result)
-    assert (row["value"], row["against"], row["met"]) == (1, 2, False)
-    text = report.resume_table({"resume": result})
+    assert (row.value, row.against, row.met) == (1, 2, False)
+    text = render.text(resume.report(result))
     assert "median 50 ms, p95 50 ms" in text
     assert "whole replies (before + after == uninterrupted, indices rising): 1 of 2" in text
     assert "resume: every dropped reply resumed whole, none repeated" in text

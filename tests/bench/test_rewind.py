@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import rewind
+from bench import render, rewind
 from bench.rewind import Round
 
 
@@ -34,6 +34,11 @@ def test_an_edit_that_prefilled_the_whole_prompt_did_not_reuse_the_kept_turns() 
     result = rewind.summary([round_of(0.9, 78), round_of(0.9, 0)])
     assert not result["reused_kept_turns"]
     work = {"workload": {"turns": 10}, "engine": "batched"}
-    text = rewind.table({**work, "configs": [{"reply_tokens": 100, **result}]})
+    text = render.text(rewind.report({**work, "configs": [{"reply_tokens": 100, **result}]}))
     assert "cached_tokens [78, 0] (turns 1-2: 75)" in text
-    assert "edit / plain: 4.50 (target <= 1.2: MISSED)" in text
+    assert "  edit / plain: 4.50" in text.splitlines()
+    missed = [line for line in text.splitlines() if line.startswith("rewind, 100-token")]
+    assert missed == [
+        "rewind, 100-token replies: edit TTFT <= 1.2 x plain                 900 ms      200 ms"
+        "      4.500x  NO"
+    ]

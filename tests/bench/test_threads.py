@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import report, threads
+from bench import render, threads
 
 RATES = {  # (one stream tokens/s, 8 sessions aggregate tokens/s) per config and state
     "default": {"quiet": (17.0, 100.0), "busy": (9.8, 40.0)},
@@ -47,18 +47,18 @@ def test_each_ratio_is_to_the_best_of_1_and_2_threads_in_its_cell() -> None:
 
 def test_a_target_per_cell_says_whether_the_default_is_within_0_9_of_the_best() -> None:
     rows = threads.targets(result())
-    assert [(r["target"], r["met"]) for r in rows] == [
+    assert [(r.target, r.met) for r in rows] == [
         ("threads, quiet, 1 stream: default >= 0.9 x best (2 threads)", True),
         ("threads, quiet, 8 sessions: default >= 0.9 x best (2 threads)", True),
         ("threads, busy, 1 stream: default >= 0.9 x best (1 thread)", True),
         ("threads, busy, 8 sessions: default >= 0.9 x best (1 thread)", False),
     ]
-    assert (rows[2]["value"], rows[2]["against"]) == (9.8, 9.5)
-    assert rows[3]["ratio"] == 0.8
+    assert (rows[2].value, rows[2].against) == (9.8, 9.5)
+    assert rows[3].ratio == 0.8
 
 
 def test_the_table_has_a_row_per_config_and_state_and_the_threads_the_default_used() -> None:
-    text = report.threads_table({"threads": result()})
+    text = render.text(threads.report(result()))
     lines = text.splitlines()
     assert (
         "2 threads   busy                    1.1   0.116x                  12.0   0.240x" in lines

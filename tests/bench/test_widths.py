@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import report, widths
+from bench import render, widths
 from bench.stats import StreamTimes
 
 
@@ -90,22 +90,22 @@ def test_the_best_width_per_session_count_has_the_highest_aggregate() -> None:
 
 def test_a_target_per_width_for_no_collapse_and_one_for_fifo() -> None:
     rows = widths.targets(result())
-    assert [(r["target"], r["met"]) for r in rows] == [
+    assert [(r.target, r.met) for r in rows] == [
         ("width 8: 32 sessions agg >= 1.0 x 8 sessions", True),
         ("width 32: 32 sessions agg >= 1.0 x 8 sessions", True),
         ("widths: queued sessions start in arrival order (pairs out of order)", True),
     ]
-    assert (rows[2]["value"], rows[2]["against"]) == (0.0, 10.0)
+    assert (rows[2].value, rows[2].against) == (0.0, 10.0)
 
 
 def test_fifo_is_unjudged_when_any_cell_was() -> None:
     data = result()
     data["figures"][8][32]["fifo"]["judged"] = False
-    assert widths.targets(data)[-1]["met"] is None
+    assert widths.targets(data)[-1].met is None
 
 
 def test_the_table_has_a_row_per_width_and_session_count_with_its_queue_and_fifo() -> None:
-    lines = report.widths_table({"widths": result()}).splitlines()
+    lines = render.text(widths.report(result())).splitlines()
     assert (
         "     8       32      100.0   0.714x          10.0    200 ms    400 ms    1000 ms"
         "    2000 ms       0 of 10" in lines
