@@ -33,11 +33,13 @@ from .errors import (
 from .images import ImageInput
 from .opening import connect
 from .reply import Reply
+from .tools import CallRequest, ToolLoop
 
 __all__ = [
     "BadFrameError",
     "BadImageError",
     "BusyError",
+    "CallRequest",
     "Chat",
     "ChatError",
     "ClientError",
@@ -58,6 +60,7 @@ __all__ = [
     "Reply",
     "ReplyLostError",
     "TooLargeError",
+    "ToolLoop",
     "UnsupportedError",
     "connect",
     "error_from_frame",

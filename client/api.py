@@ -24,7 +24,7 @@ import asyncio
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -48,6 +48,8 @@ from wschat.protocol import (
     Rewind,
     Rewound,
     ServerFrame,
+    ToolResult,
+    ToolResults,
     encode,
 )
 
@@ -57,6 +59,7 @@ from .images import ImageInput, image_bytes
 from .link import Link, Reopen
 from .local import check_frame_size, check_image_size, check_prompt_id, local_params
 from .reply import Reply
+from .tools import ToolLoop
 
 DEFAULT_TIMEOUT = 30.0
 
@@ -179,6 +182,34 @@ class Chat:
         frame = Regenerate(self._reply_id(id), local_params(params))
         return self._start_reply((frame.id, self._encoded(frame)))
 
+    def tool_results(
+        self, results: Mapping[str, str], *, id: str | None = None, **params: Any
+    ) -> Reply:
+        """Hand back what the last reply's tool calls answered, ``{call_id: result}`` one per
+        call (``reply.calls``), and start the next reply of the same exchange, returned."""
+        answers = tuple(ToolResult(call_id, text) for call_id, text in results.items())
+        frame = ToolResults(self._reply_id(id), answers, local_params(params))
+        return self._start_reply((frame.id, self._encoded(frame)))
+
+    def run(
+        self,
+        text: str,
+        *,
+        images: Iterable[ImageInput] | None = None,
+        tools: Sequence[Mapping[str, Any]] = (),
+        **params: Any,
+    ) -> ToolLoop:
+        """A prompt with ``tools`` (each ``{name, description?, parameters?}``) and the replies
+        after it while the model calls them: ``async for event in chat.run(...)`` yields text
+        pieces and ``CallRequest``s to answer (client/tools.py). ``params`` as ``prompt``'s
+        (``tool_choice="required"``, ``parallel_tool_calls=False``); each reply after results
+        is offered the same tools with ``tool_choice`` ``auto`` (a required call each time would
+        never end), and the same other params."""
+        offered = {**params, "tools": list(tools)} if tools else params
+        first = self.prompt(text, images=images, **offered)
+        after = {**offered, "tool_choice": "auto"} if tools else offered
+        return ToolLoop(first, lambda answers: self.tool_results(answers, **after))
+
     async def edit(
         self,
         turn: int,
@@ -287,7 +318,7 @@ class Chat:
             check_image_size(blob, self.limits)
         return frame_id, self._encoded(Prompt(frame_id, text, blobs, local_params(params)))
 
-    def _encoded(self, frame: Prompt | Regenerate) -> bytes:
+    def _encoded(self, frame: Prompt | Regenerate | ToolResults) -> bytes:
         data = encode(frame)
         check_frame_size(data, self.limits)
         return data

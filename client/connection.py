@@ -34,6 +34,7 @@ from wschat.protocol import (
     ServerFrame,
     Start,
     Token,
+    ToolCall,
 )
 
 from .errors import (
@@ -88,6 +89,7 @@ class FrameRouter:
         self._in_order: deque[Waiter] = deque()
         self._routes: dict[type[Any], Callable[[Any], None]] = {
             Token: self._to_reply,
+            ToolCall: self._to_reply,
             Start: self._to_reply,
             Queued: self._to_reply,
             Done: self._on_done,
@@ -132,7 +134,7 @@ class FrameRouter:
         else:
             handler(frame)
 
-    def _to_reply(self, frame: Token | Start | Queued | Done) -> None:
+    def _to_reply(self, frame: Token | ToolCall | Start | Queued | Done) -> None:
         reply = self.replies.get(frame.id)
         if reply is None:
             self.unrouted.append(frame)
@@ -143,7 +145,7 @@ class FrameRouter:
         if frame.turn is not None:
             # a kept reply is the conversation's last exchange (only a suffix is ever dropped)
             self.turns = frame.turn
-        elif frame.reason in (FinishReason.STOP, FinishReason.LENGTH) or (
+        elif frame.reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS) or (
             frame.reason is FinishReason.CANCELLED and self._started(frame.id)
         ):
             self.turns = None  # kept, yet not numbered: a server older than ``rewind``

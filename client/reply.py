@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any, Self
 
-from wschat.protocol import Done, Error, FinishReason, Queued, ServerFrame, Start, Token
+from wschat.protocol import Done, Error, FinishReason, Queued, ServerFrame, Start, Token, ToolCall
 
 from .errors import ClientError, InternalError, error_from_frame
 
@@ -41,6 +41,8 @@ class Reply:
         self.queued: Queued | None = None
         self.start: Start | None = None
         self.tokens: list[Token] = []
+        # the tool calls it makes, in order (a resume's catch-up sends them again: kept once)
+        self.calls: list[ToolCall] = []
         self.done: Done | None = None
         self.error: ClientError | None = None
         self._send_cancel = send_cancel
@@ -51,6 +53,7 @@ class Reply:
         self._finished = asyncio.Event()
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             Token: self._on_token,
+            ToolCall: self._on_tool_call,
             Start: self._on_start,
             Queued: self._on_queued,
             Done: self._on_done,
@@ -121,6 +124,11 @@ class Reply:
         if frame.text:
             self._pieces.put_nowait(frame.text)
 
+    def _on_tool_call(self, frame: ToolCall) -> None:
+        if all(call.call_id != frame.call_id for call in self.calls):
+            self.calls.append(frame)
+            self._pieces.put_nowait(frame)
+
     def _on_start(self, frame: Start) -> None:
         self.start = frame
         self.prompt_frame = None
@@ -156,6 +164,19 @@ class Reply:
         return self
 
     async def __anext__(self) -> str:
+        while not isinstance(item := await self._next(), str):
+            pass  # a tool call: ``events`` yields those
+        return item
+
+    async def events(self) -> AsyncIterator[str | ToolCall]:
+        """Its text pieces and its tool calls, in the order they came."""
+        while True:
+            try:
+                yield await self._next()
+            except StopAsyncIteration:
+                return
+
+    async def _next(self) -> str | ToolCall:
         async with asyncio.timeout(self.timeout):
             item = await self._pieces.get()
         if item is _END:
@@ -164,7 +185,7 @@ class Reply:
             if failure is not None:
                 raise failure
             raise StopAsyncIteration
-        assert isinstance(item, str)
+        assert isinstance(item, str | ToolCall)
         return item
 
     async def wait(self, timeout: float | None = None) -> Done:

@@ -69,10 +69,13 @@ from .frames import (
     Stats,
     Timing,
     Token,
+    ToolCall,
+    ToolResults,
     Usage,
 )
 from .params import GenerationParams, parse_params
 from .records import ABSENT, Frame
+from .tools import ToolChoice, ToolResult, ToolSpec
 
 __all__ = [
     "ABSENT",
@@ -131,6 +134,11 @@ __all__ = [
     "Timing",
     "Token",
     "TooLarge",
+    "ToolCall",
+    "ToolChoice",
+    "ToolResult",
+    "ToolResults",
+    "ToolSpec",
     "Unsupported",
     "Usage",
     "decode_client_frame",

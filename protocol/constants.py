@@ -33,6 +33,7 @@ class FrameType(StrEnum):
     CONFIGURE = "configure"
     REWIND = "rewind"
     REGENERATE = "regenerate"
+    TOOL_RESULTS = "tool_results"
     # server -> client
     READY = "ready"
     CONFIGURED = "configured"
@@ -43,6 +44,7 @@ class FrameType(StrEnum):
     QUEUED = "queued"
     START = "start"
     TOKEN = "token"
+    TOOL_CALL = "tool_call"
     DONE = "done"
     ERROR = "error"
     GOAWAY = "goaway"
@@ -59,6 +61,7 @@ CLIENT_FRAME_TYPES = frozenset(
         FrameType.CONFIGURE,
         FrameType.REWIND,
         FrameType.REGENERATE,
+        FrameType.TOOL_RESULTS,
     }
 )
 
@@ -79,6 +82,7 @@ class ErrorCode(StrEnum):
 class FinishReason(StrEnum):
     STOP = "stop"
     LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
     CANCELLED = "cancelled"
     ERROR = "error"
 

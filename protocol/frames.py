@@ -32,6 +32,7 @@ from .records import (
     string,
     value_list,
 )
+from .tools import ToolResult, parse_results
 
 
 def _images(value: object, key: str) -> tuple[bytes, ...]:
@@ -118,7 +119,18 @@ class Regenerate(Frame):
     params: GenerationParams | None = spec(optional(_params), default=None)
 
 
-ClientFrame = Prompt | Image | Cancel | Reset | Ping | Configure | Rewind | Regenerate
+@dataclass(frozen=True, slots=True)
+class ToolResults(Frame):
+    """The results of the calls the conversation's last reply made, one per call: a new
+    generation, ``id``, that goes on with the same exchange (PROTOCOL.md "Tool calls")."""
+
+    TYPE = FrameType.TOOL_RESULTS
+    id: str = spec(required(lambda v, k: as_id(v, k)))
+    results: tuple[ToolResult, ...] = spec(required(lambda v, k: parse_results(v)))
+    params: GenerationParams | None = spec(optional(_params), default=None)
+
+
+ClientFrame = Prompt | Image | Cancel | Reset | Ping | Configure | Rewind | Regenerate | ToolResults
 
 # -- server frames -------------------------------------------------------------------------
 
@@ -226,6 +238,19 @@ class Token(Frame):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall(Frame):
+    """A call the reply ``id`` makes, once it is whole: its place among the reply's calls
+    (``index``, from 0), its id (for its result), the function and its arguments as JSON text."""
+
+    TYPE = FrameType.TOOL_CALL
+    id: str = spec(required(string))
+    index: int = spec(required(integer))
+    call_id: str = spec(required(string))
+    name: str = spec(required(string))
+    arguments: str = spec(required(string))
+
+
+@dataclass(frozen=True, slots=True)
 class Usage(Record):
     prompt_tokens: int = spec(required(integer))
     completion_tokens: int = spec(required(integer))
@@ -308,6 +333,7 @@ ServerFrame = (
     | Queued
     | Start
     | Token
+    | ToolCall
     | Done
     | Error
     | GoAway
@@ -315,7 +341,8 @@ ServerFrame = (
 )
 
 CLIENT_FRAMES: dict[FrameType, type[ClientFrame]] = {
-    cls.TYPE: cls for cls in (Prompt, Image, Cancel, Reset, Ping, Configure, Rewind, Regenerate)
+    cls.TYPE: cls
+    for cls in (Prompt, Image, Cancel, Reset, Ping, Configure, Rewind, Regenerate, ToolResults)
 }
 SERVER_FRAMES: dict[FrameType, type[ServerFrame]] = {
     cls.TYPE: cls
@@ -329,6 +356,7 @@ SERVER_FRAMES: dict[FrameType, type[ServerFrame]] = {
         Queued,
         Start,
         Token,
+        ToolCall,
         Done,
         Error,
         GoAway,

@@ -8,11 +8,12 @@ session, which knows it; here it must be a positive int.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .errors import InvalidParams
 from .fields import as_bool, as_float, as_int, as_str
+from .tools import ToolChoice, ToolSpec, parse_tool_choice, parse_tools
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
@@ -31,6 +32,10 @@ class GenerationParams:
     stop: tuple[str, ...] | None = None
     seed: int | None = None
     token_ids: bool | None = None
+    # the functions a reply may call, and how (tools.py); an empty list offers none
+    tools: tuple[ToolSpec, ...] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def merged_over(self, base: GenerationParams) -> GenerationParams:
         """These params, with unset fields taken from ``base``."""
@@ -38,9 +43,14 @@ class GenerationParams:
         return replace(base, **{k: v for k, v in changes.items() if v is not None})
 
     def to_wire(self) -> dict[str, Any]:
-        out = {k: v for k, v in asdict(self).items() if v is not None}
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {k: v for k, v in out.items() if v is not None}
         if "stop" in out:
             out["stop"] = list(out["stop"])
+        if "tools" in out:
+            out["tools"] = [tool.to_wire() for tool in out["tools"]]
+        if "tool_choice" in out:
+            out["tool_choice"] = out["tool_choice"].to_wire()
         return out
 
 
@@ -124,6 +134,9 @@ _CHECKS: dict[str, Callable[[object], Any]] = {
     "stop": _stop,
     "seed": _seed,
     "token_ids": _token_ids,
+    "tools": parse_tools,
+    "tool_choice": parse_tool_choice,
+    "parallel_tool_calls": lambda value: as_bool(value, "parallel_tool_calls"),
 }
 assert set(_CHECKS) == {f.name for f in fields(GenerationParams)}
 

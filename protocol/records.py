@@ -20,6 +20,7 @@ from .constants import FrameType
 from .errors import BadFrame
 from .fields import as_bool, as_float, as_int, as_str
 from .params import GenerationParams
+from .tools import ToolResult
 
 
 class _Absent:
@@ -123,7 +124,7 @@ def spec(read: Reader, *, keep_nil: bool = False, **kw: Any) -> Any:
 def _wire_value(value: Any) -> Any:
     if isinstance(value, Record):
         return value.to_wire()
-    if isinstance(value, GenerationParams):
+    if isinstance(value, GenerationParams | ToolResult):
         return value.to_wire()
     if isinstance(value, Enum):
         return value.value

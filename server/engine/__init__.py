@@ -29,12 +29,17 @@ from .errors import (
     SchemaRefused,
     TurnRefused,
 )
+from .exchanges import ToolRound
 from .grammar import CompiledGrammar, GrammarCompiler, GrammarMatcher, ResponseFormat
 from .history import Chat, Conversation, PreparedTurn
 from .prefixes import common_prefix
 from .shares import share_victim
+from .tool_calls import CallReader
+from .tools import CallsInvalid, FunctionCall, ToolUse, calls_text, results_text
 
 __all__ = [
+    "CallReader",
+    "CallsInvalid",
     "CancelFlag",
     "Chat",
     "CompiledGrammar",
@@ -47,6 +52,7 @@ __all__ = [
     "EngineInfo",
     "EngineOverloaded",
     "Finished",
+    "FunctionCall",
     "Generation",
     "GenerationFailure",
     "GenerationRequest",
@@ -63,8 +69,12 @@ __all__ = [
     "SchemaRefused",
     "TextPieces",
     "TokenPiece",
+    "ToolRound",
+    "ToolUse",
     "Turn",
     "TurnRefused",
+    "calls_text",
     "common_prefix",
+    "results_text",
     "share_victim",
 ]

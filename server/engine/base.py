@@ -30,6 +30,7 @@ from wschat.protocol import FinishReason, Usage
 from .formats import PromptFormat
 from .stopping import completed
 from .tokenizing import TextTokenizer
+from .tools import ToolUse
 
 
 class CancelFlag:
@@ -67,6 +68,7 @@ class Turn:
     text: str
     params: SamplingParams
     images: Sequence[Any] = ()  # each in the engine's form (``Engine.prepare_image``)
+    tools: ToolUse | None = None  # the tools its reply may call (tools.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,11 @@ each prompt extends the previous one token for token, so a session's KV state is
                   reply's ids are kept up to the line break before the label, which is the next
                   turn's own; neither the label nor those line breaks are ever sent as text.
 
+An exchange that called tools (tools.py) is laid out as more turns of the same two kinds: each
+reply that called tools a model turn, the results of its calls the user turn after it (no format
+here has a tool role: Gemma 3's template has none), and the tools' description follows the system
+prompt (``system_with_tools``).
+
 ``auto`` picks: the tokenizer's chat template when it has one; else ``gemma-turns`` for a Gemma
 checkpoint that is instruction-tuned (its name says ``-it`` or ``instruct``, or it is one of the
 tiny test models that stand in for one); else ``transcript``.
@@ -32,6 +37,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from .exchanges import Exchange, UserTurn, turns_of, without_end
 
 FORMATS = ("auto", "chat-template", "gemma-turns", "transcript")
 
@@ -48,22 +55,6 @@ class TextCodec(Protocol):
         ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
-
-
-@dataclass(slots=True)
-class Exchange:
-    """One finished (or cancelled) user turn and the reply to it, as they were prompted."""
-
-    user_ids: list[int]
-    image_ids: list[list[int]]  # one placeholder run per image, before the text
-    images: list[Any]
-    reply_ids: list[int]  # as generated, with the token that ended the reply if one did
-
-
-@dataclass(frozen=True, slots=True)
-class UserTurn:
-    ids: list[int]
-    image_ids: Sequence[Sequence[int]] = ()
 
 
 class PromptFormat(Protocol):
@@ -97,20 +88,14 @@ class PromptFormat(Protocol):
         engines share its KV state across conversations)."""
         ...
 
-
-def without_end(reply: Sequence[int], end_ids: frozenset[int]) -> list[int]:
-    """A reply's ids less the end-of-turn ids it closed with: what a format lays out itself, and
-    what a message of the conversation (``Conversation.messages``) carries."""
-    ids = list(reply)
-    while ids and ids[-1] in end_ids:
-        ids.pop()
-    return ids
+    def system_with_tools(self, system: Sequence[int] | None, tools: Sequence[int]) -> list[int]:
+        """What renders as the system prompt where tools are described (``tools``: their
+        description's ids): the system prompt, or the format's own opening words, then them."""
+        ...
 
 
-def _user_content(user: UserTurn | Exchange) -> list[int]:
-    images = user.image_ids
-    text = user.ids if isinstance(user, UserTurn) else user.user_ids
-    return [i for run in images for i in run] + list(text)
+def _with_tools(codec: TextCodec, system: Sequence[int], tools: Sequence[int]) -> list[int]:
+    return [*system, *codec.tokenize_text("\n\n"), *tools] if system else list(tools)
 
 
 class GemmaTurns:
@@ -140,16 +125,20 @@ class GemmaTurns:
     ) -> list[int]:
         system_ids = [*system, *self._system_gap] if system else []
         ids = [self._bos]
-        for n, exchange in enumerate(history):
-            ids += self._turn(self._user, (system_ids if n == 0 else []) + _user_content(exchange))
-            ids += self._turn(self._model, without_end(exchange.reply_ids, self.end_ids))
-        first = system_ids if not history else []
-        ids += self._turn(self._user, first + _user_content(user))
+        pairs, last = turns_of(history, user)
+        for n, (content, reply) in enumerate(pairs):
+            ids += self._turn(self._user, (system_ids if n == 0 else []) + content)
+            ids += self._turn(self._model, without_end(reply, self.end_ids))
+        first = system_ids if not pairs else []
+        ids += self._turn(self._user, first + last)
         return [*ids, self._start, *self._model]
 
     def opening(self, system: Sequence[int] | None) -> list[int]:
         system_ids = [*system, *self._system_gap] if system else []
         return [self._bos, self._start, *self._user, *system_ids]
+
+    def system_with_tools(self, system: Sequence[int] | None, tools: Sequence[int]) -> list[int]:
+        return _with_tools(self._codec, system or (), tools)
 
     def _turn(self, role: list[int], content: list[int]) -> list[int]:
         return [self._start, *role, *content, self._end, *self._newline]
@@ -234,14 +223,19 @@ class Transcript:
     ) -> list[int]:
         instruction = list(system) if system else self._instruction
         ids = [*self._bos, *instruction, *self._gap, *self._examples]
-        for exchange in history:
-            ids += self._user_line(_user_content(exchange))
-            ids += self._assistant + self._reply(exchange.reply_ids)
-        return ids + self._user_line(_user_content(user)) + self._assistant
+        pairs, last = turns_of(history, user)
+        for content, reply in pairs:
+            ids += self._user_line(content)
+            ids += self._assistant + self._reply(reply)
+        return ids + self._user_line(last) + self._assistant
 
     def opening(self, system: Sequence[int] | None) -> list[int]:
         instruction = list(system) if system else self._instruction
         return [*self._bos, *instruction, *self._gap, *self._examples, *self._user]
+
+    def system_with_tools(self, system: Sequence[int] | None, tools: Sequence[int]) -> list[int]:
+        # the instruction line stays (a system prompt replaces it): the tools follow it
+        return _with_tools(self._codec, system or self._instruction, tools)
 
     def _user_line(self, content: list[int]) -> list[int]:
         return [*self._user, *content, *self._line]
@@ -298,14 +292,18 @@ class ChatTemplate:
         if system:
             messages.append({"role": "system", "content": _SENTINEL.format("s")})
             slots["s"] = list(system)
-        for n, exchange in enumerate(history):
+        pairs, last = turns_of(history, user)
+        for n, (content, reply) in enumerate(pairs):
             messages.append({"role": "user", "content": _SENTINEL.format(f"u{n}")})
             messages.append({"role": "assistant", "content": _SENTINEL.format(f"a{n}")})
-            slots[f"u{n}"] = _user_content(exchange)
-            slots[f"a{n}"] = without_end(exchange.reply_ids, self.end_ids)
+            slots[f"u{n}"] = content
+            slots[f"a{n}"] = without_end(reply, self.end_ids)
         messages.append({"role": "user", "content": _SENTINEL.format("new")})
-        slots["new"] = _user_content(user)
+        slots["new"] = last
         return self._ids(self.render_template(messages), slots)
+
+    def system_with_tools(self, system: Sequence[int] | None, tools: Sequence[int]) -> list[int]:
+        return _with_tools(self.codec, system or (), tools)
 
     def opening(self, system: Sequence[int] | None) -> list[int]:
         """What renders before the first user turn's text, alone and followed by an exchange

@@ -1,202 +1,29 @@
-"""A conversation as exact token ids per turn, and ``Chat``: a session's conversation, the same
-for every engine (in this process or over HTTP).
+"""``Chat``: a session's conversation (conversation.py: exact token ids per turn), the same for
+every engine (in this process or over HTTP): each turn counted against the context before it
+runs, then started as a ``GenerationRequest``, and its exchange kept once its reply ends.
 
-``Conversation`` holds a session's system prompt and finished exchanges as they were prompted
-and generated, and renders them with the engine's prompt format (``formats.py``: how each format
-lays out turns), so each prompt extends the last one token for token. No torch here: an engine
-that only has a ``tokenizers`` tokenizer renders the same prompts.
+A turn is a user's (``prepare``), the last one's again (``prepare_regenerate``: the exchange and
+its tool rounds replaced), or the results of the calls the last reply made (``prepare_results``:
+the exchange goes on, one tool round longer, under the same number). No torch here.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from wschat.protocol import FinishReason
+from wschat.protocol.tools import ToolResult
 
 from .base import Engine, Finished, Generation, GenerationRequest, Message, SamplingParams, Turn
+from .conversation import Conversation, IdBudget
 from .errors import ConversationTooLong, PromptTooLong
-from .formats import Exchange, PromptFormat, UserTurn, without_end
+from .exchanges import ToolRound
+from .tools import CallsInvalid, FunctionCall, ToolUse, read_calls, results_text
 
-MAX_TOKEN_ID = 1 << 31  # an id no engine takes (int32): the bound when the vocabulary is unknown
-
-
-class Conversation:
-    def __init__(self, prompt_format: PromptFormat) -> None:
-        self.format = prompt_format
-        self.system: str | None = None
-        self._system_ids: list[int] = []
-        self.exchanges: list[Exchange] = []
-
-    def set_system(self, text: str | None, ids: Sequence[int] | None = None) -> None:
-        """A new system prompt (``ids``: its tokens, ``tokenize_system``'s, when the caller
-        already has them) starts the conversation afresh (PROTOCOL.md "configure")."""
-        self.system = text or None
-        if not text:
-            self._system_ids = []
-        else:
-            self._system_ids = list(ids) if ids is not None else self.tokenize_system(text)
-        self.exchanges.clear()
-
-    def clear(self) -> None:
-        self.exchanges.clear()
-
-    def images_of(self, count: int) -> list[Any]:
-        """The images of its first ``count`` exchanges."""
-        return [image for exchange in self.exchanges[:count] for image in exchange.images]
-
-    def export_state(self) -> dict[str, Any]:
-        return {
-            "format": self.format.name,
-            "system": self.system,
-            "system_ids": list(self._system_ids),
-            "exchanges": [
-                {
-                    "user": e.user_ids,
-                    "image_ids": e.image_ids,
-                    "images": list(e.images),
-                    "reply": e.reply_ids,
-                }
-                for e in self.exchanges
-            ],
-        }
-
-    def import_state(self, state: dict[str, Any], ids: IdBudget) -> None:
-        """An exported conversation, checked for shape and its ids against ``ids``: it may come
-        from another process."""
-        try:
-            if state["format"] != self.format.name:
-                raise ValueError(
-                    f"a conversation in the format {state['format']!r}, not {self.format.name!r}"
-                )
-            system = state["system"]
-            system_ids = ids.take(state["system_ids"])
-            exchanges = [
-                ids.exchange(e["user"], e["image_ids"], e["images"], e["reply"])
-                for e in state["exchanges"]
-            ]
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"not an exported conversation: {e!r}") from e
-        if system is not None and not isinstance(system, str):
-            raise ValueError("not an exported conversation: system is not a string")
-        self.system = system or None
-        self._system_ids = system_ids
-        self.exchanges = exchanges
-
-    @property
-    def images(self) -> list[Any]:
-        return self.images_of(len(self.exchanges))
-
-    @property
-    def id_count(self) -> int:
-        return self.id_count_of(len(self.exchanges))
-
-    def id_count_of(self, count: int) -> int:
-        """Its ids, with its first ``count`` exchanges only, as ``IdBudget`` counts them: each
-        exchange counts one more (its markup)."""
-        return len(self._system_ids) + sum(
-            1 + len(e.user_ids) + sum(map(len, e.image_ids)) + len(e.reply_ids)
-            for e in self.exchanges[:count]
-        )
-
-    @property
-    def generated_tokens(self) -> int:
-        """The replies' tokens, the ones that ended them left out (the dashboard's count)."""
-        ends = self.format.end_ids
-        total = 0
-        for exchange in self.exchanges:
-            reply = exchange.reply_ids
-            total += len(reply) - (1 if reply and reply[-1] in ends else 0)
-        return total
-
-    def tokenize_user(self, text: str) -> list[int]:
-        return self.format.tokenize_user(text)
-
-    def tokenize_system(self, text: str) -> list[int]:
-        return self.format.tokenize_system(text)
-
-    def prompt_ids(
-        self,
-        user_ids: Sequence[int],
-        image_ids: Sequence[Sequence[int]] = (),
-        *,
-        fresh: bool = False,
-        history: int | None = None,
-    ) -> list[int]:
-        """The whole conversation (``history``: its first that many exchanges) plus a new user
-        turn, ending where the model's reply begins; ``fresh``: as it would be after a reset
-        (the system prompt and this turn alone)."""
-        kept = [] if fresh else self.exchanges[:history]
-        user = UserTurn(list(user_ids), image_ids)
-        return self.format.render(self._system_ids or None, kept, user)
-
-    def messages(
-        self, user_ids: Sequence[int], images: Sequence[Any], history: int | None = None
-    ) -> list[Message]:
-        """The conversation (``history``: its first that many exchanges) plus a new user turn
-        as messages: the ids ``prompt_ids`` renders, turn by turn, and each user turn's
-        images."""
-        out = [Message("system", self._system_ids)] if self._system_ids else []
-        for e in self.exchanges[:history]:
-            out.append(Message("user", e.user_ids, e.images))
-            out.append(Message("assistant", without_end(e.reply_ids, self.format.end_ids)))
-        out.append(Message("user", user_ids, images))
-        return out
-
-    def opening(self, prompt_ids: Sequence[int]) -> int:
-        """How many leading ``prompt_ids`` (a prompt it rendered) are its format's opening for
-        its system prompt: the same in every conversation that has them (0 where the prompt
-        does not start with it)."""
-        opening = self.format.opening(self._system_ids or None)
-        return len(opening) if list(prompt_ids[: len(opening)]) == opening else 0
-
-    def first_turn_tokens(self, system_ids: Sequence[int]) -> int:
-        """The tokens of a first turn with this system prompt and no text: markup included."""
-        return len(self.format.render(list(system_ids) or None, [], UserTurn([])))
-
-    def add_exchange(
-        self,
-        user_ids: list[int],
-        image_ids: Sequence[Sequence[int]],
-        images: list[Any],
-        reply_ids: Sequence[int],
-    ) -> None:
-        """Record a finished (or cancelled) exchange exactly as it was prompted and generated."""
-        runs = [list(run) for run in image_ids]
-        self.exchanges.append(Exchange(list(user_ids), runs, images, list(reply_ids)))
-
-
-class IdBudget:
-    """Token ids read back from outside this process (a session store): each one below the
-    vocabulary size (an id past it fails the forward pass of every row of a batch), and no
-    more of them than ``total``, an exchange counting one for its markup: a live conversation
-    never holds more than its context, so a made-up one is refused rather than run."""
-
-    def __init__(self, vocab_size: int | None, total: int, max_images: int) -> None:
-        self.below = vocab_size if vocab_size is not None else MAX_TOKEN_ID
-        self.left = total
-        self.max_images = max_images  # per exchange, as per prompt
-
-    def take(self, value: Any) -> list[int]:
-        if not isinstance(value, list):
-            raise ValueError("not an exported conversation: ids are not a list")
-        self.left -= len(value)
-        if self.left < 0:
-            raise ValueError("not an exported conversation: more ids than a context holds")
-        below = self.below
-        if not all(type(i) is int and 0 <= i < below for i in value):
-            raise ValueError(f"not an exported conversation: ids outside 0..{below - 1}")
-        return value
-
-    def exchange(self, user: Any, image_ids: Any, images: Any, reply: Any) -> Exchange:
-        self.left -= 1
-        runs = [self.take(run) for run in image_ids]
-        if not isinstance(images, list) or len(images) != len(runs):
-            raise ValueError("not an exported conversation: images and their ids differ")
-        if len(images) > self.max_images:
-            raise ValueError(f"not an exported conversation: over {self.max_images} images")
-        return Exchange(self.take(user), runs, images, self.take(reply))
+__all__ = ["Chat", "Conversation", "PreparedTurn"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,12 +40,21 @@ class PreparedTurn:
     # the exchanges it is prompted after: once kept, it is exchange ``history + 1`` and every
     # later one is dropped (a regenerate replaces the last; a prompt adds one after them all)
     history: int = 0
-    replaces: bool = False  # a regenerate: the exchange it follows up on is replaced
+    # a regenerate, or tool results: the exchange it follows up on is replaced (by itself again
+    # for a regenerate, one tool round longer for results)
+    replaces: bool = False
+    rounds: tuple[ToolRound, ...] = ()  # the exchange's replies that called tools, and results
+    tools: tuple[int, ...] = ()  # the offered tools' description, as its system prompt has it
+    call_seed: str = ""  # its reply's calls' ids begin with it (tools.py ``call_id``)
 
     @property
     def index(self) -> int:
         """Its number in the conversation once kept, from 1 (``done.turn``)."""
         return self.history + 1
+
+    def calls_in(self, text: str) -> tuple[FunctionCall, ...] | None:
+        """The calls its reply, whole, makes (None: text); ``CallsInvalid`` for a broken one."""
+        return read_calls(text, self.turn.tools, self.call_seed)
 
 
 class Chat:
@@ -229,6 +65,12 @@ class Chat:
         self.key = key  # what the engine keeps for it is under this key
         self.conversation = Conversation(engine.prompt_format)
         self._running: tuple[Generation, PreparedTurn] | None = None
+        self._tools: tuple[str, list[int]] = ("", [])  # the last tools described, and their ids
+
+    @property
+    def pending_calls(self) -> tuple[FunctionCall, ...]:
+        """The calls the last reply made, which await their results (``prepare_results``)."""
+        return self.conversation.pending_calls
 
     @property
     def system(self) -> str | None:
@@ -286,20 +128,55 @@ class Chat:
             raise PromptTooLong(f"prompt is over {max_user_tokens} tokens")
         placeholder = self._engine.image_placeholder_ids() if turn.images else []
         images = [list(placeholder) for _ in turn.images]
-        return self._fitted(turn, user, images, self.turns)
+        tools = await self._tool_ids(turn.tools)
+        return self._fitted(turn, user, images, self.turns, tools=tools)
 
-    def prepare_regenerate(self, params: SamplingParams) -> PreparedTurn:
+    async def prepare_regenerate(
+        self, params: SamplingParams, tools: ToolUse | None = None
+    ) -> PreparedTurn:
         """The last exchange's user turn (its text and images, as they were prompted) again,
-        after the exchanges before it: ``ConversationTooLong`` when that does not fit the
-        context (``params`` may allow a longer reply). The old exchange stays until the new
-        reply is kept (``start``); a reply that fails, or never starts, leaves it. Changes
-        nothing; ``ValueError`` when there is no exchange."""
+        after the exchanges before it, its tool rounds left out: ``ConversationTooLong`` when
+        that does not fit the context (``params`` may allow a longer reply). The old exchange
+        stays until the new reply is kept (``start``); a reply that fails, or never starts,
+        leaves it. Changes nothing; ``ValueError`` when there is no exchange."""
         if not self.conversation.exchanges:
             raise ValueError("the conversation holds no exchange to regenerate")
         last = self.conversation.exchanges[-1]
-        turn = Turn("", params, list(last.images))  # the text is needed only as its ids
+        turn = Turn("", params, list(last.images), tools)  # its text is needed only as its ids
         runs = [list(run) for run in last.image_ids]
-        return self._fitted(turn, list(last.user_ids), runs, self.turns - 1, replaces=True)
+        ids = await self._tool_ids(tools)
+        return self._fitted(turn, list(last.user_ids), runs, self.turns - 1, tools=ids, again=True)
+
+    async def prepare_results(
+        self, results: Sequence[ToolResult], params: SamplingParams, tools: ToolUse | None
+    ) -> PreparedTurn:
+        """The results of the calls the last reply made, one per call (the caller checked
+        them against ``pending_calls``), as the next turn of the same exchange: the reply that
+        follows them replaces it, one tool round longer, once kept. ``ConversationTooLong``
+        when that does not fit the context; changes nothing."""
+        calls = self.pending_calls
+        if sorted(r.call_id for r in results) != sorted(c.id for c in calls):
+            raise ValueError("the results do not answer the calls that await them")
+        conversation, last = self.conversation, self.conversation.exchanges[-1]
+        text = results_text(calls, results)
+        result_ids = await self._engine.text_tokenizer.tokenize(conversation.tokenize_user, text)
+        rounds = (*last.rounds, ToolRound(list(last.reply_ids), result_ids))
+        turn = Turn("", params, list(last.images), tools)
+        runs = [list(run) for run in last.image_ids]
+        ids = await self._tool_ids(tools)
+        history = self.turns - 1
+        return self._fitted(turn, list(last.user_ids), runs, history, tools=ids, rounds=rounds)
+
+    async def _tool_ids(self, tools: ToolUse | None) -> list[int]:
+        """The ids of the tools' description (none where none is offered), kept for the next
+        turn that offers the same."""
+        if tools is None or not tools.described:
+            return []
+        if self._tools[0] != tools.key:
+            tokenize = self.conversation.tokenize_system  # text as text, in every format
+            ids = await self._engine.text_tokenizer.tokenize(tokenize, tools.key)
+            self._tools = (tools.key, ids)
+        return self._tools[1]
 
     def _fitted(
         self,
@@ -308,24 +185,27 @@ class Chat:
         images: list[list[int]],
         history: int,
         *,
-        replaces: bool = False,
+        tools: list[int],
+        rounds: tuple[ToolRound, ...] = (),
+        again: bool = False,
     ) -> PreparedTurn:
         """The turn after the first ``history`` exchanges, if that fits the context."""
         conversation = self.conversation
-        prompt = conversation.prompt_ids(user, images, history=history)
+        prompt = conversation.prompt_ids(user, images, history=history, rounds=rounds, tools=tools)
         context = self._engine.info.context_tokens
         if len(prompt) >= context:
-            fresh = conversation.prompt_ids(user, images, fresh=True)
+            fresh = conversation.prompt_ids(user, images, fresh=True, rounds=rounds, tools=tools)
             # advise a reset only where one makes room: never a loop of resets
             advice = "reset to start afresh" if len(fresh) < context else "shorten the prompt"
             raise ConversationTooLong(
                 f"the conversation needs {len(prompt)} tokens; the context holds {context}"
                 f" ({advice})"
             )
-        messages = conversation.messages(user, turn.images, history)
-        return PreparedTurn(
-            turn, len(user), len(prompt), user, images, prompt, messages, history, replaces
-        )
+        messages = conversation.messages(user, turn.images, history, rounds, tools)
+        seed = secrets.token_hex(6) if tools else ""
+        replaces = again or bool(rounds)
+        shape = (history, replaces, rounds, tuple(tools), seed)
+        return PreparedTurn(turn, len(user), len(prompt), user, images, prompt, messages, *shape)
 
     def start(
         self, prepared: PreparedTurn, *, key: str | None = None, scope: str = ""
@@ -343,7 +223,7 @@ class Chat:
             key or self.key,
             new_images=len(turn.images),
             messages=prepared.messages,
-            opening=self.conversation.opening(prepared.prompt_ids),
+            opening=self.conversation.opening(prepared.prompt_ids, prepared.tools),
             opening_scope=scope if self.conversation.system else "",
             cache_scope=scope,
         )
@@ -360,12 +240,18 @@ class Chat:
         self._running = None
         if finished.reason is FinishReason.ERROR:
             return
+        try:
+            calls = prepared.calls_in(finished.text) or ()
+        except CallsInvalid:  # a call cut short (its budget, a cancel): kept as the text it is
+            calls = ()
         del self.conversation.exchanges[prepared.history :]  # what a regenerate replaces
         self.conversation.add_exchange(
             prepared.user_ids,
             prepared.image_ids,
             list(prepared.turn.images),
             finished.completion_ids,
+            prepared.rounds,
+            calls,
         )
 
     def rewind(self, keep: int) -> None:
@@ -405,20 +291,24 @@ class Chat:
             return None
         prepared = self._running[1]
         images = list(prepared.turn.images)
-        running = {"user": prepared.user_ids, "image_ids": prepared.image_ids, "images": images}
+        running: dict[str, Any] = {
+            "user": prepared.user_ids,
+            "image_ids": prepared.image_ids,
+            "images": images,
+        }
+        if prepared.rounds:
+            running["rounds"] = [[r.reply_ids, r.result_ids] for r in prepared.rounds]
         return {**running, "replaces": True} if prepared.replaces else running
 
     def add_cancelled(self, running: dict[str, Any], reply_ids: Sequence[int]) -> None:
         """A turn ``export_running`` gave (maybe in another process) joins the conversation as
         a cancelled exchange whose reply is ``reply_ids`` (in place of the last, for a
-        regenerate's); ``ValueError`` when it is not one."""
+        regenerate's or tool results'); ``ValueError`` when it is not one."""
         exchanges = self.conversation.exchanges
         history = len(exchanges) - 1 if running.get("replaces") and exchanges else len(exchanges)
         ids = self._id_budget(self.conversation.id_count_of(history))
         try:
-            exchange = ids.exchange(
-                running["user"], running["image_ids"], running["images"], list(reply_ids)
-            )
+            exchange = ids.exchange(running, list(reply_ids))
         except (KeyError, TypeError) as e:
             raise ValueError(f"not an exported running turn: {e!r}") from e
         del exchanges[history:]

@@ -8,7 +8,6 @@ layer through this face alone (tests/test_interfaces.py): a session's inputs, th
 needs to serve one and what the server counts.
 """
 
-from .core import SessionState
 from .error_boundary import Outbox, Send, error_frame, expected
 from .events import RunDone, RunEvent, RunStarted, TokensSent
 from .generation import GenerationRun
@@ -18,6 +17,7 @@ from .inputs import Complete, Converse, ReplySaid, Said, TakenOver, UserSaid
 from .quotas import FrameRate, PendingHandshakes, PendingPlace
 from .relay import CatchUp
 from .session import Session
+from .states import SessionState
 from .stats import APIS, OPENAI_API, RESPONSES_API, RESPONSES_SOCKET, WEBSOCKET
 
 __all__ = [

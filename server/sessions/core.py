@@ -6,20 +6,12 @@ frames, an API request's whole prompt, what an effect yielded, what its run did,
 its connection) come from ``Session`` (session.py), which performs its effects (effects.py, plain
 data). Its collaborators (the ``Chat``, the slots, the limits) come at construction (hub.py).
 
-The rules are two tables, read top to bottom: ``TRANSITIONS`` (what moves the state) and, at the
-end of this module, ``SessionCore.RULES`` (which handler each input gets in each state). Whether
-the session is busy is its state and nothing else.
-
-    IDLE --prompt (or regenerate) accepted--> QUEUED --slot granted--> RUNNING --run ended--> IDLE
-    QUEUED --run ended (cancelled while queued)--> IDLE
-    RUNNING --dropped--> RUNNING_DETACHED --resumed--> RUNNING
-    RUNNING_DETACHED --run ended (or the grace ran out: cancelled)--> IDLE
-    any --close--> CLOSED   (no resume window, detach expiry, shutdown)
-
-(a drop mid-reply: inputs.py ``Dropped``). A refusal (``busy`` in a state that refuses the frame)
-raises a typed ``ProtocolError`` and changes nothing; the door makes it an ``error`` frame (or
-the API's error). An input a state does not expect, or a change ``TRANSITIONS`` does not list,
-is our bug (``SessionMisuse``).
+The rules are two tables, read top to bottom: ``TRANSITIONS`` (states.py: what moves the state) and,
+at the end of this module, ``SessionCore.RULES`` (which handler each input gets in each state).
+Whether the session is busy is its state and nothing else. A refusal (``busy`` in a state that
+refuses the frame) raises a typed ``ProtocolError`` and changes nothing; the door makes it an
+``error`` frame (or the API's error). An input a state does not expect, or a change ``TRANSITIONS``
+does not list, is our bug (``SessionMisuse``).
 """
 
 from __future__ import annotations
@@ -27,7 +19,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from wschat.protocol import (
@@ -49,6 +40,7 @@ from wschat.protocol import (
     Rewind,
     Rewound,
     SessionMisuse,
+    ToolResults,
 )
 from wschat.protocol.frames import CLIENT_FRAMES
 
@@ -67,6 +59,8 @@ from .effects import (
     LoadConversation,
     PrepareTurn,
     PromptTurn,
+    RegenerateTurn,
+    ResultsTurn,
     SendFrame,
     SetGrace,
     SetSystem,
@@ -83,6 +77,7 @@ from .inputs import (
     GraceOver,
     ImageChecked,
     Input,
+    ResultsSaid,
     RunBegan,
     RunEnded,
     RunGrew,
@@ -92,6 +87,18 @@ from .inputs import (
 )
 from .limits import PromptLimits
 from .slots import GenerationSlots
+from .states import (
+    BUSY_STATES,
+    CLOSED,
+    DETACHED_STATES,
+    IDLE,
+    QUEUED,
+    RUNNING,
+    RUNNING_DETACHED,
+    TRANSITIONS,
+    Change,
+    SessionState,
+)
 
 if TYPE_CHECKING:
     from .images import CheckedImage
@@ -102,39 +109,6 @@ log = logging.getLogger("wschat.session")
 Effects = list[Effect]
 Handler = Callable[["SessionCore", Any], Effects]
 Rules = dict[type[Input], Handler]
-
-
-class SessionState(Enum):
-    IDLE = "idle"
-    QUEUED = "queued"
-    RUNNING = "running"
-    RUNNING_DETACHED = "running, detached"
-    CLOSED = "closed"
-
-
-class Change(Enum):
-    """What moves a session from one state to another."""
-
-    ACCEPTED = "prompt or regenerate accepted"
-    STARTED = "slot granted"
-    ENDED = "run ended"
-    DROPPED = "dropped mid-reply"
-    RESUMED = "resumed"
-    CLOSE = "close"
-
-
-IDLE, QUEUED, RUNNING, RUNNING_DETACHED, CLOSED = SessionState
-
-# (state, change) -> next state; a pair not listed is our bug, never the peer's.
-TRANSITIONS: dict[SessionState, dict[Change, SessionState]] = {
-    IDLE: {Change.ACCEPTED: QUEUED, Change.CLOSE: CLOSED},
-    QUEUED: {Change.STARTED: RUNNING, Change.ENDED: IDLE, Change.CLOSE: CLOSED},
-    RUNNING: {Change.ENDED: IDLE, Change.DROPPED: RUNNING_DETACHED, Change.CLOSE: CLOSED},
-    RUNNING_DETACHED: {Change.ENDED: IDLE, Change.RESUMED: RUNNING, Change.CLOSE: CLOSED},
-    CLOSED: {Change.CLOSE: CLOSED},
-}
-BUSY_STATES = frozenset({QUEUED, RUNNING, RUNNING_DETACHED})
-DETACHED_STATES = frozenset({RUNNING_DETACHED})
 
 
 class SessionCore:
@@ -209,7 +183,9 @@ class SessionCore:
     def _on_ping(self, frame: Ping) -> Effects:
         return [SendFrame(Pong(frame.t))]
 
-    def _refuse_busy(self, frame: Prompt | Regenerate | Configure | Rewind) -> Effects:
+    def _refuse_busy(
+        self, frame: Prompt | Regenerate | ToolResults | Configure | Rewind
+    ) -> Effects:
         frame_id = getattr(frame, "id", None)  # a prompt's, a regenerate's, an API request's
         raise Busy("a generation is already running in this session", id=frame_id)
 
@@ -278,9 +254,16 @@ class SessionCore:
         if not self.chat.turns:
             raise InvalidParams("the conversation holds no exchange to regenerate", id=frame.id)
         merged = self.limits.merged(frame.params, self.defaults, frame.id)
-        # a refusal (context overflow) goes to the error boundary as it is
-        prepared = self.chat.prepare_regenerate(self.limits.sampling(merged))
-        return [*self._launch(frame.id, prepared, bool(merged.token_ids)), CountRewind(True)]
+        turn = RegenerateTurn(self.limits.sampling(merged), self.limits.tools(merged, frame.id))
+        return [PrepareTurn(frame.id, turn, bool(merged.token_ids))]
+
+    def _on_tool_results(self, frame: ToolResults) -> Effects:
+        self._check_unused(frame.id)
+        self.limits.check_results(self.chat.pending_calls, frame.results, frame.id)
+        merged = self.limits.merged(frame.params, self.defaults, frame.id)
+        tools = self.limits.tools(merged, frame.id)
+        turn = ResultsTurn(frame.results, self.limits.sampling(merged), tools)
+        return [PrepareTurn(frame.id, turn, bool(merged.token_ids))]
 
     def _on_prompt(self, frame: Prompt) -> Effects:
         return self._prompt(frame.id, frame.text, frame.images, frame.params)
@@ -291,22 +274,27 @@ class SessionCore:
         self._check_unused(prompt_id)
         if not text and not uploads and not self.staged:
             raise InvalidParams("a prompt needs text or images", id=prompt_id)
+        if self.chat.pending_calls:  # PROTOCOL.md "Tool calls": they are answered first
+            raise InvalidParams("the last reply's tool calls await their results", id=prompt_id)
         self.limits.check_text(text, prompt_id)
         merged = self.limits.merged(params, self.defaults, prompt_id)
-        sampling = self.limits.sampling(merged)
-        turn = PromptTurn(text, tuple(uploads), tuple(self.staged), sampling)
+        sampling, tools = self.limits.sampling(merged), self.limits.tools(merged, prompt_id)
+        turn = PromptTurn(text, tuple(uploads), tuple(self.staged), sampling, tools)
         return [PrepareTurn(prompt_id, turn, bool(merged.token_ids))]
 
     def _on_converse(self, request: Converse) -> Effects:
         self._check_unused(request.id)
-        for text in [request.system or "", *(said.text for said in request.history)]:
+        said = [*request.history, request.user]
+        for text in [request.system or "", *(text for s in said for text in s.texts)]:
             self.limits.check_text(text, what="a message's text")
         return [LoadConversation(request)]
 
     def _on_conversation_loaded(self, done: ConversationLoaded) -> Effects:
-        # the turn to answer, as a prompt frame of a session that held the conversation
-        request = done.request.conversation
-        return self._prompt(request.id, request.user.text, request.user.images, request.params)
+        # the turn to answer, as a frame of a session that held the conversation
+        request, user = done.request.conversation, done.request.conversation.user
+        if isinstance(user, ResultsSaid):
+            return self._on_tool_results(ToolResults(request.id, user.results, request.params))
+        return self._prompt(request.id, user.text, user.images, request.params)
 
     def _on_complete(self, request: Complete) -> Effects:
         self._check_unused(request.id)
@@ -320,7 +308,10 @@ class SessionCore:
     def _on_turn_prepared(self, done: TurnPrepared) -> Effects:
         request = done.request
         effects = self._launch(request.id, done.prepared, request.token_ids)
-        self.staged.clear()  # the prompt took them
+        if isinstance(request.turn, PromptTurn):
+            self.staged.clear()  # the prompt took them
+        if isinstance(request.turn, RegenerateTurn):
+            effects.append(CountRewind(True))
         return effects
 
     def _check_unused(self, frame_id: str) -> None:
@@ -404,6 +395,7 @@ BUSY: Rules = {
     Regenerate: S._refuse_busy,
     Converse: S._refuse_busy,
     Complete: S._refuse_busy,
+    ToolResults: S._refuse_busy,
     GraceOver: S._drop,  # the timer went off as it was cancelled
 }
 # what every state a connection feeds answers alike
@@ -428,6 +420,7 @@ SessionCore.RULES = {
         Configure: S._on_configure,
         Rewind: S._on_rewind,
         Regenerate: S._on_regenerate,
+        ToolResults: S._on_tool_results,
         Converse: S._on_converse,
         Complete: S._on_complete,
         SystemSet: S._on_system_set,

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from wschat.protocol import Configure, Frame, Image
+from wschat.protocol import Configure, Frame, Image, ToolResult
 
-from ..engine import PreparedTurn, SamplingParams
+from ..engine import PreparedTurn, SamplingParams, ToolUse
 
 if TYPE_CHECKING:
     from .images import CheckedImage
@@ -55,6 +55,24 @@ class PromptTurn:
     uploads: tuple[bytes, ...]
     staged: tuple[CheckedImage, ...]
     sampling: SamplingParams
+    tools: ToolUse | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RegenerateTurn:
+    """The last exchange's user turn again, its tool rounds dropped."""
+
+    sampling: SamplingParams
+    tools: ToolUse | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResultsTurn:
+    """The results of the calls the last reply made: the exchange goes on."""
+
+    results: tuple[ToolResult, ...]
+    sampling: SamplingParams
+    tools: ToolUse | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +85,7 @@ class CompletionTurn:
 
 
 # A kind of turn to prepare; each has its case in turns.py
-TurnKind = PromptTurn | CompletionTurn
+TurnKind = PromptTurn | RegenerateTurn | ResultsTurn | CompletionTurn
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """What a generation run tells its listeners (the session, ``ServerStats``, ``Metrics``), as
-it happens: one ``RunStarted`` when it gets a slot, a ``TokensSent`` per ``token`` frame, one
-``RunDone`` with the ``done`` frame it sends last."""
+it happens: one ``RunStarted`` when it gets a slot, a ``TokensSent`` per ``token`` frame (or
+piece of a tool call's text, which goes as its ``tool_call`` frame), one ``RunDone`` with the
+``done`` frame it sends last."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """``GenerationRun``: one prompt's life from queue to ``done``, turning engine items into frames.
 
 Token text that piles up while the socket is slow is merged into one ``token`` frame (its index
-jumps); nothing is dropped (PROTOCOL.md "Server frames"). Exactly one ``done`` is sent per run,
-from ``finally``.
+jumps); nothing is dropped (PROTOCOL.md "Server frames"). A reply that calls tools sends each call
+as a ``tool_call`` frame once it is whole, not as text, and ends ``tool_calls`` (engine
+tool_calls.py reads them). Exactly one ``done`` is sent per run, from ``finally``.
 """
 
 from __future__ import annotations
@@ -21,13 +22,16 @@ from wschat.protocol import (
     Start,
     Timing,
     Token,
+    ToolCall,
     Usage,
 )
 
 from ..engine import (
+    CallReader,
     Chat,
     EngineError,
     Finished,
+    FunctionCall,
     Generation,
     PreparedTurn,
     TokenPiece,
@@ -62,6 +66,10 @@ class GenerationRun:
     first_token_at: float | None = None
     last_token_at: float | None = None
     listeners: list[RunListener] = field(default_factory=list)
+    reader: CallReader = field(init=False)  # the reply's text, and the calls it makes
+
+    def __post_init__(self) -> None:
+        self.reader = CallReader(self.prepared.turn.tools, self.prepared.call_seed)
 
     @property
     def kept(self) -> bool:
@@ -152,23 +160,40 @@ class GenerationRun:
                 if text and self.first_token_at is None:
                     self.first_token_at = self.last_token_at
             self.completion_tokens += len(ids)  # ids without text too: the next index jumps
-            if not text:
-                self.sent.add(ids, None)
-            else:
-                shown = ids if self.token_ids else None
-                frame = Token(self.id, text, self.completion_tokens, shown)
-                self.sent.add(ids, frame)
-                self._notify(TokensSent(self, len(ids)))
-                await send(frame)
+            shown, calls = self.reader.feed(text)
+            await self._sent(send, ids, shown, calls)
             if finished is not None:
                 self.finished = finished
+                rest, calls, calling = self.reader.finish()
+                await self._sent(send, (), rest, calls)
                 if finished.reason is FinishReason.ERROR:
                     error = finished.error
                     log.error("generation %s failed: %s", self.id, error or "no reason given")
                     # the engine's words only when it wrote them for clients (an EngineError)
                     told = error if isinstance(error, EngineError) else None
                     await send(error_frame(told or Internal("generation failed"), self.id))
+                # whole calls are the reply's end, however it stopped (engine history.py)
+                if calling and finished.reason is not FinishReason.ERROR:
+                    return FinishReason.TOOL_CALLS
                 return finished.reason
+
+    async def _sent(
+        self, send: Send, ids: tuple[int, ...], text: str, calls: list[FunctionCall]
+    ) -> None:
+        """Send the text to show (a ``token`` frame) and the calls that are whole; ``ids`` are
+        counted as sent either way (a call's text is sent as its ``tool_call`` frames)."""
+        frame = None
+        if text:
+            frame = Token(self.id, text, self.completion_tokens, ids if self.token_ids else None)
+        self.sent.add(ids, frame)
+        if ids or frame is not None:
+            self._notify(TokensSent(self, len(ids)))
+        if frame is not None:
+            await send(frame)
+        for call in calls:
+            called = ToolCall(self.id, len(self.sent.calls), call.id, call.name, call.arguments)
+            self.sent.calls.append(called)
+            await send(called)
 
     async def _stalled(self, send: Send) -> FinishReason:
         """No progress for stall_timeout_s: cancel, tell the client, free the slot."""
@@ -229,7 +254,7 @@ class GenerationRun:
         """The engine's text and usage once its ``Finished`` was streamed; else what was sent."""
         finished = self.finished
         if finished is not None and finished.usage is not None:
-            return finished.text, finished.usage
+            return self.sent.text.join(), finished.usage
         generation = self.generation
         prompt_tokens = generation.prompt_tokens if generation else 0
         cached = generation.cached_tokens if generation else 0

@@ -14,7 +14,7 @@ from wschat.protocol import CloseCode, Frame
 
 from ..engine import Chat, Engine
 from ..settings import STORE_SCHEMES, UNBATCHED_CONCURRENT, Settings
-from .core import DETACHED_STATES, SessionCore
+from .core import SessionCore
 from .error_boundary import Send
 from .events import RunListener
 from .gates import Gate
@@ -24,6 +24,7 @@ from .quotas import ConnectionCaps
 from .session import Session
 from .slots import GenerationSlots
 from .snapshot import import_state
+from .states import DETACHED_STATES
 from .stats import OPENAI_API, ServerStats
 from .store import MemorySessionStore, Rebuild, SessionStore
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from wschat.protocol import ClientFrame, GenerationParams
+from wschat.protocol import ClientFrame, GenerationParams, ToolResult
+
+from ..engine import FunctionCall
 
 if TYPE_CHECKING:
     from ..engine import PreparedTurn
@@ -25,31 +27,53 @@ class UserSaid:
     text: str
     images: tuple[bytes, ...] = ()
 
+    @property
+    def texts(self) -> tuple[str, ...]:
+        return (self.text,)
+
 
 @dataclass(frozen=True, slots=True)
 class ReplySaid:
-    """A reply given earlier, sent back as its text, with the ids it was generated as where the
-    door remembers them (then it renders exactly as in a session that kept it)."""
+    """A reply given earlier, sent back as its text and the calls it made (their ids the ones
+    the door gave them), with the ids it was generated as where the door remembers them (then
+    it renders exactly as in a session that kept it)."""
 
     text: str
     ids: tuple[int, ...] | None = None
+    calls: tuple[FunctionCall, ...] = ()
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        return (self.text, *(call.arguments for call in self.calls))
 
 
-# A message of a conversation sent whole. Each kind has its ``text`` (held to a prompt's size);
-# another kind (a tool's call or its result) is a class here and its case where a conversation
-# is loaded (turns.py), and nothing else changes.
-Said = UserSaid | ReplySaid
+@dataclass(frozen=True, slots=True)
+class ResultsSaid:
+    """The results of the calls the reply before it made (a tool message each)."""
+
+    results: tuple[ToolResult, ...]
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        return tuple(result.content for result in self.results)
+
+
+# A message of a conversation sent whole. Each kind has its ``texts`` (each held to a prompt's
+# size) and its case where a conversation is loaded (turns.py).
+Said = UserSaid | ReplySaid | ResultsSaid
 
 
 @dataclass(frozen=True, slots=True)
 class Converse:
     """A conversation sent whole (a chat completion): the system text, the messages before the
-    turn to answer (a user's first, then a reply and a user's in turn), and that turn."""
+    turn to answer (a user's first, then its replies: one that called tools is followed by
+    their results, the last one did not; then the next user's), and that turn: a user's, or the
+    results of the calls the last reply made."""
 
     id: str
     system: str | None
     history: tuple[Said, ...]
-    user: UserSaid
+    user: UserSaid | ResultsSaid
     params: GenerationParams | None = None
 
 

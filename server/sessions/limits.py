@@ -1,16 +1,18 @@
 """``PromptLimits``: what a prompt is held to before any model work, whichever door it came by
 (README "Security and limits"): its text's bytes, its ``max_new_tokens`` against the server's
-longest reply, and the sampling it runs with, its params over the session's defaults over the
-server's.
+longest reply, the sampling it runs with, its params over the session's defaults over the
+server's, and the tools it offers (a named ``tool_choice`` one of them) and the results it hands
+back (one per call that awaits one).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from wschat.protocol import GenerationParams, InvalidParams, TooLarge
+from wschat.protocol import GenerationParams, InvalidParams, TooLarge, ToolResult
 
-from ..engine import SamplingParams
+from ..engine import FunctionCall, SamplingParams, ToolUse
 from ..settings import Settings
 
 # PROTOCOL.md "configure": the context a system prompt must leave for the user's text and reply
@@ -67,3 +69,44 @@ class PromptLimits:
             stop=p.stop or (),
             seed=p.seed,
         )
+
+    def tools(self, p: GenerationParams, frame_id: str) -> ToolUse | None:
+        """The tools a prompt's merged params offer, and how it may use them (PROTOCOL.md
+        "Tool calls"): a named ``tool_choice`` must name one of them, and ``required`` needs
+        some."""
+        choice = p.tool_choice
+        if choice is not None and choice.mode == "named":
+            if not any(tool.name == choice.name for tool in p.tools or ()):
+                raise InvalidParams(
+                    f"tool_choice names {choice.name!r}, which tools does not offer", id=frame_id
+                )
+        elif choice is not None and choice.mode == "required" and not p.tools:
+            raise InvalidParams("tool_choice required needs tools", id=frame_id)
+        return ToolUse.of(p.tools, choice, p.parallel_tool_calls)
+
+    def check_results(
+        self, calls: Sequence[FunctionCall], results: Sequence[ToolResult], frame_id: str
+    ) -> None:
+        """One result per call that awaits one (PROTOCOL.md "Tool calls"), each a text within
+        a prompt's size."""
+        if not calls:
+            raise InvalidParams("no tool calls await results", id=frame_id)
+        check_answers(calls, results, frame_id)
+        for result in results:
+            self.check_text(result.content, frame_id, "a tool result")
+
+
+def check_answers(
+    calls: Sequence[FunctionCall], results: Sequence[ToolResult], frame_id: str | None = None
+) -> None:
+    """``InvalidParams`` unless ``results`` answer ``calls`` one each (in any order)."""
+    awaited = {call.id for call in calls}
+    answered = [result.call_id for result in results]
+    for call_id in answered:
+        if call_id not in awaited:
+            raise InvalidParams(f"no tool call {call_id!r} awaits a result", id=frame_id)
+    if len(set(answered)) != len(answered):
+        raise InvalidParams("each tool call takes one result", id=frame_id)
+    missing = [call.id for call in calls if call.id not in set(answered)]
+    if missing:
+        raise InvalidParams(f"tool call {missing[0]!r} has no result", id=frame_id)

@@ -42,10 +42,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ..settings import Settings
-from .core import DETACHED_STATES, SessionState
 from .redis_scripts import CLAIM, DROP, HEARTBEAT, REPLY, WRITE
 from .session import Session
 from .snapshot import Bounds, export_state, pack, reply_checkpoint, unpack
+from .states import DETACHED_STATES, SessionState
 from .store import Claim, Rebuild
 
 log = logging.getLogger("wschat.store")

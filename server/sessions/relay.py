@@ -34,6 +34,7 @@ from wschat.protocol import (
     Queued,
     Start,
     Token,
+    ToolCall,
     decode_server_frame,
     encode,
 )
@@ -54,9 +55,11 @@ class CatchUp:
 class ReplyRecord:
     """One reply as its run sent it, packed, kept once for all who need it: the text of its
     ``token`` frames, every id generated (those that came without text too: a checkpoint's, for
-    a resume elsewhere), and where each frame ends, for the relay's catch-up."""
+    a resume elsewhere), and where each frame ends, for the relay's catch-up; and its
+    ``tool_call`` frames, which a catch-up sends again whole (few, and keyed by their call id)."""
 
     def __init__(self) -> None:
+        self.calls: list[ToolCall] = []
         self.text = TextPieces()
         self.ids = array("q")
         self._indexes = array("q")  # each frame's index
@@ -106,7 +109,8 @@ class ReplyRecord:
         for k, (index, text_end) in enumerate(zip(self._indexes, self._text_ends, strict=True)):
             ids = list(self.ids[self._id_starts[k] : self._id_ends[k]]) if self._shows_ids else None
             frames.append([index, text_end, ids])
-        return {"text": self.text.join(), "frames": frames}
+        calls = [encode(call) for call in self.calls]
+        return {"text": self.text.join(), "frames": frames, "calls": calls}
 
     @classmethod
     def restore(cls, reply: str, kept: dict[str, Any]) -> ReplyRecord:
@@ -125,6 +129,11 @@ class ReplyRecord:
             at = text_end
         if at != len(text):
             raise ValueError("a reply's frames do not cover its text")
+        for data in kept.get("calls", ()):
+            call = decode_server_frame(data)
+            if not isinstance(call, ToolCall) or call.id != reply:
+                raise ValueError("a reply's calls are not its tool_call frames")
+            record.calls.append(call)
         return record
 
 
@@ -199,9 +208,10 @@ class Relay:
         client names no ``last`` (the index of the last ``token`` frame it got; absent: none).
         The frames held since the drop that open the reply (``queued``, ``start``), one
         ``token`` frame with the text of every frame after index ``last`` (a ``last`` between
-        boundaries counts as the boundary below, one past the end as the end), then the reply's
-        ``error`` and ``done`` if it ended. Frames sent from now on are held for ``attach``.
-        The connection before is dropped first: what it was still sending is nobody's now."""
+        boundaries counts as the boundary below, one past the end as the end), every
+        ``tool_call`` frame of the reply, then the reply's ``error`` and ``done`` if it ended.
+        Frames sent from now on are held for ``attach``. The connection before is dropped
+        first: what it was still sending is nobody's now."""
         if self.drop_last is not None:
             self.drop_last()
         if self.reply is None or not (self.in_flight or last is not None):
@@ -210,7 +220,8 @@ class Relay:
         self._held = []
         after = self._record.after(self.reply, last or 0)
         replay: list[Frame] = [after] if after else []
-        return CatchUp(self.reply, [*opening, *replay, *self._ending])
+        calls = self._record.calls
+        return CatchUp(self.reply, [*opening, *replay, *calls, *self._ending])
 
     def export(self) -> dict[str, Any] | None:
         """What a resume needs of a reply that ended while no connection was attached (its

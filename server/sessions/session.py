@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine import Chat, Engine
 from ..settings import Settings
-from .core import SessionCore, SessionState
+from .core import SessionCore
 from .effects import (
     CancelRun,
     CheckImage,
@@ -58,6 +58,7 @@ from .inputs import (
 )
 from .limits import MIN_TURN_TOKENS
 from .relay import CatchUp, Relay
+from .states import SessionState
 from .turns import Preparing, check_staged, load_conversation, prepare
 
 if TYPE_CHECKING:
@@ -179,8 +180,7 @@ class Session:
 
     async def _perform(self, effects: Sequence[Effect]) -> None:
         for effect in effects:
-            now = PERFORM_NOW.get(type(effect))
-            if now is not None:
+            if (now := PERFORM_NOW.get(type(effect))) is not None:
                 now(self, effect)
             else:
                 await PERFORM[type(effect)](self, effect)

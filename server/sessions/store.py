@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .core import SessionState
 from .session import Session
+from .states import SessionState
 
 # how long a claim waits for the connection that holds its session to end (a client may see its
 # connection drop, and reconnect, before the server does)

@@ -22,12 +22,16 @@ from ..engine import (
     Message,
     PreparedTurn,
     PromptTooLong,
+    ToolRound,
     Turn,
+    calls_text,
+    results_text,
 )
 from ..settings import Settings
-from .effects import CompletionTurn, PrepareTurn, PromptTurn, TurnKind
+from .effects import CompletionTurn, PrepareTurn, PromptTurn, RegenerateTurn, ResultsTurn, TurnKind
 from .gates import Gate
-from .inputs import Converse, ReplySaid, Said, UserSaid
+from .inputs import Converse, ReplySaid, ResultsSaid, Said, UserSaid
+from .limits import check_answers
 
 if TYPE_CHECKING:
     from .images import CheckedImage, ImageRules
@@ -75,10 +79,20 @@ async def _prompt(preparing: Preparing, prompt_id: str, turn: TurnKind) -> Prepa
         checked = await rules.check(turn.uploads, preparing.image_checks, prompt_id)
         rules.budget(preparing.held_images(), checked, prompt_id)
         images += checked
-    user = Turn(turn.text, turn.sampling, [image.image for image in images])
+    user = Turn(turn.text, turn.sampling, [image.image for image in images], turn.tools)
     # a refusal (too large, context overflow) goes to the error boundary as the engine raised it
     limit = preparing.settings.max_prompt_tokens
     return await preparing.chat.prepare(user, max_user_tokens=limit)
+
+
+async def _regenerate(preparing: Preparing, prompt_id: str, turn: TurnKind) -> PreparedTurn:
+    assert isinstance(turn, RegenerateTurn)
+    return await preparing.chat.prepare_regenerate(turn.sampling, turn.tools)
+
+
+async def _results(preparing: Preparing, prompt_id: str, turn: TurnKind) -> PreparedTurn:
+    assert isinstance(turn, ResultsTurn)
+    return await preparing.chat.prepare_results(turn.results, turn.sampling, turn.tools)
 
 
 async def _completion(preparing: Preparing, prompt_id: str, turn: TurnKind) -> PreparedTurn:
@@ -103,21 +117,30 @@ async def _completion(preparing: Preparing, prompt_id: str, turn: TurnKind) -> P
     return PreparedTurn(user, len(ids), len(ids), ids, [], ids, [Message("user", ids)])
 
 
-PREPARE = {PromptTurn: _prompt, CompletionTurn: _completion}
+PREPARE = {
+    PromptTurn: _prompt,
+    RegenerateTurn: _regenerate,
+    ResultsTurn: _results,
+    CompletionTurn: _completion,
+}
 
 
 async def load_conversation(preparing: Preparing, request: Converse) -> None:
-    """The conversation before the turn to answer, set in the chat: its texts tokenized together
-    (in the tokenizer's worker thread when they are long), a reply the door knows the ids of as
-    those ids, and the context checked before anything is rendered; each user message's images
+    """The conversation before the turn to answer, set in the chat: its order checked (tool
+    results answer the calls before them, one each), its texts tokenized together (in the
+    tokenizer's worker thread when they are long), a reply the door knows the ids of as those
+    ids, and the context checked before anything is rendered; each user message's images
     checked as a prompt's."""
     engine, conversation = preparing.engine, preparing.chat.conversation
-    exchanges = _exchanges(request.history)
-    chars = len(request.system or "") + sum(len(said.text) for said in request.history)
+    exchanges = exchanges_of(request.history, isinstance(request.user, ResultsSaid))
+    chars = len(request.system or "") + sum(len(t) for s in request.history for t in s.texts)
     system_ids, exchange_ids = await engine.text_tokenizer.run(
         functools.partial(_tokenized, conversation, request.system, exchanges), chars
     )
-    held = len(system_ids) + sum(len(u) + len(r) for u, r in exchange_ids)
+    held = len(system_ids) + sum(
+        len(user) + len(reply) + sum(len(r.reply_ids) + len(r.result_ids) for r in rounds)
+        for user, rounds, reply in exchange_ids
+    )
     context = engine.info.context_tokens
     if held >= context:
         raise ConversationTooLong(
@@ -125,34 +148,84 @@ async def load_conversation(preparing: Preparing, request: Converse) -> None:
         )
     if request.system:
         conversation.set_system(request.system, system_ids)
-    for (user, _), (user_ids, reply) in zip(exchanges, exchange_ids, strict=True):
-        images = await _message_images(preparing, user)
-        placeholder = engine.image_placeholder_ids() if images else []
-        conversation.add_exchange(user_ids, [list(placeholder) for _ in images], images, reply)
+    for sent, (user_ids, rounds, reply) in zip(exchanges, exchange_ids, strict=True):
+        images = await _message_images(preparing, sent.user)
+        runs = [list(engine.image_placeholder_ids()) for _ in images]
+        conversation.add_exchange(user_ids, runs, images, reply, rounds, sent.reply.calls)
 
 
-def _exchanges(history: Sequence[Said]) -> list[tuple[UserSaid, ReplySaid]]:
-    """The messages as the exchanges a ``Conversation`` keeps: a user's, the reply to it."""
-    pairs = list(zip(history[::2], history[1::2], strict=False))
-    exchanges = [(u, r) for u, r in pairs if isinstance(u, UserSaid) and isinstance(r, ReplySaid)]
-    if len(history) % 2 or len(exchanges) != len(pairs):
-        raise InvalidParams("the messages before the last alternate a user's and a reply")
-    return exchanges
+@dataclass(frozen=True, slots=True)
+class SentExchange:
+    """An exchange of a conversation sent whole: the user's message, each reply that called
+    tools with their results, and the last reply (whose calls, if it made any, await results)."""
+
+    user: UserSaid
+    rounds: tuple[tuple[ReplySaid, ResultsSaid], ...]
+    reply: ReplySaid
+
+
+ORDER = (
+    "the messages before the last must go: a user's, then the replies to it (one with tool calls"
+    " followed by their results), then the next user's"
+)
+
+
+def exchanges_of(history: Sequence[Said], answering_results: bool) -> list[SentExchange]:
+    """The messages as the exchanges a ``Conversation`` keeps; ``answering_results``: the turn
+    to answer is the results of the last reply's calls."""
+    out: list[SentExchange] = []
+    at = 0  # the next message
+    while at < len(history):
+        user = history[at]
+        if not isinstance(user, UserSaid):
+            raise InvalidParams(ORDER)
+        at += 1
+        rounds: list[tuple[ReplySaid, ResultsSaid]] = []
+        while True:
+            reply = history[at] if at < len(history) else None
+            if not isinstance(reply, ReplySaid):
+                raise InvalidParams(ORDER)
+            at += 1
+            if not reply.calls or (at == len(history) and answering_results):
+                break
+            results = history[at] if at < len(history) else None
+            if not isinstance(results, ResultsSaid):
+                raise InvalidParams("a reply's tool calls must be followed by their results")
+            check_answers(reply.calls, results.results)
+            rounds.append((reply, results))
+            at += 1
+        out.append(SentExchange(user, tuple(rounds), reply))
+    if answering_results and not (out and out[-1].reply.calls):
+        raise InvalidParams("tool results must follow a reply that called tools")
+    return out
 
 
 def _tokenized(
-    conversation: Conversation, system: str | None, exchanges: list[tuple[UserSaid, ReplySaid]]
-) -> tuple[list[int], list[tuple[list[int], list[int]]]]:
-    """The system text's ids and each exchange's (user, reply) ids. Pure work on the tokenizer,
-    for its worker thread."""
+    conversation: Conversation, system: str | None, exchanges: list[SentExchange]
+) -> tuple[list[int], list[tuple[list[int], list[ToolRound], list[int]]]]:
+    """The system text's ids and each exchange's (user, tool rounds, reply) ids. Pure work on
+    the tokenizer, for its worker thread."""
     system_ids = conversation.tokenize_system(system) if system else []
-    return system_ids, [
-        (
-            conversation.tokenize_user(user.text),
-            list(reply.ids) if reply.ids is not None else conversation.tokenize_user(reply.text),
-        )
-        for user, reply in exchanges
-    ]
+    tokenize = conversation.tokenize_user
+    out: list[tuple[list[int], list[ToolRound], list[int]]] = []
+    for sent in exchanges:
+        rounds = [
+            ToolRound(
+                _reply_ids(conversation, reply), tokenize(results_text(reply.calls, said.results))
+            )
+            for reply, said in sent.rounds
+        ]
+        out.append((tokenize(sent.user.text), rounds, _reply_ids(conversation, sent.reply)))
+    return system_ids, out
+
+
+def _reply_ids(conversation: Conversation, reply: ReplySaid) -> list[int]:
+    """A reply as the ids it was generated as, where known; else its text (and calls) as text."""
+    if reply.ids is not None:
+        return list(reply.ids)
+    return conversation.tokenize_user(
+        calls_text(reply.text, reply.calls) if reply.calls else reply.text
+    )
 
 
 async def _message_images(preparing: Preparing, said: UserSaid) -> list[Any]:

@@ -72,12 +72,15 @@ class Connection:
         s = hub.settings
         self.rate = FrameRate(s.frames_per_second)
         self.last_frame_at = time.monotonic()
+        # PROTOCOL.md section 2: room for params.tools' schemas, whose own caps the protocol
+        # checks once decoded (protocol/tools.py)
         self.limits = DecodeLimits(
             max_frame_bytes=s.max_frame_bytes,
             max_str_len=max(s.max_prompt_bytes, 4096),
             max_bin_len=s.max_image_bytes,
-            max_array_len=max(16, s.max_images),
-            max_map_len=32,
+            max_array_len=max(64, s.max_images),
+            max_map_len=64,
+            max_containers=1024,
         )
 
     async def send(self, frame: Frame) -> None:

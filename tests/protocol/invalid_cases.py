@@ -222,6 +222,23 @@ def frame_layer() -> Iterator[Case]:
         pack({"type": "regenerate", "id": "r1", "params": {"temp": 1}}),
         expect=PARAMS,
     )
+    for name, description, results in [
+        ("tool_results_missing_results", "tool_results without results", None),
+        ("tool_results_empty", "no result at all", []),
+        (
+            "tool_results_content_int",
+            "a result's content must be a str",
+            [{"call_id": "c", "content": 1}],
+        ),
+        ("tool_results_twice", "one call answered twice", [{"call_id": "c", "content": "a"}] * 2),
+    ]:
+        frame = {"type": "tool_results", "id": "t1"}
+        yield Case(
+            name,
+            description,
+            pack(frame if results is None else {**frame, "results": results}),
+            expect=BAD if results is None else PARAMS,
+        )
 
 
 def params() -> Iterator[Case]:

@@ -25,6 +25,7 @@ from wschat.protocol import (
     Stats,
     Timing,
     Token,
+    ToolCall,
     Usage,
     encode,
 )
@@ -89,6 +90,11 @@ def server_frames() -> Iterator[Case]:
     yield server("start", "start", Start("p1", 37, 12, 0.25))
     yield server("token", "a token", Token("p1", "Hel", 1))
     yield server(
+        "tool_call",
+        "a whole call the reply makes, its arguments as JSON text",
+        ToolCall("p1", 0, "call_x0", "get_weather", '{"city": "Paris"}'),
+    )
+    yield server(
         "token_ids", "a merged token frame with ids (index jumped)", Token("p1", "lo!", 3, (1, 2))
     )
     yield server(
@@ -114,6 +120,11 @@ def server_frames() -> Iterator[Case]:
         "done_length",
         "done, reason length: the reply is exchange 1",
         Done("p1", FinishReason.LENGTH, "Hi", usage, timing, 1),
+    )
+    yield server(
+        "done_tool_calls",
+        "done, reason tool_calls: the reply is its tool_call frames, its text empty",
+        Done("p1", FinishReason.TOOL_CALLS, "", usage, timing, 2),
     )
     yield server(
         "done_cancelled_while_queued",

@@ -39,6 +39,11 @@ from wschat.protocol import (
     Stats,
     Timing,
     Token,
+    ToolCall,
+    ToolChoice,
+    ToolResult,
+    ToolResults,
+    ToolSpec,
     Usage,
     decode_client_frame,
     decode_server_frame,
@@ -55,6 +60,14 @@ FULL_PARAMS = GenerationParams(
     stop=("a", "\U0001f600"),
     seed=-(2**63),
     token_ids=True,
+)
+TOOL_PARAMS = GenerationParams(
+    tools=(
+        ToolSpec("get_weather", "The weather in a city", {"type": "object", "required": ["city"]}),
+        ToolSpec("now"),
+    ),
+    tool_choice=ToolChoice("named", "now"),
+    parallel_tool_calls=False,
 )
 LIMITS = Limits(1, 2, 3, 4, 5, 6, 7, 8, 9, 0.5)
 
@@ -76,6 +89,8 @@ CLIENT_SAMPLES: list[Frame] = [
     Rewind(2**64 - 1),
     Regenerate("r"),
     Regenerate("r", FULL_PARAMS),
+    ToolResults("t", (ToolResult("call_1", "sunny"), ToolResult("call_2", '{"c": 21}'))),
+    ToolResults("t", (ToolResult("c", ""),), TOOL_PARAMS),
 ]
 SERVER_SAMPLES: list[Frame] = [
     Ready(1, "s", "r", "m", Capabilities(True, 4), LIMITS, "generate"),
@@ -92,6 +107,7 @@ SERVER_SAMPLES: list[Frame] = [
     Start("p", 10, 0, 0.0),
     Token("p", "\U0001f600", 1),
     Token("p", "ab", 3, (7, 8)),
+    ToolCall("p", 0, "call_1", "get_weather", '{"city": "Paris"}'),
     *(
         Done("p", reason, "ab", Usage(1, 2, 3), Timing(0.5, None if i else 1.5, 2.0, 3.0))
         for i, reason in enumerate(FinishReason)
@@ -171,11 +187,23 @@ client_frames = st.one_of(
     st.builds(Configure, st.none() | st.text(), st.none() | params),
     st.builds(Rewind, u64),
     st.builds(Regenerate, ids, st.none() | params),
+    st.builds(
+        ToolResults,
+        ids,
+        st.lists(
+            st.builds(ToolResult, ids, st.text()),
+            min_size=1,
+            max_size=4,
+            unique_by=lambda r: r.call_id,
+        ).map(tuple),
+        st.none() | params,
+    ),
 )
 server_frames = st.one_of(
     st.builds(Queued, ids, u64),
     st.builds(Start, ids, u64, u64, finite),
     st.builds(Token, ids, st.text(min_size=1), u64, st.none() | st.lists(u64).map(tuple)),
+    st.builds(ToolCall, ids, u64, ids, st.text(), st.text()),
     st.builds(
         Done,
         ids,

@@ -23,6 +23,8 @@ from wschat.protocol import (
     Regenerate,
     Reset,
     Rewind,
+    ToolResult,
+    ToolResults,
     encode,
 )
 
@@ -187,6 +189,41 @@ def client_frames() -> Iterator[Case]:
         "regenerate_params",
         "a regenerate with a new seed and temperature",
         encode(Regenerate("r2", GenerationParams(temperature=0.8, seed=7))),
+    )
+    yield Case(
+        "prompt_tools",
+        "a prompt offering a tool with its arguments' schema, the call forced by name",
+        _prompt_with(
+            {
+                "tools": [
+                    {
+                        "name": "get_weather",
+                        "description": "The weather in a city",
+                        "parameters": {
+                            "type": "object",
+                            "properties": {"city": {"type": "string"}},
+                            "required": ["city"],
+                        },
+                    }
+                ],
+                "tool_choice": {"name": "get_weather"},
+                "parallel_tool_calls": False,
+            }
+        ),
+    )
+    yield Case(
+        "configure_tools_required",
+        "tools as the session's default, a call required of every reply",
+        pack(
+            {"type": "configure", "params": {"tools": [{"name": "now"}], "tool_choice": "required"}}
+        ),
+    )
+    yield Case(
+        "tool_results",
+        "the results of a reply's two calls, in any order",
+        encode(
+            ToolResults("t1", (ToolResult("call_b", '{"temp": 21}'), ToolResult("call_a", "ok")))
+        ),
     )
 
 

@@ -30,7 +30,7 @@ from wschat.protocol import (
 )
 from wschat.protocol.frames import CLIENT_FRAMES
 from wschat.server.engine import Chat, PreparedTurn, SamplingParams, Turn
-from wschat.server.sessions.core import TRANSITIONS, Change, SessionCore, SessionState
+from wschat.server.sessions.core import SessionCore
 from wschat.server.sessions.effects import (
     CancelRun,
     CheckImage,
@@ -43,6 +43,7 @@ from wschat.server.sessions.effects import (
     LoadConversation,
     PrepareTurn,
     PromptTurn,
+    RegenerateTurn,
     Save,
     SendFrame,
     SetGrace,
@@ -50,6 +51,7 @@ from wschat.server.sessions.effects import (
     StartRun,
     StopRun,
 )
+from wschat.server.sessions.images import CheckedImage
 from wschat.server.sessions.inputs import (
     INPUTS,
     Close,
@@ -69,6 +71,7 @@ from wschat.server.sessions.inputs import (
 )
 from wschat.server.sessions.limits import PromptLimits
 from wschat.server.sessions.slots import GenerationSlots
+from wschat.server.sessions.states import TRANSITIONS, Change, SessionState
 from wschat.server.settings import Settings
 
 from tests.fakes.scripted import ScriptedEngine
@@ -298,14 +301,17 @@ def test_a_completion_of_token_ids_is_a_turn_of_its_own_kind() -> None:
     assert empty.value.message == "a prompt needs text or token ids"
 
 
-def test_a_regenerate_is_prepared_at_once_and_counted() -> None:
+def test_a_regenerate_is_a_turn_of_its_own_kind_counted_once_accepted() -> None:
     core = new_core()
     start = accepted(core, "p1")
     core.chat.conversation.add_exchange(start.prepared.user_ids, [], [], [9, 1])
     core.receive(RunEnded(kept=True))
-    effects = core.receive(Regenerate("r"))
+    core.staged.append(CheckedImage("an image", 1, 1, "png"))
+    (prepare,) = core.receive(Regenerate("r"))
+    assert prepare == PrepareTurn("r", RegenerateTurn(SAMPLING), False)
+    effects = core.receive(TurnPrepared(prepare, prepared()))
     assert kinds(effects) == [StartRun, CountRewind] and effects[1] == CountRewind(True)
-    assert core.state is QUEUED
+    assert core.state is QUEUED and len(core.staged) == 1  # left for the next prompt
 
 
 def test_a_rewind_keeps_the_ids_of_the_exchanges_it_keeps() -> None:

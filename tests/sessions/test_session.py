@@ -27,7 +27,6 @@ from wschat.protocol import (
     Token,
 )
 from wschat.server.engine import ConversationTooLong, PromptTooLong
-from wschat.server.sessions.core import SessionState
 from wschat.server.sessions.error_boundary import error_frame
 from wschat.server.sessions.hooks import SessionHooks
 from wschat.server.sessions.hub import Hub
@@ -41,6 +40,7 @@ from wschat.server.sessions.snapshot import (
     reply_checkpoint,
     unpack,
 )
+from wschat.server.sessions.states import SessionState
 from wschat.server.settings import Settings
 
 from tests.fakes.scripted import Script, ScriptedEngine

@@ -25,7 +25,6 @@ from wschat.protocol import (
     Token,
 )
 from wschat.server.engine import ConversationTooLong
-from wschat.server.sessions.core import SessionState
 from wschat.server.sessions.error_boundary import error_frame
 from wschat.server.sessions.hooks import SessionHooks
 from wschat.server.sessions.session import Session
@@ -36,6 +35,7 @@ from wschat.server.sessions.snapshot import (
     reply_checkpoint,
     unpack,
 )
+from wschat.server.sessions.states import SessionState
 
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.protocol.vector_cases import PNG_1X1

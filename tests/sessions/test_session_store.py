@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from wschat.protocol import Prompt
-from wschat.server.sessions.core import SessionState
 from wschat.server.sessions.hub import Hub
 from wschat.server.sessions.session import Session
+from wschat.server.sessions.states import SessionState
 from wschat.server.sessions.store import MemorySessionStore
 from wschat.server.settings import Settings
 

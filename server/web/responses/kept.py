@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...engine import share_victim
-from ...sessions import Said, UserSaid
+from ...sessions import ReplySaid, Said, UserSaid
 
 # What a kept response costs besides its bytes: its entry, its object's dicts, its messages'.
 ENTRY_BYTES = 1024
@@ -53,10 +53,12 @@ class Kept:
 
 
 def _said_bytes(said: Said) -> int:
-    text = MESSAGE_BYTES + len(said.text.encode())
+    text = MESSAGE_BYTES + sum(len(t.encode()) for t in said.texts)
     if isinstance(said, UserSaid):
         return text + sum(len(image) for image in said.images)
-    return text + ID_BYTES * len(said.ids or ())
+    if isinstance(said, ReplySaid):
+        return text + ID_BYTES * len(said.ids or ())
+    return text
 
 
 @dataclass(slots=True)
