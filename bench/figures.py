@@ -1,5 +1,11 @@
 """What a scenario reports, typed: its tables, its lines of text and its targets (met or
-missed). Every scenario builds a ``Section``; bench/render.py prints every one the same way."""
+missed). Every scenario builds a ``Section``; bench/render.py prints every one the same way.
+
+A scenario module has ``run(work, logs, engine) -> dict`` (its figures, as its results file
+holds them), ``targets(result) -> list[Target]`` and ``report(result) -> Section`` (its text,
+tables and those targets); bench/__main__.py names it in ``SCENARIOS`` with
+``measured(WorkClass, run)``, and writes the targets' rows (``Target.as_json``) to the results.
+"""
 
 from __future__ import annotations
 
