@@ -13,7 +13,7 @@ from .events import RunDone, RunEvent, RunStarted, TokensSent
 from .generation import GenerationRun
 from .hooks import EngineKeys
 from .hub import Door, Hub
-from .inputs import Complete, Converse, ReplySaid, Said, TakenOver, UserSaid
+from .inputs import Complete, Converse, ReplySaid, ResultsSaid, Said, TakenOver, UserSaid
 from .quotas import FrameRate, PendingHandshakes, PendingPlace
 from .relay import CatchUp
 from .session import Session
@@ -38,6 +38,7 @@ __all__ = [
     "PendingHandshakes",
     "PendingPlace",
     "ReplySaid",
+    "ResultsSaid",
     "RunDone",
     "RunEvent",
     "RunStarted",

@@ -164,6 +164,7 @@ class SentExchange:
     reply: ReplySaid
 
 
+AFTER_CALLS = "tool results must follow a reply that called tools"
 ORDER = (
     "the messages before the last must go: a user's, then the replies to it (one with tool calls"
     " followed by their results), then the next user's"
@@ -183,6 +184,8 @@ def exchanges_of(history: Sequence[Said], answering_results: bool) -> list[SentE
         rounds: list[tuple[ReplySaid, ResultsSaid]] = []
         while True:
             reply = history[at] if at < len(history) else None
+            if reply is None and answering_results:
+                raise InvalidParams(AFTER_CALLS)
             if not isinstance(reply, ReplySaid):
                 raise InvalidParams(ORDER)
             at += 1
@@ -196,7 +199,7 @@ def exchanges_of(history: Sequence[Said], answering_results: bool) -> list[SentE
             at += 1
         out.append(SentExchange(user, tuple(rounds), reply))
     if answering_results and not (out and out[-1].reply.calls):
-        raise InvalidParams("tool results must follow a reply that called tools")
+        raise InvalidParams(AFTER_CALLS)
     return out
 
 

@@ -41,8 +41,15 @@ def chat(**fields: Any) -> dict[str, Any]:
 CHAT_REFUSALS = [
     (chat(n=2), 400, "unsupported", "n"),
     (chat(logprobs=True), 400, "unsupported", "logprobs"),
-    (chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "unsupported", "tools"),
-    (chat(tool_choice="auto"), 400, "unsupported", "tool_choice"),
+    (chat(functions=[{"name": "f"}]), 400, "unsupported", "functions"),
+    (chat(tools=[{"type": "retrieval"}]), 400, "unsupported", "tools[0].type"),
+    (
+        chat(tools=[{"type": "function", "function": {"name": "f g"}}]),
+        400,
+        "invalid_params",
+        "tools",
+    ),
+    (chat(tool_choice="sometimes"), 400, "invalid_params", "tool_choice"),
     (chat(frequency_penalty=0.5), 400, "unsupported", "frequency_penalty"),
     (chat(presence_penalty=1), 400, "unsupported", "presence_penalty"),
     (chat(logit_bias={"1": 5}), 400, "unsupported", "logit_bias"),
@@ -58,7 +65,13 @@ CHAT_REFUSALS = [
     (chat(messages=[]), 400, "invalid_params", "messages"),
     (chat(messages=[user("Hi"), assistant("Yes")]), 400, "invalid_params", "messages"),
     (chat(messages=[assistant("Yes"), user("Hi")]), 400, "invalid_params", "messages"),
-    (chat(messages=[{"role": "tool", "content": "x"}]), 400, "unsupported", "messages[0].role"),
+    (chat(messages=[{"role": "function", "content": "x"}]), 400, "unsupported", "messages[0].role"),
+    (
+        chat(messages=[user("Hi"), {"role": "tool", "content": "x"}]),
+        400,
+        "invalid_params",
+        "messages[1].tool_call_id",
+    ),
     (
         chat(messages=[user(""), {"role": "system", "content": "late"}, user("x")]),
         400,

@@ -15,8 +15,9 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from ...sessions import Converse, ReplySaid, Said, UserSaid
-from .requests import ChatBody
+from ...engine import FunctionCall, calls_text
+from ...sessions import Converse, ReplySaid, ResultsSaid, Said, UserSaid
+from .requests import ChatBody, Part
 
 # Ids of replies remembered, all together (4 bytes each)
 MAX_REPLY_IDS = 1 << 20
@@ -65,12 +66,23 @@ def new_prompt_id(prefix: str) -> str:
 def conversation_of(body: ChatBody, replies: ReplyIds) -> Converse:
     """The request's conversation, each reply this API gave as the ids it was generated as (read
     here, on the loop: ``ReplyIds`` is the loop's)."""
-    history: list[Said] = []
-    for user, assistant in body.exchanges:
-        known = replies.get(assistant.text)
-        history.append(UserSaid(user.text, tuple(user.images)))
-        history.append(ReplySaid(assistant.text, tuple(known) if known is not None else None))
-    last = UserSaid(body.user.text, tuple(body.user.images))
-    return Converse(
-        new_prompt_id("chatcmpl"), body.system, tuple(history), last, body.sampling.params
-    )
+    history = tuple(said_of(turn, replies) for turn in body.turns)
+    last = said_of(body.last, replies)
+    assert isinstance(last, UserSaid | ResultsSaid)  # requests.py: the last is one of them
+    return Converse(new_prompt_id("chatcmpl"), body.system, history, last, body.sampling.params)
+
+
+def said_of(turn: Part, replies: ReplyIds) -> Said:
+    """A turn of the request as the session takes it; a reply by the text it is remembered
+    under (a reply that called tools: its calls' text, tools.py ``calls_text``)."""
+    if turn.role == "user":
+        return UserSaid(turn.text, tuple(turn.images))
+    if turn.role == "tool":
+        return ResultsSaid(tuple(turn.results))
+    known = replies.get(reply_key(turn.text, turn.calls))
+    return ReplySaid(turn.text, tuple(known) if known is not None else None, tuple(turn.calls))
+
+
+def reply_key(text: str, calls: Sequence[FunctionCall]) -> str:
+    """What a reply's ids are remembered under: its text, or its calls' text."""
+    return calls_text(text, calls) if calls else text

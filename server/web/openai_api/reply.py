@@ -18,18 +18,23 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from wschat.protocol import Done, Error, FinishReason, Frame, Overloaded, Start
+from wschat.protocol import Done, Error, FinishReason, Frame, Overloaded, Start, ToolCall
 from wschat.protocol import Token as TokenFrame
 
+from ...engine import FunctionCall
 from ...sessions import OPENAI_API, Complete, Converse, EngineKeys, GenerationRun, Hub
-from .conversation import ReplyIds
+from .conversation import ReplyIds, reply_key
 from .errors import ApiError
 from .models import model_id
 from .requests import Sampling
 
 log = logging.getLogger("wschat.openai_api")
 
-_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+_FINISH = {
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.TOOL_CALLS: "tool_calls",
+}
 # A reply cancelled while its client still reads: only a shutdown does that (a client that
 # leaves has nobody left to tell)
 CUT_SHORT = ApiError.of(Overloaded("the reply was cut short: the server is shutting down"))
@@ -98,6 +103,7 @@ class Reply:
             address=address, scope=owner, outbox=self.frames, keys=keys, api=api
         )
         self.run: GenerationRun | None = None
+        self.calls: list[ToolCall] = []  # the reply's tool calls, as their frames came
         self.created = int(time.time())
         self._request = watch
         self._watch: asyncio.Task[None] | None = None
@@ -124,8 +130,9 @@ class Reply:
         self.hub.requests.discard(self.session)
         finished = run.finished
         replies = self.replies if self.kind == "chat" else None
-        if run.kept and finished is not None and replies is not None and finished.reason in _FINISH:
-            replies.remember(finished.text, finished.completion_ids)
+        if run.kept and finished is not None and replies is not None and run.reason in _FINISH:
+            calls = [FunctionCall(c.call_id, c.name, c.arguments) for c in run.sent.calls]
+            replies.remember(reply_key(run.sent.text.join(), calls), finished.completion_ids)
 
     async def _until_disconnected(self, request: Request) -> None:
         with contextlib.suppress(Exception):
@@ -165,6 +172,8 @@ class Reply:
                 return None  # the client is gone
             if isinstance(frame, Error):
                 error = ApiError.of_frame(frame)
+            elif isinstance(frame, ToolCall):
+                self.calls.append(frame)
             elif isinstance(frame, Done):
                 return frame, error
 
@@ -176,6 +185,9 @@ class Reply:
             while (frame := await self.frames.next()) is not None:
                 if isinstance(frame, TokenFrame):
                     yield self._event(self._chunk(self._delta(frame.text), None, sampling))
+                elif isinstance(frame, ToolCall):
+                    delta = {"tool_calls": [{"index": frame.index, **_call(frame)}]}
+                    yield self._event(self._chunk(delta, None, sampling))
                 elif isinstance(frame, Error):
                     yield self._event(ApiError.of_frame(frame).body())
                 elif isinstance(frame, Done):
@@ -219,7 +231,10 @@ class Reply:
     def body(self, done: Done) -> dict[str, Any]:
         reason = _FINISH.get(done.reason, "stop")
         if self.kind == "chat":
-            message = {"role": "assistant", "content": done.text}
+            message: dict[str, Any] = {"role": "assistant", "content": done.text}
+            if self.calls:  # OpenAI's shape: no content beside the calls when there is none
+                message["content"] = done.text or None
+                message["tool_calls"] = [_call(call) for call in self.calls]
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
             body = self._head("chat.completion")
         else:
@@ -243,6 +258,12 @@ class Reply:
     @staticmethod
     def _event(data: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _call(call: ToolCall) -> dict[str, Any]:
+    """A tool call in OpenAI's shape (a chunk's delta gives it whole, with its ``index``)."""
+    function = {"name": call.name, "arguments": call.arguments}
+    return {"id": call.call_id, "type": "function", "function": function}
 
 
 def shutting_down() -> ApiError:

@@ -2,11 +2,13 @@
 params of a ``prompt`` frame. Pure: no I/O, a refusal is an ``ApiError`` naming the field.
 
 Mapped: ``temperature``, ``top_p``, ``max_completion_tokens`` (or ``max_tokens``), ``stop``,
-``seed``, and the extensions ``top_k``, ``min_p`` and ``repetition_penalty`` (vLLM's spelling).
-Refused unless neutral: ``n`` > 1, ``logprobs``/``top_logprobs``, tools and functions,
-``logit_bias``, a ``response_format`` other than text, ``frequency_penalty``/``presence_penalty``
-other than 0, and for completions ``echo``, ``suffix``, ``best_of`` > 1 and more than one
-prompt. Any other field (``user``, ``metadata``, ``store``, ...) is ignored.
+``seed``, the extensions ``top_k``, ``min_p`` and ``repetition_penalty`` (vLLM's spelling), and
+``tools``, ``tool_choice``, ``parallel_tool_calls`` with assistant ``tool_calls`` and ``tool``
+messages (tool_fields.py). Refused unless neutral: ``n`` > 1, ``logprobs``/``top_logprobs``,
+``functions``, ``logit_bias``, a ``response_format`` other than text,
+``frequency_penalty``/``presence_penalty`` other than 0, and for completions ``echo``,
+``suffix``, ``best_of`` > 1 and more than one prompt. Any other field (``user``, ``metadata``,
+``store``, ...) is ignored.
 
 Every list is counted before any of it is read (messages and their content parts, a prompt's
 token ids), and each pass over a request is linear in its size: one body costs the event loop
@@ -21,10 +23,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wschat.protocol import ContextOverflow, GenerationParams, InvalidParams, parse_params
+from wschat.protocol import (
+    ContextOverflow,
+    GenerationParams,
+    InvalidParams,
+    ToolResult,
+    parse_params,
+)
 
+from ...engine import FunctionCall
 from ...settings import Settings
 from .errors import ApiError, invalid, unsupported
+from .tool_fields import assistant_calls, tool_params, tool_result
 
 # OpenAI's field -> ours; the checks are the prompt frame's (protocol/params.py)
 _SAMPLING = {
@@ -41,16 +51,25 @@ _SAMPLING = {
 # The longest value of the client's an error message repeats
 SHOWN_CHARS = 40
 _JSON_TYPES = {list: "an array", dict: "an object", bool: "a boolean", type(None): "null"}
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 
 
 @dataclass(slots=True)
 class Part:
-    """One message's text and images (the raw bytes of each data URI), in a role."""
+    """One message's text and images (the raw bytes of each data URI), in a role; an
+    assistant's tool calls, a tool message's result."""
 
     role: str
     text: str = ""
     images: list[bytes] = field(default_factory=list)
+    calls: list[FunctionCall] = field(default_factory=list)
+    results: list[ToolResult] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -62,13 +81,14 @@ class Sampling:
 
 @dataclass(slots=True)
 class ChatBody:
-    """A chat completion: the system text, the finished exchanges (user, assistant) and the new
-    user turn."""
+    """A chat completion: the system text, the turns before the last (user, assistant and tool
+    turns, in the order the session checks: sessions/turns.py) and the last: a user's, or the
+    results of the calls the assistant turn before it made."""
 
     sampling: Sampling
     system: str | None
-    exchanges: list[tuple[Part, Part]]
-    user: Part
+    turns: list[Part]
+    last: Part
 
 
 @dataclass(slots=True)
@@ -85,11 +105,7 @@ def chat_body(body: Any, settings: Settings) -> ChatBody:
     request may have (``--max-messages``), and the longest reply (``--max-new-tokens``)."""
     body = body_object(body)
     _refuse_unsupported(body)
-    for name in ("tools", "functions"):
-        if body.get(name):
-            raise unsupported(f"{name} are not supported", name)
-    if body.get("tool_choice") not in (None, "none"):
-        raise unsupported("tool_choice is not supported", "tool_choice")
+    tools = tool_params(body)
     if body.get("logprobs") or body.get("top_logprobs"):
         raise unsupported("logprobs are not supported", "logprobs")
     format_ = body.get("response_format")
@@ -100,10 +116,12 @@ def chat_body(body: Any, settings: Settings) -> ChatBody:
         raise invalid("messages must be a non-empty list", "messages")
     _count(messages, settings.max_messages)
     system, turns = _turns([_message(m, n) for n, m in enumerate(messages)])
-    if not turns or turns[-1].role != "user":
-        raise invalid("the last message must be a user message", "messages")
-    exchanges = list(zip(turns[:-1:2], turns[1:-1:2], strict=True))
-    return ChatBody(_sampling(body, settings), system, exchanges, turns[-1])
+    if not turns or turns[-1].role not in ("user", "tool"):
+        raise invalid("the last message must be a user message or tool results", "messages")
+    sampling = _sampling(body, settings)
+    if tools:  # checked as they were read (tool_fields.py)
+        sampling.params = parse_params({**sampling.params.to_wire(), **tools})
+    return ChatBody(sampling, system, turns[:-1], turns[-1])
 
 
 def completion_body(body: Any, settings: Settings, context_tokens: int) -> CompletionBody:
@@ -222,14 +240,25 @@ def _message(message: Any, n: int) -> Part:
     role = _ROLES.get(named) if isinstance(named, str) else None
     if role is None:
         raise unsupported(f"role {shown(named)} is not supported", f"{param}.role")
-    if message.get("tool_calls") or message.get("function_call"):
-        raise unsupported("tool calls are not supported", f"{param}.tool_calls")
+    calls = assistant_calls(message, param) if role == "assistant" else []
     content = message.get("content")
+    if content is None and calls:
+        content = ""  # an assistant message that only calls tools
+    part = Part(role, calls=calls)
     if isinstance(content, str):
-        return Part(role, content)
-    if not isinstance(content, list):
+        part.text = content
+    elif not isinstance(content, list):
         raise invalid("content must be a string or a list of parts", f"{param}.content")
-    part = Part(role)
+    else:
+        _parts(part, content, param)
+    if role == "tool":
+        part.results.append(tool_result(message, part.text, param))
+    return part
+
+
+def _parts(part: Part, content: list[Any], param: str) -> None:
+    """A message's content parts: texts (joined by a line break) and a user's images."""
+    role = part.role
     texts: list[str] = []
     for k, item in enumerate(content):
         where = f"{param}.content[{k}]"
@@ -241,7 +270,6 @@ def _message(message: Any, n: int) -> Part:
         else:
             raise unsupported(f"a content part of type {shown(kind)} is not supported here", where)
     part.text = "\n".join(texts)
-    return part
 
 
 def shown(value: Any) -> str:
@@ -279,7 +307,9 @@ def _turns(parts: list[Part]) -> tuple[str | None, list[Part]]:
             turns.append(Part(part.role))
             texts.append([])
         turns[-1].images += part.images
-        if part.text:
+        turns[-1].calls += part.calls
+        turns[-1].results += part.results
+        if part.text and part.role != "tool":
             texts[-1].append(part.text)
     if turns and turns[0].role != "user":
         raise invalid("the conversation must start with a user message", "messages")
