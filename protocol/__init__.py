@@ -69,12 +69,14 @@ from .frames import (
     Stats,
     Timing,
     Token,
+    TokenLogprobs,
     ToolCall,
     ToolResults,
     Usage,
 )
-from .params import GenerationParams, parse_params
+from .params import MAX_LOGPROBS, GenerationParams, parse_params
 from .records import ABSENT, Frame
+from .response_format import OutputFormat, parse_response_format
 from .tools import ToolChoice, ToolResult, ToolSpec
 
 __all__ = [
@@ -83,6 +85,7 @@ __all__ = [
     "CHAT_PATH",
     "DEFAULT_LIMITS",
     "HISTORY_SERIES",
+    "MAX_LOGPROBS",
     "MODEL_LOADING_REASON",
     "SERVER_FRAME_LIMITS",
     "SESSION_HEADER",
@@ -114,6 +117,7 @@ __all__ = [
     "InvalidParams",
     "Limits",
     "NotRunning",
+    "OutputFormat",
     "Overloaded",
     "Ping",
     "Pong",
@@ -133,6 +137,7 @@ __all__ = [
     "Stats",
     "Timing",
     "Token",
+    "TokenLogprobs",
     "TooLarge",
     "ToolCall",
     "ToolChoice",
@@ -145,5 +150,6 @@ __all__ = [
     "decode_server_frame",
     "encode",
     "parse_params",
+    "parse_response_format",
     "unpack_map",
 ]

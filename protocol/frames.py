@@ -7,12 +7,13 @@ only (``records.py``: how a field is declared, read and written).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .constants import ErrorCode, FinishReason, FrameType
-from .errors import InvalidParams
-from .fields import as_bytes, as_id, as_int, as_series, as_str
+from .errors import BadFrame, InvalidParams
+from .fields import as_bytes, as_float, as_id, as_int, as_series, as_str
 from .params import GenerationParams, parse_params
 from .records import (
     ABSENT,
@@ -47,6 +48,24 @@ def _params(value: object, key: str) -> GenerationParams:
 
 def _opt_str(value: object, key: str) -> str:
     return as_str(value, key, InvalidParams)
+
+
+def _str_items(value: object, key: str) -> tuple[str, ...]:
+    if type(value) is not list:
+        raise BadFrame(f"{key} must be a list of strings")
+    return tuple(as_str(item, key, BadFrame) for item in value)
+
+
+def _bin_items(value: object, key: str) -> tuple[bytes, ...]:
+    if type(value) is not list:
+        raise BadFrame(f"{key} must be a list of binaries")
+    return tuple(as_bytes(item, key, BadFrame) for item in value)
+
+
+def _float_items(value: object, key: str) -> tuple[float, ...]:
+    if type(value) is not list:
+        raise BadFrame(f"{key} must be a list of numbers")
+    return tuple(as_float(item, key, BadFrame) for item in value)
 
 
 # -- client frames -------------------------------------------------------------------------
@@ -229,12 +248,61 @@ class Start(Frame):
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprobs(Record):
+    """A ``token`` frame's logprobs (PROTOCOL.md section 7): for each token of the frame, in
+    order, its id, its text alone, its bytes and its logprob, and ``top`` alternatives each,
+    flat (token by token, most probable first), so a frame of many tokens is a few lists, not a
+    map each."""
+
+    ids: tuple[int, ...] = spec(required(int_list))
+    tokens: tuple[str, ...] = spec(required(_str_items))
+    token_bytes: tuple[bytes, ...] = spec(required(_bin_items))
+    logprobs: tuple[float, ...] = spec(required(_float_items))
+    top: int = spec(required(integer))
+    top_ids: tuple[int, ...] = spec(required(int_list))
+    top_tokens: tuple[str, ...] = spec(required(_str_items))
+    top_bytes: tuple[bytes, ...] = spec(required(_bin_items))
+    top_logprobs: tuple[float, ...] = spec(required(_float_items))
+
+    def __post_init__(self) -> None:
+        n, top = len(self.ids), self.top
+        if top < 0 or not len(self.tokens) == len(self.token_bytes) == len(self.logprobs) == n:
+            raise BadFrame("logprobs' lists must hold one entry per token")
+        tops = (self.top_ids, self.top_tokens, self.top_bytes, self.top_logprobs)
+        if any(len(values) != n * top for values in tops):
+            raise BadFrame("logprobs' top lists must hold top entries per token")
+
+    @classmethod
+    def joined(cls, parts: Sequence[TokenLogprobs]) -> TokenLogprobs:
+        """Several frames' logprobs as one frame's (a merged or caught-up frame), each token
+        with as many alternatives as the part with fewest."""
+        top = min(part.top for part in parts)
+
+        def tops(part: TokenLogprobs, values: tuple[Any, ...]) -> list[Any]:
+            k = part.top
+            return [v for i in range(len(part.ids)) for v in values[i * k : i * k + top]]
+
+        return cls(
+            tuple(i for part in parts for i in part.ids),
+            tuple(t for part in parts for t in part.tokens),
+            tuple(b for part in parts for b in part.token_bytes),
+            tuple(v for part in parts for v in part.logprobs),
+            top,
+            tuple(v for part in parts for v in tops(part, part.top_ids)),
+            tuple(v for part in parts for v in tops(part, part.top_tokens)),
+            tuple(v for part in parts for v in tops(part, part.top_bytes)),
+            tuple(v for part in parts for v in tops(part, part.top_logprobs)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Token(Frame):
     TYPE = FrameType.TOKEN
     id: str = spec(required(string))
     text: str = spec(required(string))
     index: int = spec(required(integer))
     ids: tuple[int, ...] | None = spec(optional(int_list), default=None)
+    logprobs: TokenLogprobs | None = spec(optional(nested(TokenLogprobs)), default=None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,12 @@ from typing import Any
 
 from .errors import InvalidParams
 from .fields import as_bool, as_float, as_int, as_str
+from .response_format import OutputFormat, parse_response_format
 from .tools import ToolChoice, ToolSpec, parse_tool_choice, parse_tools
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_CHARS = 64
+MAX_LOGPROBS = 20  # the most top alternatives a token's logprobs list (OpenAI's and vLLM's cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,10 @@ class GenerationParams:
     tools: tuple[ToolSpec, ...] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # the reply's shape (response_format.py); type "text" sets no constraint
+    response_format: OutputFormat | None = None
+    # each token's logprob and this many most probable alternatives (0 .. MAX_LOGPROBS)
+    logprobs: int | None = None
 
     def merged_over(self, base: GenerationParams) -> GenerationParams:
         """These params, with unset fields taken from ``base``."""
@@ -51,6 +57,8 @@ class GenerationParams:
             out["tools"] = [tool.to_wire() for tool in out["tools"]]
         if "tool_choice" in out:
             out["tool_choice"] = out["tool_choice"].to_wire()
+        if "response_format" in out:
+            out["response_format"] = out["response_format"].to_wire()
         return out
 
 
@@ -124,6 +132,13 @@ def _token_ids(value: object) -> bool:
     return as_bool(value, "token_ids")
 
 
+def _logprobs(value: object) -> int:
+    n = as_int(value, "logprobs")
+    if not 0 <= n <= MAX_LOGPROBS:
+        raise InvalidParams(f"logprobs must be in [0, {MAX_LOGPROBS}]")
+    return n
+
+
 _CHECKS: dict[str, Callable[[object], Any]] = {
     "max_new_tokens": _max_new_tokens,
     "temperature": _temperature,
@@ -137,6 +152,8 @@ _CHECKS: dict[str, Callable[[object], Any]] = {
     "tools": parse_tools,
     "tool_choice": parse_tool_choice,
     "parallel_tool_calls": lambda value: as_bool(value, "parallel_tool_calls"),
+    "response_format": parse_response_format,
+    "logprobs": _logprobs,
 }
 assert set(_CHECKS) == {f.name for f in fields(GenerationParams)}
 

@@ -241,6 +241,14 @@ def frame_layer() -> Iterator[Case]:
         )
 
 
+def _deep(depth: int) -> Any:
+    """A schema of ``depth`` nested maps."""
+    schema: Any = {}
+    for _ in range(depth - 1):
+        schema = {"not": schema}
+    return schema
+
+
 def params() -> Iterator[Case]:
     """Every rule of the params list, broken once."""
     nan32 = b"\xca" + struct.pack(">f", float("nan"))
@@ -280,6 +288,23 @@ def params() -> Iterator[Case]:
         ("params_stop_empty_string", "an empty stop string", {"stop": [""]}),
         ("params_stop_65_chars", "a stop string of 65 characters", {"stop": ["x" * 65]}),
         ("params_stop_item_int", "a stop item that is an int", {"stop": [1]}),
+        ("params_logprobs_21", "logprobs above 20", {"logprobs": 21}),
+        ("params_logprobs_bool", "logprobs true (an int field)", {"logprobs": True}),
+        (
+            "params_response_format_unknown_type",
+            "a response_format type other than text, json_object, json_schema",
+            {"response_format": {"type": "xml"}},
+        ),
+        (
+            "params_response_format_no_schema",
+            "json_schema without its schema",
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+        ),
+        (
+            "params_response_format_schema_too_deep",
+            "a schema nested 25 deep (at most 24)",
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": _deep(25)}}},
+        ),
     ]
     for name, description, value in broken:
         yield Case(name, description, _params(value), expect=PARAMS)

@@ -25,6 +25,7 @@ from wschat.protocol import (
     Stats,
     Timing,
     Token,
+    TokenLogprobs,
     ToolCall,
     Usage,
     encode,
@@ -96,6 +97,26 @@ def server_frames() -> Iterator[Case]:
     )
     yield server(
         "token_ids", "a merged token frame with ids (index jumped)", Token("p1", "lo!", 3, (1, 2))
+    )
+    yield server(
+        "token_logprobs",
+        "a token frame of two tokens, each with its logprob and 2 alternatives",
+        Token(
+            "p1",
+            " red",
+            5,
+            logprobs=TokenLogprobs(
+                (2063, 3004),
+                (" r", "ed"),
+                (b" r", b"ed"),
+                (-0.25, -0.015625),
+                2,
+                (2063, 674, 3004, 1200),
+                (" r", " b", "ed", "ose"),
+                (b" r", b" b", b"ed", b"ose"),
+                (-0.25, -1.5, -0.015625, -4.0),
+            ),
+        ),
     )
     yield server(
         "token_4_byte_utf8",

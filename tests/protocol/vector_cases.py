@@ -133,6 +133,38 @@ def client_frames() -> Iterator[Case]:
     )
     yield Case("prompt_params_seed_int64_min", "seed at -2^63", _prompt_with({"seed": -(2**63)}))
     yield Case(
+        "prompt_response_format_json_schema",
+        "a reply held to a strict JSON schema, with each token's logprob and 5 alternatives",
+        _prompt_with(
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "colour",
+                        "schema": {
+                            "type": "object",
+                            "properties": {"name": {"enum": ["red", "blue"]}},
+                            "required": ["name"],
+                            "additionalProperties": False,
+                        },
+                        "strict": True,
+                    },
+                },
+                "logprobs": 5,
+            }
+        ),
+    )
+    yield Case(
+        "prompt_response_format_json_object",
+        "a reply that is any JSON object",
+        _prompt_with({"response_format": {"type": "json_object"}}),
+    )
+    yield Case(
+        "prompt_response_format_text",
+        "type text: no constraint (turns off a default set by configure)",
+        _prompt_with({"response_format": {"type": "text"}, "logprobs": 0}),
+    )
+    yield Case(
         "prompt_params_nil_values",
         "a nil param is the same as an absent one",
         _prompt_with({"temperature": None, "seed": None}),
