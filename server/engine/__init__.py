@@ -10,10 +10,12 @@ from .base import (
     Generation,
     GenerationRequest,
     KVUsage,
+    Logprob,
     Message,
     RemoteEngine,
     SamplingParams,
     TextPieces,
+    TokenChoice,
     TokenPiece,
     Turn,
 )
@@ -23,6 +25,7 @@ from .errors import (
     EngineError,
     EngineFailed,
     EngineOverloaded,
+    FeatureUnsupported,
     GenerationFailure,
     ImagesUnsupported,
     PromptTooLong,
@@ -30,7 +33,7 @@ from .errors import (
     TurnRefused,
 )
 from .exchanges import ToolRound
-from .grammar import CompiledGrammar, GrammarCompiler, GrammarMatcher, ResponseFormat
+from .grammar import CompiledGrammar, GrammarCompiler, GrammarMatcher, Grammars, ResponseFormat
 from .history import Chat, Conversation, PreparedTurn
 from .prefixes import common_prefix
 from .shares import share_victim
@@ -51,6 +54,7 @@ __all__ = [
     "EngineFailed",
     "EngineInfo",
     "EngineOverloaded",
+    "FeatureUnsupported",
     "Finished",
     "FunctionCall",
     "Generation",
@@ -58,8 +62,10 @@ __all__ = [
     "GenerationRequest",
     "GrammarCompiler",
     "GrammarMatcher",
+    "Grammars",
     "ImagesUnsupported",
     "KVUsage",
+    "Logprob",
     "Message",
     "PreparedTurn",
     "PromptTooLong",
@@ -68,6 +74,7 @@ __all__ = [
     "SamplingParams",
     "SchemaRefused",
     "TextPieces",
+    "TokenChoice",
     "TokenPiece",
     "ToolRound",
     "ToolUse",

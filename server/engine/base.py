@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from wschat.protocol import FinishReason, Usage
 
 from .formats import PromptFormat
+from .grammar import ResponseFormat
 from .stopping import completed
 from .tokenizing import TextTokenizer
 from .tools import ToolUse
@@ -59,6 +60,31 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # what the reply is held to (grammar.py); None: nothing
+    response_format: ResponseFormat | None = None
+    # each token's logprob and this many alternatives (``Logprob``); None: none computed
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChoice:
+    """A token and its log-probability under the model: its id, its text alone and its bytes
+    (a byte-fallback token's byte, which alone is no text)."""
+
+    id: int
+    text: str
+    bytes: bytes
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class Logprob:
+    """A generated token's log-probability and the most probable tokens in its place, most
+    probable first (``SamplingParams.logprobs`` of them), all from the model's distribution
+    before the sampling settings and a response format's grammar."""
+
+    chosen: TokenChoice
+    top: tuple[TokenChoice, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +145,8 @@ class GenerationRequest:
 class TokenPiece:
     text: str
     ids: tuple[int, ...]
+    # one per id, in order, when the request asked for them (``SamplingParams.logprobs``)
+    logprobs: tuple[Logprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +276,7 @@ class Generation:
     on_finish: list[Callable[[Finished], None]] = field(default_factory=list)
     _texts: TextPieces = field(default_factory=TextPieces)
     _ids: array[int] = field(default_factory=lambda: array("q"))
+    _logprobs: list[Logprob] = field(default_factory=list)
     _end: Finished | None = None
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
     _finished: bool = False
@@ -264,6 +293,7 @@ class Generation:
         else:
             self._texts.append(item.text)
             self._ids.extend(item.ids)
+            self._logprobs.extend(item.logprobs)
         self._ready.set()
 
     def pending(self) -> list[Item]:
@@ -271,8 +301,8 @@ class Generation:
         place they are), then the ``Finished`` if it came."""
         items: list[Item] = []
         if self._texts or self._ids:
-            items.append(TokenPiece(self._texts.join(), tuple(self._ids)))
-            self._texts, self._ids = TextPieces(), array("q")
+            items.append(TokenPiece(self._texts.join(), tuple(self._ids), tuple(self._logprobs)))
+            self._texts, self._ids, self._logprobs = TextPieces(), array("q"), []
         if self._end is not None:
             items.append(self._end)
             self._end = None
@@ -341,8 +371,16 @@ class Engine(Protocol):
         ``ImagesUnsupported`` when the model reads none."""
         ...
 
+    async def prepare_reply(self, params: SamplingParams) -> None:
+        """Ready for a reply with ``params``, before it is accepted: a local engine compiles its
+        response format's grammar (its vocabulary's view built the first time), or the refusal
+        is raised: ``SchemaRefused`` (a schema it cannot enforce), ``FeatureUnsupported`` (a
+        response format or logprobs a remote engine takes none of)."""
+        ...
+
     def generate(self, request: GenerationRequest) -> Generation:
-        """Begin generating (on the event loop)."""
+        """Begin generating (on the event loop), once ``prepare_reply`` returned for its
+        params."""
         ...
 
     def forget(self, session_key: str) -> None:

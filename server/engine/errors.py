@@ -6,8 +6,10 @@
     │   ├── ImagesUnsupported      (unsupported) the model reads no images
     │   ├── PromptTooLong          (too_large) a system prompt or a turn's text over the limit
     │   ├── ConversationTooLong    (context_overflow) the conversation and turn exceed the context
-    │   └── SchemaRefused          (invalid_params) a response format's schema the grammar library
-    │                              cannot compile; the message holds the library's reason
+    │   ├── SchemaRefused          (invalid_params) a response format's schema the grammar library
+    │   │                          cannot compile; the message holds the library's reason
+    │   └── FeatureUnsupported     (unsupported) a field the engine cannot serve (a response
+    │                              format or logprobs on a remote engine that takes none)
     └── GenerationFailure          ends a generation: ``Finished(ERROR, error=...)``, not raised
         ├── EngineOverloaded       (overloaded) busy, unreachable or out of memory; the message
         │                          says when to retry
@@ -53,6 +55,10 @@ class SchemaRefused(TurnRefused):
     def because(cls, reason: str) -> SchemaRefused:
         """The grammar library's ``reason``, in the words every engine tells the peer."""
         return cls(f"response_format: the schema cannot be enforced: {reason}")
+
+
+class FeatureUnsupported(TurnRefused):
+    pass
 
 
 class GenerationFailure(EngineError):

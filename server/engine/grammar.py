@@ -1,16 +1,23 @@
 """Structured output: a response format compiled into a grammar over the model's vocabulary, and
 one matcher per reply that says which tokens may come next (llguidance).
 
-    GrammarCompiler(tokenizer_json, vocab_size, stop_ids)   once per engine: llguidance reads
-        |                                                   the vocabulary (13 to 27 s on 2 busy
-        |                                                   cores: never on the event loop)
-        .compile(ResponseFormat) -> CompiledGrammar         milliseconds; kept per schema (LRU)
-        |                                                   or SchemaRefused with the reason
-    CompiledGrammar.matcher() -> GrammarMatcher             one per reply (a copy)
+    Grammars(build)                          an engine's: its compiler built once, off the event
+        |                                    loop, at the first format (or at start)
+        .prepare(ResponseFormat)             awaited before a reply is accepted: the format
+        |                                    compiled (milliseconds; kept per format, LRU) or
+        |                                    SchemaRefused with llguidance's reason
+        .matcher(ResponseFormat)             in the engine's worker: one reply's matcher
+    GrammarCompiler(tokenizer, vocab_size, stop_ids)
+        .compile(ResponseFormat) -> CompiledGrammar
+    CompiledGrammar.matcher() -> GrammarMatcher   one per reply (a copy)
         .allowed_mask(into)     the next token's allowed ids, as bits, into an int32 row
         .advance(token_id)      the token the row picked
         .is_complete            the JSON is whole: a stop token may come next
         .is_finished            nothing but a stop token may come next, or one came
+
+A ``ResponseFormat`` is a JSON schema (``json_object``: any object) or, for what a schema cannot
+say (a tool call's wrapping), a grammar in llguidance's Lark syntax; either way a row's matcher
+is the same and the engines apply it the same way.
 
 Why llguidance (``python -m bench.grammar``, bench/results/grammar.json; the README's Benchmark
 says more): on Gemma 3's 262,144 tokens it compiles a schema in 1 to 14 ms where xgrammar takes
@@ -19,6 +26,10 @@ percent of a decode step (xgrammar's 30 µs less: 0.02 %); it refuses what it ca
 with a reason (a look-ahead, ``uniqueItems``, ``not``: xgrammar compiles them and ignores the
 keyword); it reads Gemma's special tokens from the tokenizer, so none is allowed before the JSON
 is complete; and it is one 3 MB wheel without dependencies (MIT).
+
+JSON is written as Python's ``json.dumps`` writes it (``", "`` and ``": "``, no other
+whitespace): a grammar that allows any whitespace between values lets a small model fill its
+whole budget with line breaks, and the reply never parses.
 
 The mask is an int32 bitmask row (bit ``i % 32`` of word ``i // 32`` allows token ``i``), written
 through the buffer's address, so this module needs no torch; ``local/grammar_mask.py`` allocates
@@ -29,14 +40,18 @@ left out and the rest enforced.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from wschat.protocol.response_format import JSON_SCHEMA, OutputFormat
+
 from .errors import SchemaRefused
+from .grammar_vocab import llg_tokenizer
 
 if TYPE_CHECKING:
     import llguidance
@@ -62,17 +77,29 @@ class MaskBuffer(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ResponseFormat:
-    """OpenAI's ``response_format`` past ``text``: ``json_object`` (``schema`` None: any JSON
-    object) or ``json_schema`` with its schema and ``strict``."""
+    """What a reply is held to: OpenAI's ``response_format`` past ``text``, ``json_object``
+    (``schema`` None: any JSON object) or ``json_schema`` with its schema and ``strict``; or
+    ``lark``, a grammar in llguidance's Lark syntax (no schema then)."""
 
-    schema: Mapping[str, Any] | None = None
+    schema: Mapping[str, Any] | None = field(default=None, compare=False)
     strict: bool = False
-    key: str = field(init=False, repr=False, compare=False)
+    lark: str | None = None
+    key: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         # what the compiled grammar is cached under: the same schema however its keys are ordered
         text = json.dumps(self.schema, sort_keys=True, separators=(",", ":"))
-        object.__setattr__(self, "key", f"{int(self.strict)}{text}")
+        object.__setattr__(self, "key", f"{int(self.strict)}{text}{self.lark or ''}")
+
+    @classmethod
+    def of(cls, output: OutputFormat | None) -> ResponseFormat | None:
+        """A prompt's ``params.response_format`` as the engine holds a reply to it; None for
+        ``text`` (no constraint)."""
+        if output is None or not output.constrained:
+            return None
+        if output.type != JSON_SCHEMA:
+            return cls()
+        return cls(output.schema, output.strict)
 
 
 class GrammarMatcher:
@@ -122,20 +149,16 @@ class GrammarCompiler:
 
     def __init__(
         self,
-        tokenizer_json: str,
+        tokenizer: Any,
         vocab_size: int,
         stop_ids: Sequence[int],
         *,
         cached: int = CACHED_GRAMMARS,
     ) -> None:
-        """``tokenizer_json``: the model's ``tokenizer.json`` text (``tokenizer_json_of``);
-        ``vocab_size``: the logits' width; ``stop_ids``: the tokens that end a reply, allowed
-        once the JSON is complete and not before."""
-        import llguidance
-
-        self._tokenizer = llguidance.LLTokenizer(
-            tokenizer_json, n_vocab=vocab_size, eos_token=list(stop_ids)
-        )
+        """``tokenizer``: the model's ``tokenizers.Tokenizer``; ``vocab_size``: the logits'
+        width; ``stop_ids``: the tokens that end a reply, allowed once the JSON is complete and
+        not before. Seconds of work, much of it holding the GIL (grammar_vocab.py)."""
+        self._tokenizer = llg_tokenizer(tokenizer, vocab_size, stop_ids)
         self.words = (vocab_size + 31) // 32
         self._cached = cached
         self._grammars: OrderedDict[str, CompiledGrammar] = OrderedDict()
@@ -143,7 +166,7 @@ class GrammarCompiler:
 
     def compile(self, response_format: ResponseFormat) -> CompiledGrammar:
         """The format's grammar, from the cache or compiled; SchemaRefused with llguidance's
-        reason for a schema it cannot compile."""
+        reason for one it cannot compile."""
         key = response_format.key
         with self._lock:
             found = self._grammars.get(key)
@@ -160,23 +183,67 @@ class GrammarCompiler:
     def _compile(self, response_format: ResponseFormat) -> CompiledGrammar:
         from llguidance import LLMatcher
 
-        schema = dict(_ANY_OBJECT if response_format.schema is None else response_format.schema)
-        try:
-            grammar = LLMatcher.grammar_from_json_schema(
-                schema, defaults={"lenient": not response_format.strict}
-            )
-        except ValueError as error:  # not a JSON object at all
-            raise SchemaRefused.because(str(error)) from error
+        if response_format.lark is not None:
+            grammar = LLMatcher.grammar_from_lark(response_format.lark)
+        else:
+            schema = response_format.schema
+            try:
+                grammar = LLMatcher.grammar_from_json_schema(
+                    dict(_ANY_OBJECT if schema is None else schema),
+                    # JSON as json.dumps writes it (the module docstring)
+                    defaults={
+                        "whitespace_flexible": False,
+                        "item_separator": ", ",
+                        "key_separator": ": ",
+                        "lenient": not response_format.strict,
+                    },
+                )
+            except ValueError as error:  # not a JSON object at all
+                raise SchemaRefused.because(str(error)) from error
         template = LLMatcher(self._tokenizer, grammar, log_level=0)
         if template.is_error():
             raise SchemaRefused.because(template.get_error())
         return CompiledGrammar(template, self.words)
 
 
-def tokenizer_json_of(tokenizer: Any) -> str:
-    """A ``tokenizers.Tokenizer``'s JSON (a transformers tokenizer's ``backend_tokenizer``, the
-    gateway's own) without padding or truncation, which would change what a text encodes to."""
-    copy = type(tokenizer).from_str(tokenizer.to_str())
-    copy.no_padding()
-    copy.no_truncation()
-    return str(copy.to_str())
+class Grammars:
+    """An engine's structured output: its ``GrammarCompiler``, built by ``build`` once, in a
+    worker thread, when the first format is prepared, and every format compiled before its reply
+    is accepted, so the engine's worker only takes a matcher (``matcher``)."""
+
+    def __init__(self, build: Callable[[], GrammarCompiler]) -> None:
+        self._build = build
+        self._compiler: GrammarCompiler | None = None
+        # the build under way (on the loop that asked first); every later format awaits it
+        self._building: asyncio.Future[GrammarCompiler] | None = None
+
+    @property
+    def built(self) -> bool:
+        return self._compiler is not None
+
+    async def prepare(self, response_format: ResponseFormat) -> None:
+        """The format compiled and kept for the replies held to it; SchemaRefused where it
+        cannot be."""
+        compiler = await self._ready()
+        await asyncio.to_thread(compiler.compile, response_format)
+
+    async def _ready(self) -> GrammarCompiler:
+        if self._compiler is not None:
+            return self._compiler
+        if self._building is None:
+            self._building = asyncio.ensure_future(asyncio.to_thread(self._build))
+        building = self._building
+        try:
+            self._compiler = await asyncio.shield(building)
+        except Exception:
+            if self._building is building:  # a failed build: the next format tries again
+                self._building = None
+            raise
+        return self._compiler
+
+    def matcher(self, response_format: ResponseFormat) -> GrammarMatcher:
+        """A reply's matcher (in the engine's worker): the prepared format's grammar from the
+        cache (compiled again if it was dropped since: milliseconds)."""
+        if self._compiler is None:
+            raise RuntimeError("a response format was not prepared before its reply")
+        return self._compiler.compile(response_format).matcher()

@@ -39,6 +39,7 @@ ENGINE_ERRORS: tuple[tuple[type[engine.EngineError], type[ProtocolError]], ...] 
     (engine.PromptTooLong, TooLarge),
     (engine.ConversationTooLong, ContextOverflow),
     (engine.SchemaRefused, InvalidParams),
+    (engine.FeatureUnsupported, Unsupported),
     (engine.EngineOverloaded, Overloaded),
     (engine.ContextExhausted, ContextOverflow),
     (engine.EngineFailed, Internal),

@@ -18,8 +18,8 @@ from wschat.server.engine.grammar import (
     GrammarCompiler,
     GrammarMatcher,
     ResponseFormat,
-    tokenizer_json_of,
 )
+from wschat.server.engine.grammar_vocab import llg_tokenizer, tokenizer_json_of
 from wschat.server.engine.local.grammar_mask import allocate_bitmask, token_allowed
 from wschat.server.engine.openai.tokenizer import default_cache_dir, embedded_tokenizer
 
@@ -37,7 +37,7 @@ def tokenizer() -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def compiler(tokenizer: Tokenizer) -> GrammarCompiler:
-    return GrammarCompiler(tokenizer_json_of(tokenizer), VOCAB, STOP_IDS)
+    return GrammarCompiler(tokenizer, VOCAB, STOP_IDS)
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_an_empty_schema_allows_any_json_value_where_json_object_allows_objects_
 def test_a_compiled_grammar_is_kept_per_schema_whatever_its_key_order(
     tokenizer: Tokenizer,
 ) -> None:
-    compiler = GrammarCompiler(tokenizer_json_of(tokenizer), VOCAB, STOP_IDS, cached=2)
+    compiler = GrammarCompiler(tokenizer, VOCAB, STOP_IDS, cached=2)
     a = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
     same = {"required": ["x"], "properties": {"x": {"type": "integer"}}, "type": "object"}
     first = compiler.compile(ResponseFormat(a, strict=True))
@@ -199,3 +199,20 @@ def test_the_mask_must_be_one_contiguous_int32_row_of_the_vocabulary(
         matcher.allowed_mask(torch.zeros(VOCAB // 32, dtype=torch.int64))
     with pytest.raises(ValueError, match=r"^the mask must be a contiguous int32 buffer$"):
         matcher.allowed_mask(allocate_bitmask(2, VOCAB * 2)[:, ::2][0])
+
+
+def test_the_vocabulary_read_here_is_llguidances_own_reading(tokenizer: Tokenizer) -> None:
+    import llguidance
+
+    ours = llg_tokenizer(tokenizer, VOCAB, STOP_IDS)
+    theirs = llguidance.LLTokenizer(
+        tokenizer_json_of(tokenizer), n_vocab=VOCAB, eos_token=list(STOP_IDS), slices=[]
+    )
+    differ = [
+        i
+        for i in range(VOCAB)
+        if ours.decode_bytes([i]) != theirs.decode_bytes([i])
+        or ours.is_special_token(i) != theirs.is_special_token(i)
+    ]
+    assert differ == []
+    assert ours.eos_tokens == list(STOP_IDS)

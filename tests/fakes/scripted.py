@@ -3,11 +3,15 @@ load test. Each reply is a script of token texts produced by a worker thread wit
 delay; it honours cancel at every step and can be told to raise or to stall.
 
 Tokens are whole "words": ``tokenize_text`` gives one id per character so prompt sizes are real.
+A reply that asks for logprobs gets made-up ones of the right shape (``scripted_logprob``); a
+response format is taken as prepared, except a schema with the key ``x-refused``, refused as the
+grammar library would refuse it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import threading
 import time
@@ -20,11 +24,15 @@ from wschat.server.engine.base import (
     Finished,
     Generation,
     GenerationRequest,
+    Logprob,
     LoopBridge,
+    SamplingParams,
+    TokenChoice,
     TokenPiece,
 )
-from wschat.server.engine.errors import ImagesUnsupported
+from wschat.server.engine.errors import ImagesUnsupported, SchemaRefused
 from wschat.server.engine.formats import GemmaTurns, PromptFormat
+from wschat.server.engine.grammar import ResponseFormat
 from wschat.server.engine.tokenizing import TextTokenizer
 
 _MARKUP = {"<bos>": 2, "<eos>": 1, "<start_of_turn>": 105, "<end_of_turn>": 106}
@@ -38,6 +46,19 @@ class Script:
     fail_after: int | None = None  # raise after this many tokens
     stall_after: int | None = None  # stop making progress after this many tokens
     end_with_eos: bool = True
+    logprobs: int | None = None  # the request's: made-up entries of this many alternatives
+
+
+# the key of a schema the scripted engine refuses, and the reason it gives
+REFUSED_KEY = "x-refused"
+REFUSED_REASON = "a keyword the scripted grammar does not implement"
+
+
+def scripted_logprob(token_id: int, text: str, top: int) -> Logprob:
+    """A made-up logprob entry: the token at -0.5, then ``top`` others at -1, -2, ..."""
+    chosen = TokenChoice(token_id, text, text.encode(), -0.5)
+    others = tuple(TokenChoice(2000 + k, f"t{k}", f"t{k}".encode(), -1.0 - k) for k in range(top))
+    return Logprob(chosen, others)
 
 
 def default_script(request: GenerationRequest) -> Script:
@@ -70,6 +91,7 @@ class ScriptedEngine:
         self.prompt_format: PromptFormat = GemmaTurns(self, frozenset({1, 106}))
         self.text_tokenizer = TextTokenizer()
         self.requests: list[GenerationRequest] = []
+        self.prepared: list[ResponseFormat] = []
         self.forgotten: list[str] = []
         self.threads: set[threading.Thread] = set()
         self._threads_lock = threading.Lock()  # threads remove themselves as they end
@@ -109,13 +131,21 @@ class ScriptedEngine:
     def forget(self, session_key: str) -> None:
         self.forgotten.append(session_key)
 
+    async def prepare_reply(self, params: SamplingParams) -> None:
+        response_format = params.response_format
+        if response_format is None:
+            return
+        if REFUSED_KEY in (response_format.schema or {}):
+            raise SchemaRefused.because(REFUSED_REASON)
+        self.prepared.append(response_format)
+
     def generate(self, request: GenerationRequest) -> Generation:
         self.requests.append(request)
         generation = Generation(prompt_tokens=len(request.prompt_ids))
         bridge = LoopBridge(asyncio.get_running_loop(), generation)
         thread = threading.Thread(
             target=self._run,
-            args=(self.script(request), generation, bridge),
+            args=(self._script(request), generation, bridge),
             name="wschat-generate-scripted",
             daemon=True,
         )
@@ -137,6 +167,12 @@ class ScriptedEngine:
         for thread in running:
             await asyncio.to_thread(thread.join, 10)
 
+    def _script(self, request: GenerationRequest) -> Script:
+        script = self.script(request)
+        if request.params.logprobs is None:
+            return script
+        return dataclasses.replace(script, logprobs=request.params.logprobs)
+
     def _run(self, script: Script, generation: Generation, bridge: LoopBridge) -> None:
         finished = Finished(FinishReason.ERROR, error=RuntimeError("ended early"))
         produced: list[int] = []
@@ -153,7 +189,9 @@ class ScriptedEngine:
                 if script.delay_s:
                     time.sleep(script.delay_s)
                 produced.append(1000 + i)
-                bridge.put(TokenPiece(text, (1000 + i,)))
+                top = script.logprobs
+                logprobs = () if top is None else (scripted_logprob(1000 + i, text, top),)
+                bridge.put(TokenPiece(text, (1000 + i,), logprobs))
             else:
                 if script.end_with_eos:
                     produced.append(106)

@@ -6,12 +6,19 @@ llama.cpp server."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
 import pytest
-from wschat.protocol import FinishReason
-from wschat.server.engine import EngineFailed, GenerationRequest, SamplingParams
+from wschat.protocol import FinishReason, TokenLogprobs
+from wschat.server.engine import (
+    EngineFailed,
+    FeatureUnsupported,
+    GenerationRequest,
+    ResponseFormat,
+    SamplingParams,
+)
 from wschat.server.engine.history import Conversation
 from wschat.server.engine.openai import OpenAIEngine
 from wschat.server.engine.openai.dialect import (
@@ -29,7 +36,7 @@ from wschat.server.engine.openai.dialect import (
 from wschat.server.settings import ENGINE_DIALECTS
 
 from tests.openai.llama import LlamaServer
-from tests.support import TIMEOUT, collect
+from tests.support import TIMEOUT, collect, raw_peer, running_server
 
 LLAMA = LlamaCppDialect()
 SGL = SglangDialect()
@@ -257,6 +264,134 @@ async def _native_tokens(url: str, body: dict[str, Any]) -> list[int]:
         response = await client.post(f"{url}/completion", json={**body, "stream": False})
         response.raise_for_status()
         return [int(i) for i in response.json()["tokens"]]
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize(
+    ("dialect", "text_fields"),
+    [
+        (
+            VllmDialect(),
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "reply", "schema": SCHEMA, "strict": True},
+                }
+            },
+        ),
+        (LLAMA, {"json_schema": SCHEMA}),
+        (
+            SGL,
+            {
+                "json_schema": '{"type": "object", "properties": {"a": {"type": "integer"}}, '
+                '"required": ["a"]}'
+            },
+        ),
+    ],
+)
+def test_a_response_format_goes_in_each_engines_own_field(
+    dialect: Dialect, text_fields: dict[str, Any]
+) -> None:
+    strict = ResponseFormat(SCHEMA, strict=True)
+    assert dialect.fields.constrained(strict, chat=False) == text_fields
+    chat = dialect.fields.constrained(strict, chat=True)
+    assert chat == {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "reply", "schema": SCHEMA, "strict": True},
+        }
+    }
+    assert dialect.fields.constrained(ResponseFormat(), chat=True) == {
+        "response_format": {"type": "json_object"}
+    }
+    assert dialect.fields.constrained(None, chat=False) == {}
+
+
+@pytest.mark.parametrize("dialect", [VllmDialect(), LLAMA, SGL])
+def test_a_grammar_of_ours_is_sent_to_no_engine(dialect: Dialect) -> None:
+    with pytest.raises(FeatureUnsupported) as refused:
+        lark = ResponseFormat(lark='start: "x"')
+        dialect.fields.check(SamplingParams(1, response_format=lark), dialect.name)
+    assert refused.value.message == (
+        f"the engine ({dialect.name}) is sent JSON schemas only, not a grammar"
+    )
+    dialect.fields.check(SamplingParams(1, response_format=ResponseFormat(SCHEMA)), dialect.name)
+
+
+def test_logprobs_are_asked_by_id_and_read_back_most_probable_first() -> None:
+    vllm = VllmDialect()
+    assert vllm.fields.logprob_fields(2) == {"logprobs": 2, "return_tokens_as_token_ids": True}
+    assert LLAMA.fields.logprob_fields(2) == {"n_probs": 2, "post_sampling_probs": False}
+    assert vllm.fields.logprob_fields(None) == LLAMA.fields.logprob_fields(None) == {}
+    logprobs: dict[str, Any] = {
+        "tokens": ["token_id:7", "token_id:9"],
+        "token_logprobs": [-0.5, -0.25],
+        "top_logprobs": [
+            {"token_id:3": -1.5, "token_id:7": -0.5},
+            {"token_id:9": -0.25, "token_id:4": -2.0},
+        ],
+    }
+    choice = {"text": "ab", "token_ids": [7, 9], "logprobs": logprobs}
+    delta = vllm.text_delta({"choices": [choice]})
+    assert list(delta.logprobs) == [
+        (7, -0.5, ((7, -0.5), (3, -1.5))),
+        (9, -0.25, ((9, -0.25), (4, -2.0))),
+    ]
+    native = native_chunk(
+        content="a",
+        tokens=[7],
+        completion_probabilities=[
+            {
+                "id": 7,
+                "token": "a",
+                "bytes": [97],
+                "logprob": -0.5,
+                "top_logprobs": [{"id": 7, "logprob": -0.5}, {"id": 3, "logprob": -1.5}],
+            }
+        ],
+    )
+    assert list(LLAMA.text_delta(native).logprobs) == [(7, -0.5, ((7, -0.5), (3, -1.5)))]
+    with pytest.raises(EngineFailed):
+        vllm.text_delta({"choices": [{**choice, "logprobs": {**logprobs, "tokens": ["a", "b"]}}]})
+    with pytest.raises(FeatureUnsupported) as refused:
+        SGL.fields.check(SamplingParams(1, logprobs=2), SGL.name)
+    assert refused.value.message == "the engine (sglang) gives no logprobs here"
+
+
+async def test_llama_cpp_gives_each_tokens_logprobs_through_a_session(
+    openai_engine: OpenAIEngine,
+) -> None:
+    async with running_server(openai_engine) as url, raw_peer(url) as (peer, _):
+        params = {"logprobs": 2, "max_new_tokens": 8, "token_ids": True}
+        await peer.send({"type": "prompt", "id": "p", "text": "Hello", "params": params})
+        frames = [f for f in await peer.recv_until("done") if f["type"] == "token"]
+    read = [TokenLogprobs.from_wire(frame["logprobs"]) for frame in frames]
+    assert [i for part in read for i in part.ids] == [i for f in frames for i in f["ids"]]
+    for part in read:
+        assert part.top == 2 and all(v <= 0 for v in part.logprobs)
+        for k in range(len(part.ids)):
+            pair = part.top_logprobs[2 * k : 2 * k + 2]
+            assert pair[0] >= pair[1]
+
+
+async def test_llama_cpp_holds_a_reply_to_its_json_schema(openai_engine: OpenAIEngine) -> None:
+    conversation = Conversation(openai_engine.prompt_format)
+    ids = conversation.prompt_ids(conversation.tokenize_user("Name a colour."))
+    # bounded: the base model left alone writes a number of 40 digits
+    closed = {
+        "type": "object",
+        "properties": {"colour": {"enum": ["red", "green", "blue"]}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    strict = ResponseFormat(closed, strict=True)
+    await openai_engine.prepare_reply(SamplingParams(1, response_format=strict))
+    request = GenerationRequest(ids, SamplingParams(48, response_format=strict))
+    text, finished = await collect(openai_engine.generate(request))
+    assert finished.reason is FinishReason.STOP, text
+    assert json.loads(text)["colour"] in ("red", "green", "blue")
 
 
 @pytest.mark.parametrize("question", ["What is the capital of France?", "Name three colors."])

@@ -61,7 +61,7 @@ from PIL.Image import Image
 from transformers import Cache
 from wschat.protocol import FinishReason
 
-from ..base import Generation, GenerationRequest, KVUsage, LoopBridge
+from ..base import Generation, GenerationRequest, KVUsage, LoopBridge, SamplingParams
 from ..stopping import token_budget
 from .hf import HFEngine
 from .kvstore import SHARED_OPENINGS, CachedPrefix, KVStore, cached_prefix, latest_mark
@@ -160,6 +160,9 @@ class BatchedEngine:
     def forget(self, session_key: str) -> None:
         self.kv.forget(session_key)  # the image path's state too: one store
 
+    async def prepare_reply(self, params: SamplingParams) -> None:
+        await self.single.prepare_reply(params)  # one grammar side for both paths
+
     def generate(self, request: GenerationRequest) -> Generation:
         key = request.session_key
         kinds = (KVState, Cache) if request.images else KVState
@@ -188,6 +191,7 @@ class BatchedEngine:
             self.prompt_format.end_ids,
             opening=self.single.opening_to_fill(request),
         )
+        row.grammar = self.single.matcher(request)
         if self.scheduler.submit(row, loop):
             # After the callbacks already due: prompts that arrived together start together.
             loop.call_soon(self._wake)

@@ -15,13 +15,56 @@ for every row (``python -m bench.grammar``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+from ..grammar import GrammarMatcher
 
 BITS = 32
 # each bit of an int32 word as a mask (bit 31 is the sign)
 _BIT_VALUES = torch.tensor(
     [1 << i for i in range(BITS - 1)] + [-(1 << (BITS - 1))], dtype=torch.int32
 )
+
+
+class RowMasks:
+    """The masks of a batch's constrained rows: each row's matcher writes its own row of one
+    bitmask, and only those rows' logits are masked, so a row without a grammar costs nothing.
+    The worker's alone."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._bitmask: torch.Tensor | None = None  # grown to the most rows masked at once
+
+    def apply(
+        self, logits: torch.Tensor, matchers: Sequence[GrammarMatcher | None]
+    ) -> dict[int, Exception]:
+        """Mask ``logits`` ``[rows, vocab]`` (float32, in place) by each row's matcher (None:
+        unconstrained); the rows whose matcher failed, with why (the others go on)."""
+        rows = [j for j, matcher in enumerate(matchers) if matcher is not None]
+        if not rows:
+            return {}
+        if self._bitmask is None or len(self._bitmask) < len(rows):
+            self._bitmask = allocate_bitmask(len(rows), self.vocab_size)
+        bitmask = self._bitmask[: len(rows)]
+        failed: dict[int, Exception] = {}
+        for k, j in enumerate(rows):
+            matcher = matchers[j]
+            assert matcher is not None
+            try:
+                matcher.allowed_mask(bitmask[k])
+            except Exception as error:
+                failed[j] = error
+                bitmask[k] = -1
+        if len(rows) == len(logits):
+            apply_bitmask(logits, bitmask)
+        else:
+            index = torch.tensor(rows, device=logits.device)
+            masked = logits[index]
+            apply_bitmask(masked, bitmask)
+            logits[index] = masked
+        return failed
 
 
 def bitmask_words(vocab_size: int) -> int:

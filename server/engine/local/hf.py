@@ -41,12 +41,15 @@ from ..base import (
     GenerationRequest,
     KVUsage,
     LoopBridge,
+    SamplingParams,
     fingerprint,
     vocabulary_fingerprint,
 )
 from ..errors import ImagesUnsupported
 from ..formats import build_format
+from ..grammar import GrammarCompiler, GrammarMatcher, Grammars
 from ..stopping import final_reason, token_budget
+from ..token_bytes import TokenTexts
 from ..tokenizing import TextTokenizer
 from .dynamic_cache import OpeningCopy, cache_tensors, copied_cache, crop_cache, ring_mark
 from .image_layout import ImageLayout
@@ -60,7 +63,8 @@ from .kvstore import (
     shared_length,
 )
 from .loader import LoadedModel
-from .logits_processors import sampling_kwargs
+from .logits_processors import Constrain, sampling_kwargs
+from .logprobs import LogprobRecorder
 from .memory import give_back, out_of_memory
 from .streamer import StopWhen, TokenStreamer, cancel_or_stop
 from .threads import ThreadPolicy
@@ -124,6 +128,13 @@ class HFEngine:
         self.text_tokenizer = TextTokenizer()
         self._threads: set[threading.Thread] = set()
         self._images = images
+        # structured output: the vocabulary's grammar side built at the first format
+        self.grammars = Grammars(self._grammar_compiler)
+        self.token_texts = TokenTexts(self._backend)  # what a logprob shows of a token
+        self.logits_width = int(self.model.get_output_embeddings().out_features)
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        return GrammarCompiler(self._backend, self.logits_width, sorted(self.prompt_format.end_ids))
 
     # -- the Engine interface ------------------------------------------------------------
 
@@ -145,9 +156,20 @@ class HFEngine:
     def forget(self, session_key: str) -> None:
         self.kv.forget(session_key)
 
+    async def prepare_reply(self, params: SamplingParams) -> None:
+        if params.response_format is not None:
+            await self.grammars.prepare(params.response_format)
+
+    def matcher(self, request: GenerationRequest) -> GrammarMatcher | None:
+        """The reply's place in its response format's grammar (prepared), or None."""
+        response_format = request.params.response_format
+        return None if response_format is None else self.grammars.matcher(response_format)
+
     def streamer(self, bridge: LoopBridge, request: GenerationRequest) -> TokenStreamer:
-        """Text for one reply: the format's end tokens and its leading space never shown."""
+        """Text for one reply: the format's end tokens and its leading space never shown; each
+        token's logprobs with it where the request asked."""
         fmt = self.prompt_format
+        top = request.params.logprobs
         return TokenStreamer(
             self._backend,
             bridge.put,
@@ -155,6 +177,7 @@ class HFEngine:
             end_ids=fmt.end_ids,
             labels=fmt.turn_labels,
             strip_leading_space=fmt.strips_leading_space,
+            recorder=None if top is None else LogprobRecorder(top, self.token_texts),
         )
 
     def image_placeholder_ids(self) -> list[int]:
@@ -217,9 +240,12 @@ class HFEngine:
         generation = Generation(prompt_tokens=len(request.prompt_ids))
         generation.cached_tokens = len(prefix.ids) if prefix else 0
         bridge = LoopBridge(asyncio.get_running_loop(), generation)
+        streamer = self.streamer(bridge, request)
+        matcher = self.matcher(request)
+        constrain = None if matcher is None else Constrain(matcher, self.logits_width)
         thread = threading.Thread(
             target=self._run,
-            args=(request, generation, bridge, [prefix]),
+            args=(request, generation, bridge, streamer, constrain, [prefix]),
             name=f"wschat-generate-{request.session_key or '-'}",
             daemon=True,
         )
@@ -241,16 +267,17 @@ class HFEngine:
         request: GenerationRequest,
         generation: Generation,
         bridge: LoopBridge,
+        streamer: TokenStreamer,
+        constrain: Constrain | None,
         held: list[CachedPrefix | None],
     ) -> None:
         """``held`` hands the prefix over: once taken, only this generation's frames hold its
         cache, so a failed step's tensors go with its traceback."""
         finished = Finished(FinishReason.ERROR, error=RuntimeError("generation ended early"))
-        streamer = self.streamer(bridge, request)
         oom = False
         try:
             self.threads.apply()
-            finished = self._reply(request, generation, streamer, held.pop())
+            finished = self._reply(request, generation, streamer, constrain, held.pop())
         except BaseException as error:
             log.exception("generation failed")
             failure = out_of_memory(error)
@@ -270,6 +297,7 @@ class HFEngine:
         request: GenerationRequest,
         generation: Generation,
         streamer: TokenStreamer,
+        constrain: Constrain | None,
         prefix: CachedPrefix | None,
     ) -> Finished:
         cache = prefix.cache if prefix else DynamicCache(config=self.model.config)
@@ -277,7 +305,7 @@ class HFEngine:
         # generate concatenates into new tensors: the ones the cache holds now stay as they are
         mark = ring_mark(cache, cached) if prefix else None
         opening = OpeningCopy(cache, self.opening_to_fill(request), self.model.config)
-        ids = self._generate(request, generation, streamer, cache, cached, opening)
+        ids = self._generate(request, generation, streamer, constrain, cache, cached, opening)
         if opening.copy is not None:
             shared = opening.copy
             self.kv.put_opening(
@@ -296,6 +324,7 @@ class HFEngine:
         request: GenerationRequest,
         generation: Generation,
         streamer: TokenStreamer,
+        constrain: Constrain | None,
         cache: Any,
         cached: int,
         opening: OpeningCopy,
@@ -303,7 +332,7 @@ class HFEngine:
         params = request.params
         device = self.model.device
         input_ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
-        kwargs = sampling_kwargs(params)
+        kwargs = sampling_kwargs(params, streamer.recorder, constrain)
         if self._images is not None:
             kwargs |= self._images.model_inputs(input_ids, request.images, cached, self.model)
         with torch.inference_mode():

@@ -1,6 +1,7 @@
 """sampling.py's repetition penalty and draw as transformers logits processors, in place of
 ``generate``'s own (the generate engine's sampling: ``sampling_kwargs``), so a reply is sampled
-the same way by both local engines.
+the same way by both local engines; and, where the reply asked, its logprobs read first (the
+model's own distribution) and its response format's mask before the draw.
 """
 
 from __future__ import annotations
@@ -11,17 +12,29 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from ..base import SamplingParams
+from ..grammar import GrammarMatcher
+from .grammar_mask import RowMasks
+from .logprobs import LogprobRecorder, observe
 from .sampling import Filters, penalize, row_generator, sample
 
 
-def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+def sampling_kwargs(
+    params: SamplingParams,
+    recorder: LogprobRecorder | None = None,
+    constrain: LogitsProcessor | None = None,
+) -> dict[str, Any]:
     """``generate``'s keyword arguments that sample as ``params`` say."""
-    # generate picks greedily from the scores the processors leave: the penalty's, then
-    # Draw's (one finite score, the drawn token). 1.0 and None keep generate's own penalty and
-    # warpers out of it, whatever the model's generation_config says.
+    # generate picks greedily from the scores the processors leave: the logprobs read first
+    # (the model's own), then the penalty's, the grammar's mask, then Draw's (one finite score,
+    # the drawn token). 1.0 and None keep generate's own penalty and warpers out of it,
+    # whatever the model's generation_config says.
     processors: list[LogitsProcessor] = []
+    if recorder is not None:
+        processors.append(Observe(recorder))
     if params.repetition_penalty != 1.0:
         processors.append(Penalty(params.repetition_penalty))
+    if constrain is not None:
+        processors.append(constrain)
     if params.temperature > 0:
         processors.append(Draw(params))
     return {
@@ -33,6 +46,37 @@ def sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
         "min_p": None,
         "logits_processor": LogitsProcessorList(processors),
     }
+
+
+class Observe(LogitsProcessor):
+    """Each step's logits, as the model gave them, to the reply's logprobs."""
+
+    def __init__(self, recorder: LogprobRecorder) -> None:
+        self.recorder = recorder
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        observe([self.recorder], scores.float())
+        return scores
+
+
+class Constrain(LogitsProcessor):
+    """The reply's grammar: it takes the token the last step picked, then masks this step's
+    scores to what it allows next."""
+
+    def __init__(self, matcher: GrammarMatcher, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.masks = RowMasks(vocab_size)
+        self._length: int | None = None  # the ids at the last step
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        length = input_ids.shape[1]
+        if self._length is not None:
+            for token in input_ids[0, self._length :].tolist():
+                self.matcher.advance(int(token))
+        self._length = length
+        for error in self.masks.apply(scores, [self.matcher]).values():
+            raise error
+        return scores
 
 
 class Penalty(LogitsProcessor):

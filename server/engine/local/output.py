@@ -45,6 +45,8 @@ class OutputProcessor:
         """Stream a picked token; the reason the row ends with it, if it does."""
         row.next_token = token
         row.sampler.observe(token)
+        if row.grammar is not None:
+            row.grammar.advance(token)
         row.streamer.put(torch.tensor([token]))
         return finish_reason(
             cancelled=False,

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..base import Generation, GenerationRequest, LoopBridge
+from ..grammar import GrammarMatcher
 from .kvstore import CachedPrefix, RingMark, carried_marks
+from .logprobs import LogprobRecorder
 from .sampling import RowSampler
 from .scheduler import RowState
 from .sequence_kv import KVState
@@ -34,6 +36,8 @@ class BatchRow:
     # the prompt's opening to keep for other sessions once it is fed (0: none, or kept)
     opening: int = 0
     next_token: int = 0  # the last token picked: the input of the next decode pass
+    # its response format's place (None: unconstrained): masks its picks, takes each one
+    grammar: GrammarMatcher | None = None
     state: RowState = field(default=RowState.WAITING, init=False)  # the scheduler's
     finished: bool = field(default=False, init=False)  # its terminal item is delivered
     error: BaseException | None = field(default=None, init=False)  # why it ends, if it failed
@@ -41,6 +45,10 @@ class BatchRow:
     def __post_init__(self) -> None:
         self.fed = len(self.prefix.ids) if self.prefix else 0
         self.streamer.put(torch.tensor(self.request.prompt_ids))  # its first put is the prompt
+
+    @property
+    def logprobs(self) -> LogprobRecorder | None:
+        return self.streamer.recorder
 
     @property
     def prompt_ids(self) -> list[int]:

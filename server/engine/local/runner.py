@@ -16,8 +16,10 @@ import torch
 from transformers import Cache
 
 from . import attention
+from .grammar_mask import RowMasks
 from .kvstore import cached_prefix
 from .loader import LoadedModel
+from .logprobs import observe
 from .rows import BatchRow
 from .sampling import pick_tokens
 from .sequence_kv import KVState, LayerLayout, ring_of_cache
@@ -42,6 +44,7 @@ class ModelRunner:
         attention.install(text_config)
         kernel = attention.choose_kernel(self.model.device, loaded.dtype)
         self.kv = SlotKV(self.layout, width, kernel=kernel)
+        self.masks = RowMasks(int(self.lm_head.out_features))
 
     # -- the slots, as the scheduler moves them (``SlotRows``) ---------------------------
 
@@ -95,13 +98,27 @@ class ModelRunner:
         done), from the hidden state of its last prompt token."""
         last = torch.tensor([counts[j] - 1 for j in done])
         logits = self.logits(hidden[torch.tensor(done), last])
-        return pick_tokens([rows[j].sampler for j in done], logits)
+        return self.pick([rows[j] for j in done], logits)
 
     def decode(self, rows: Sequence[BatchRow]) -> list[int | Exception]:
         """One decode step of the decoding rows (slots from 0 on): each row's next token."""
         ids = torch.tensor([[row.next_token] for row in rows], dtype=torch.long)
         hidden = self.forward(ids, [1] * len(rows), first=0)
-        return pick_tokens([row.sampler for row in rows], self.logits(hidden[:, -1]))
+        return self.pick(rows, self.logits(hidden[:, -1]))
+
+    def pick(self, rows: Sequence[BatchRow], logits: torch.Tensor) -> list[int | Exception]:
+        """Each row's token from its row of ``logits``: its logprobs read first (the rows that
+        asked), then its grammar's mask applied (the constrained rows), then its own sampler; a
+        row whose mask or pick fails gets the exception in its place."""
+        recording = [j for j, row in enumerate(rows) if row.logprobs is not None]
+        if recording:
+            read = logits if len(recording) == len(rows) else logits[torch.tensor(recording)]
+            observe([recorder for row in rows if (recorder := row.logprobs) is not None], read)
+        failed = self.masks.apply(logits, [row.grammar for row in rows])
+        picked = pick_tokens([row.sampler for row in rows], logits)
+        for j, error in failed.items():
+            picked[j] = error
+        return picked
 
     def forward(self, ids: torch.Tensor, counts: list[int], first: int) -> torch.Tensor:
         """One forward over the rows from ``first`` on, ``counts[b]`` tokens of ``ids[b]``."""

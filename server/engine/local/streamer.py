@@ -5,7 +5,8 @@ token with tokenizers' ``DecodeStream`` (no re-decoding of the whole reply, and 
 character), emits text at once instead of waiting for a space, and holds back only the tail that
 could still grow into a stop string or a turn label (``stopping.StopTexts``). Tokens that end the
 reply in the prompt format (``end_ids``: ``<end_of_turn>``, ``<eos>``) are kept in ``generated``
-but never become text.
+but never become text. A reply that asked for logprobs has a ``LogprobRecorder``: each token's
+entry travels with its id (``TokenPiece.logprobs``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import torch
 from tokenizers.decoders import DecodeStream
 from transformers import StoppingCriteria
 
-from ..base import CancelFlag, TokenPiece
+from ..base import CancelFlag, Logprob, TokenPiece
 from ..stopping import StopTexts
+from .logprobs import LogprobRecorder
 
 
 class TokenStreamer:
@@ -33,6 +35,7 @@ class TokenStreamer:
         end_ids: frozenset[int] = frozenset(),
         labels: Sequence[str] = (),
         strip_leading_space: bool = False,
+        recorder: LogprobRecorder | None = None,
     ) -> None:
         self._tokenizer = backend_tokenizer
         self._end_ids = end_ids
@@ -43,6 +46,8 @@ class TokenStreamer:
         self._stops = StopTexts(stops, labels)
         self._seen_prompt = False
         self._ids: list[int] = []  # ids whose text is not emitted yet
+        self._logprobs: list[Logprob] = []  # theirs, when the reply asked
+        self.recorder = recorder
         self.generated: list[int] = []
 
     @property
@@ -61,6 +66,8 @@ class TokenStreamer:
         if self._stops.hit:
             return  # generation stops at this step; nothing after the stop string is text
         self._ids.append(token_id)
+        if self.recorder is not None:
+            self._logprobs.append(self.recorder.take(token_id))
         if token_id in self._end_ids:
             return  # the turn's end: its id travels with the reply's last text, never as text
         piece = self._decoder.step(self._tokenizer, token_id)
@@ -73,7 +80,8 @@ class TokenStreamer:
 
     def _send(self, text: str) -> None:
         ids, self._ids = tuple(self._ids), []
-        self._emit(TokenPiece(text, ids))
+        logprobs, self._logprobs = tuple(self._logprobs), []
+        self._emit(TokenPiece(text, ids, logprobs))
 
     def end(self) -> None:
         tail = self._stops.flush()

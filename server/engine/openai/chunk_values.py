@@ -29,7 +29,7 @@ def ids(value: Any) -> list[int]:
 
 def count(value: Any, name: str) -> int:
     if type(value) is not int or not 0 <= value <= MAX_COUNT:
-        raise bad_answer(f"{name} {_short(value)}, not a count")
+        raise bad_answer(f"{name} {short(value)}, not a count")
     return value
 
 
@@ -58,7 +58,7 @@ def fields(value: Any, name: str) -> dict[str, Any]:
     return value
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     """A value for the log, cut short: an engine's answer may be of any size."""
     shown = repr(value)
     return shown if len(shown) <= 40 else f"{shown[:40]}..."

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from ..base import SamplingParams
 from . import chunk_values as checked
 from .errors import bad_answer
+from .reply_fields import LlamaCppFields, RawLogprob, ReplyFields, SglangFields
 
 VLLM = "vllm"
 LLAMA_CPP = "llama.cpp"
@@ -51,6 +52,7 @@ class Delta:
     ids: Sequence[int] = ()
     finish: str | None = None
     cached_tokens: int | None = None
+    logprobs: Sequence[RawLogprob] = ()  # one per id, where they were asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,8 @@ class Dialect:
     # whether a request's ``cache_salt`` keeps its cached prefixes to the requests of its salt
     # (``salt``); without one the engine's prefix cache is every client's
     salts_cache: ClassVar[bool] = False
+    # how it is sent a response format and asked for logprobs (reply_fields.py)
+    fields: ClassVar[ReplyFields] = ReplyFields()
 
     @staticmethod
     def detect(models: dict[str, Any]) -> Dialect:
@@ -197,6 +201,7 @@ class Dialect:
     def _openai_delta(self, chunk: dict[str, Any], text_key: str) -> Delta:
         texts: list[str] = []
         ids: list[int] = []
+        logprobs: list[RawLogprob] = []
         finish = None
         for choice in checked.items(chunk.get("choices"), "choices"):
             if not isinstance(choice, dict):
@@ -207,6 +212,7 @@ class Dialect:
                 )
             else:
                 texts.append(checked.text(choice.get("text")))
+                logprobs += self.fields.choice_logprobs(choice)
             ids += self.choice_ids(choice)
             finish = checked.finish(choice.get("finish_reason")) or finish
         cached = None
@@ -215,7 +221,7 @@ class Dialect:
                 checked.fields(usage, "usage").get("prompt_tokens_details"), "details"
             )
             cached = checked.count(details.get("cached_tokens") or 0, "cached_tokens")
-        return Delta("".join(texts), ids, finish, cached)
+        return Delta("".join(texts), ids, finish, cached, logprobs)
 
 
 class VllmDialect(Dialect):
@@ -241,6 +247,7 @@ class SglangDialect(Dialect):
 
     name: ClassVar[str] = SGLANG
     owner: ClassVar[str] = "sglang"
+    fields: ClassVar[ReplyFields] = SglangFields()
     chat_ids: ClassVar[dict[str, Any]] = {}
     seeds: ClassVar[int] = 1 << 31
     vision_path: ClassVar[str | None] = "/model_info"
@@ -260,6 +267,7 @@ class LlamaCppDialect(Dialect):
 
     name: ClassVar[str] = LLAMA_CPP
     owner: ClassVar[str] = "llamacpp"
+    fields: ClassVar[ReplyFields] = LlamaCppFields()
     text_path: ClassVar[str] = "/completion"
     text_ids: ClassVar[dict[str, Any]] = {"return_tokens": True}
     # the chat API's ``logprobs`` is a flag: each token's id comes with its top-1 entry
@@ -343,13 +351,13 @@ class LlamaCppDialect(Dialect):
         stopped (``stop_type``: ``limit`` is the length, ``eos`` and ``word`` a stop) and the
         prompt tokens taken from the slot's cache (``timings.cache_n``)."""
         text, ids = checked.text(chunk.get("content")), checked.ids(chunk.get("tokens"))
+        logprobs = self.fields.chunk_logprobs(chunk)
         if not chunk.get("stop"):
-            return Delta(text, ids)
+            return Delta(text, ids, logprobs=logprobs)
         finish = "length" if chunk.get("stop_type") == "limit" else "stop"
         cached = checked.fields(chunk.get("timings"), "timings").get("cache_n")
-        return Delta(
-            text, ids, finish, None if cached is None else checked.count(cached, "cache_n")
-        )
+        count = None if cached is None else checked.count(cached, "cache_n")
+        return Delta(text, ids, finish, count, logprobs)
 
     def choice_ids(self, choice: dict[str, Any]) -> list[int]:
         content = checked.items(

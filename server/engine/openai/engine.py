@@ -36,7 +36,10 @@ from ..base import (
     Generation,
     GenerationRequest,
     KVUsage,
+    Logprob,
     RemoteEngine,
+    SamplingParams,
+    TokenChoice,
     TokenPiece,
     fingerprint,
     vocabulary_fingerprint,
@@ -45,12 +48,14 @@ from ..errors import ImagesUnsupported
 from ..formats import GemmaTurns, PromptFormat
 from ..prefixes import OwnPrefixes
 from ..stopping import StopTexts, completed, final_reason, token_budget
+from ..token_bytes import TokenTexts
 from ..tokenizing import TextTokenizer
 from .burst import Burst
 from .client import EngineHttp
 from .dialect import CHAT_PATH as CHAT_PATH  # where tests and tools find it
 from .dialect import Call, Dialect
 from .errors import bad_answer, lost
+from .reply_fields import RawLogprob
 from .tokenizer import GatewayTokenizer
 from .vision import IMAGE_SIZE, ImageTokens, VisionError, chat_messages, normalise
 
@@ -76,21 +81,31 @@ class _Reply:
     strip: bool  # the prompt format drops the reply's leading space
     known: int  # the most prompt tokens its owner may be told were cached (``_sent``)
     stops: StopTexts
+    top: int | None = None  # the alternatives each token's logprobs list; None: not asked
     ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     finish: str | None = None
     spent: int = 0
     held: list[int] = field(default_factory=list)  # ids whose text ``stops`` holds back
+    held_logprobs: list[Logprob] = field(default_factory=list)  # theirs, where asked for
 
     def reason(self) -> FinishReason:
         if self.finish is None:
             raise lost("the stream ended without a finish reason")
         return final_reason(cancelled=False, stopped=self.finish != "length")
 
-    def push(self, text: str, ids: Sequence[int], generation: Generation) -> None:
-        """The text that may be shown now, with the ids it came with; a stop ends the reply."""
+    def push(
+        self,
+        text: str,
+        ids: Sequence[int],
+        generation: Generation,
+        logprobs: Sequence[Logprob] = (),
+    ) -> None:
+        """The text that may be shown now, with the ids it came with (and their logprobs); a
+        stop ends the reply."""
         self.ids += ids
         self.held += ids
+        self.held_logprobs += logprobs
         shown = self.stops.feed(text)
         if shown:
             self._send(shown, generation)
@@ -105,7 +120,8 @@ class _Reply:
 
     def _send(self, text: str, generation: Generation) -> None:
         self.texts.append(text)
-        generation.push(TokenPiece(text, tuple(self.held)))
+        generation.push(TokenPiece(text, tuple(self.held), tuple(self.held_logprobs)))
+        self.held_logprobs = []
         self.held = []
 
 
@@ -165,6 +181,7 @@ class OpenAIEngine:
         self.dialect = dialect
         self.model = model
         self.tokenizer = tokenizer
+        self._token_texts = TokenTexts(tokenizer.backend)
         self.prompt_format = prompt_format
         self.text_tokenizer = TextTokenizer()
         host = urlsplit(http.api_url).hostname or http.api_url  # a restarted child keeps it
@@ -221,6 +238,31 @@ class OpenAIEngine:
 
     def forget(self, session_key: str) -> None:
         """Nothing to drop: the engine's prefix cache is keyed by the ids, not the session."""
+
+    async def prepare_reply(self, params: SamplingParams) -> None:
+        # the engine compiles a format itself, as it is sent
+        self.dialect.fields.check(params, self.dialect.name)
+
+    def _logprobs(self, raw: Sequence[RawLogprob], top: int | None, ids: int) -> list[Logprob]:
+        """A chunk's logprobs with each token's text, ``top`` alternatives each at most (none
+        where the reply asked for none); a bad answer unless one per id, all in the
+        vocabulary."""
+        if top is None:
+            return []
+        if len(raw) != ids:
+            raise bad_answer(f"{len(raw)} logprobs for {ids} tokens")
+        vocab_size = self.info.vocab_size or 0
+        if any(not i < vocab_size for _, _, alternatives in raw for i, _ in alternatives):
+            raise bad_answer(f"a token id outside the vocabulary of {vocab_size}")
+        texts = self._token_texts
+
+        def choice(token_id: int, logprob: float) -> TokenChoice:
+            return TokenChoice(token_id, *texts.of(token_id), logprob)
+
+        return [
+            Logprob(choice(i, v), tuple(choice(a, w) for a, w in alternatives[:top]))
+            for i, v, alternatives in raw
+        ]
 
     def generate(self, request: GenerationRequest) -> Generation:
         loop = asyncio.get_running_loop()
@@ -281,7 +323,11 @@ class OpenAIEngine:
     def _sampling(self, request: GenerationRequest) -> dict[str, Any]:
         params = request.params
         stop = [*params.stop, *self._label_stops]
-        return self.dialect.sampling(params, stop=stop, stop_token_ids=self._stop_token_ids)
+        sampling = self.dialect.sampling(params, stop=stop, stop_token_ids=self._stop_token_ids)
+        chat = bool(request.images)  # the chat API: asked for no logprobs (the module says)
+        fields = self.dialect.fields
+        sampling |= fields.constrained(params.response_format, chat=chat)
+        return sampling if chat else sampling | fields.logprob_fields(params.logprobs)
 
     def _sent(self, request: GenerationRequest, ids: list[int]) -> int:
         """``ids`` go to the engine for the request's owner, who may be told of as many cached
@@ -309,6 +355,7 @@ class OpenAIEngine:
             fmt.strips_leading_space,
             self._sent(request, request.prompt_ids),
             StopTexts(request.params.stop, fmt.turn_labels),
+            None if request.images else request.params.logprobs,
         )
         try:
             call = self._call(request)
@@ -343,6 +390,7 @@ class OpenAIEngine:
         text, ids = self._checked(piece.text, list(piece.ids))
         if call.ids_from_text and text and not ids:  # an engine that gives chat text alone
             ids = self.tokenizer.tokenize_text(text)
+        logprobs = self._logprobs(piece.logprobs, reply.top, len(ids))
         reply.finish = piece.finish or reply.finish
         if not (text or ids):
             return True
@@ -352,13 +400,13 @@ class OpenAIEngine:
             return False
         cut = len(ids) > room
         if cut:
-            ids = ids[:room]
+            ids, logprobs = ids[:room], logprobs[:room]
             text = self.tokenizer.decode(ids)
             reply.finish = "length"
         reply.spent += max(len(ids), 1)
         if reply.strip and not reply.ids:
             text = text.removeprefix(" ")
-        reply.push(text, ids, generation)
+        reply.push(text, ids, generation, logprobs)
         return not (cut or reply.stops.hit)
 
     def _checked(self, text: str, ids: list[int]) -> tuple[str, list[int]]:

@@ -42,6 +42,11 @@ class GatewayTokenizer:
         self._text = Tokenizer.from_str(tokenizer.to_str())
         self._text.encode_special_tokens = True
 
+    @property
+    def backend(self) -> Tokenizer:
+        """The ``tokenizers.Tokenizer`` itself (what a logprob shows of a token is read from)."""
+        return self._tokenizer
+
     def tokenize_text(self, text: str) -> list[int]:
         return list(self._text.encode(text, add_special_tokens=False).ids)
 
