@@ -29,6 +29,9 @@ STORE_SCHEMES = ("redis://", "rediss://", "unix://")
 # What --engine-dialect may name: auto, or a dialect of engine/openai/dialect.py (a test keeps
 # the two in step)
 ENGINE_DIALECTS = ("auto", "vllm", "llama.cpp", "sglang")
+# When --grammar-vocabulary builds structured output's view of the vocabulary
+GRAMMAR_AT_FIRST_USE, GRAMMAR_AT_START = "first-use", "start"
+GRAMMAR_VOCABULARY = (GRAMMAR_AT_FIRST_USE, GRAMMAR_AT_START)
 # The batched engine's width under --max-concurrent auto where memory is no limit
 # (runtime/batch_width.py: the rule and the memory; `python -m bench --only widths` measures the
 # CPU's, bench/gpu.py the GPU's). Wider is better while a step over more rows costs far less than
@@ -174,6 +177,13 @@ class Settings:
         "shared only by sessions of the same bearer token, and past the limit the token that "
         "holds the most gives up its least recently used (the one without a system prompt "
         "goes last)",
+    )
+    grammar_vocabulary: str = option(
+        GRAMMAR_AT_FIRST_USE,
+        "when structured output (`response_format`) reads the model's vocabulary into its "
+        "grammar library: at the first response format a client sends (`first-use`), or while "
+        "the model loads (`start`); seconds, once, most of it holding the interpreter, so the "
+        "first structured reply's neighbours wait that long (local engines)",
     )
     max_frame_bytes: int = option(12 * 1024 * 1024, "largest frame accepted")
     max_image_bytes: int = option(10 * 1024 * 1024, "largest image accepted")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..engine.formats import FORMATS
-from ..settings import DTYPES, ENGINE_DIALECTS, STORE_SCHEMES, Settings
+from ..settings import DTYPES, ENGINE_DIALECTS, GRAMMAR_VOCABULARY, STORE_SCHEMES, Settings
 from .engines import ENGINE_KINDS
 from .extras import missing_modules
 
@@ -174,6 +174,7 @@ _GROUPS: dict[str, tuple[str, ...]] = {
         "prefill_chunk_tokens",
         "kv_budget_mib",
         "shared_openings",
+        "grammar_vocabulary",
         "stall_timeout_s",
     ),
     "sessions and limits": (
@@ -221,6 +222,7 @@ _CHOICES: dict[str, Collection[str]] = {
     "engine": ENGINE_KINDS,  # its names, read as the parser is built: a new kind is one entry
     "engine_dialect": ENGINE_DIALECTS,
     "prompt_format": FORMATS,
+    "grammar_vocabulary": GRAMMAR_VOCABULARY,
     "log_level": LOG_LEVELS,
 }
 

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from wschat.protocol import (
@@ -22,6 +23,7 @@ from wschat.protocol import (
     Start,
     Timing,
     Token,
+    TokenLogprobs,
     ToolCall,
     Usage,
 )
@@ -33,6 +35,7 @@ from ..engine import (
     Finished,
     FunctionCall,
     Generation,
+    Logprob,
     PreparedTurn,
     TokenPiece,
 )
@@ -67,6 +70,8 @@ class GenerationRun:
     last_token_at: float | None = None
     listeners: list[RunListener] = field(default_factory=list)
     reader: CallReader = field(init=False)  # the reply's text, and the calls it makes
+    # logprobs of tokens whose text the reader holds back (``_sent``)
+    _logprobs_held: list[Logprob] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self.reader = CallReader(self.prepared.turn.tools, self.prepared.call_seed)
@@ -161,7 +166,7 @@ class GenerationRun:
                     self.first_token_at = self.last_token_at
             self.completion_tokens += len(ids)  # ids without text too: the next index jumps
             shown, calls = self.reader.feed(text)
-            await self._sent(send, ids, shown, calls)
+            await self._sent(send, ids, shown, calls, piece.logprobs if piece else ())
             if finished is not None:
                 self.finished = finished
                 rest, calls, calling = self.reader.finish()
@@ -178,13 +183,24 @@ class GenerationRun:
                 return finished.reason
 
     async def _sent(
-        self, send: Send, ids: tuple[int, ...], text: str, calls: list[FunctionCall]
+        self,
+        send: Send,
+        ids: tuple[int, ...],
+        text: str,
+        calls: list[FunctionCall],
+        logprobs: Sequence[Logprob] = (),
     ) -> None:
         """Send the text to show (a ``token`` frame) and the calls that are whole; ``ids`` are
-        counted as sent either way (a call's text is sent as its ``tool_call`` frames)."""
+        counted as sent either way (a call's text is sent as its ``tool_call`` frames). Logprobs
+        of tokens whose text is held back go with the next frame."""
         frame = None
+        self._logprobs_held += logprobs
         if text:
-            frame = Token(self.id, text, self.completion_tokens, ids if self.token_ids else None)
+            shown = token_logprobs(self._logprobs_held)
+            self._logprobs_held = []
+            frame = Token(
+                self.id, text, self.completion_tokens, ids if self.token_ids else None, shown
+            )
         self.sent.add(ids, frame)
         if ids or frame is not None:
             self._notify(TokensSent(self, len(ids)))
@@ -279,6 +295,27 @@ class GenerationRun:
     def _notify(self, event: RunEvent) -> None:
         for listener in self.listeners:
             listener(event)
+
+
+def token_logprobs(entries: Sequence[Logprob]) -> TokenLogprobs | None:
+    """A frame's tokens' logprobs as the wire lists them (None: none were asked for); every
+    token with as many alternatives as the one with fewest (an engine over HTTP may give some
+    fewer)."""
+    if not entries:
+        return None
+    top = min(len(entry.top) for entry in entries)
+    best = [choice for entry in entries for choice in entry.top[:top]]
+    return TokenLogprobs(
+        tuple(entry.chosen.id for entry in entries),
+        tuple(entry.chosen.text for entry in entries),
+        tuple(entry.chosen.bytes for entry in entries),
+        tuple(entry.chosen.logprob for entry in entries),
+        top,
+        tuple(choice.id for choice in best),
+        tuple(choice.text for choice in best),
+        tuple(choice.bytes for choice in best),
+        tuple(choice.logprob for choice in best),
+    )
 
 
 def _ms(start: float, end: float | None) -> float | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from wschat.protocol import GenerationParams, InvalidParams, TooLarge, ToolResult
 
-from ..engine import FunctionCall, SamplingParams, ToolUse
+from ..engine import FunctionCall, ResponseFormat, SamplingParams, ToolUse
 from ..settings import Settings
 
 # PROTOCOL.md "configure": the context a system prompt must leave for the user's text and reply
@@ -68,6 +68,8 @@ class PromptLimits:
             repetition_penalty=p.repetition_penalty or 1.0,
             stop=p.stop or (),
             seed=p.seed,
+            response_format=ResponseFormat.of(p.response_format),
+            logprobs=p.logprobs,
         )
 
     def tools(self, p: GenerationParams, frame_id: str) -> ToolUse | None:

@@ -9,9 +9,10 @@ connection is attached (a drop mid-reply, for ``--resume-grace-s``) the reply's 
 ``start`` frames are held for the next one.
 
 What is kept is bounded by one reply (its text and ids, and five integers per frame: a slow
-reader gets many frames), the next prompt's ``begin`` lets it go. A replay costs its frame, and
-one is in flight per session at most: a resume drops the connection it replaces (``drop_last``),
-which may still be flushing the last replay to a peer that never read it.
+reader gets many frames; with logprobs, each frame's), the next prompt's ``begin`` lets it go.
+A replay costs its frame, and one is in flight per session at most: a resume drops the
+connection it replaces (``drop_last``), which may still be flushing the last replay to a peer
+that never read it.
 
 A store outside this process (redis_store.py) keeps a reply that ended with no connection
 attached with the session's state (``export``, ``restore``), so a resume that rebuilds the
@@ -34,6 +35,7 @@ from wschat.protocol import (
     Queued,
     Start,
     Token,
+    TokenLogprobs,
     ToolCall,
     decode_server_frame,
     encode,
@@ -67,6 +69,8 @@ class ReplyRecord:
         self._id_starts = array("q")  # each frame's ids, in ``ids``
         self._id_ends = array("q")
         self._shows_ids = False  # the frames carry their ids
+        # each frame's logprobs, from the first frame that carried some (None for those before)
+        self._logprobs: list[TokenLogprobs | None] = []
 
     def add(self, ids: Sequence[int], frame: Token | None) -> None:
         """Ids generated, and the frame that carries them (None: they came without text)."""
@@ -80,6 +84,10 @@ class ReplyRecord:
         self._text_ends.append((self._text_ends[-1] if self._text_ends else 0) + len(frame.text))
         self._id_starts.append(start)
         self._id_ends.append(len(self.ids))
+        if frame.logprobs is not None and not self._logprobs:
+            self._logprobs = [None] * (len(self._indexes) - 1)
+        if self._logprobs:
+            self._logprobs.append(frame.logprobs)
 
     def settle(self) -> None:
         """The reply is over: its ids served a checkpoint of the running reply, and a resume's
@@ -99,16 +107,20 @@ class ReplyRecord:
         if self._shows_ids:
             spans = zip(self._id_starts[first:], self._id_ends[first:], strict=True)
             ids = tuple(i for start, end in spans for i in self.ids[start:end])
+        parts = [part for part in self._logprobs[first:] if part is not None]
+        logprobs = TokenLogprobs.joined(parts) if parts else None
         # the kept text itself from index 0 (a slice of all of a str is that str), else its tail
-        return Token(reply, self.text.join()[text_from:], self._indexes[-1], ids)
+        return Token(reply, self.text.join()[text_from:], self._indexes[-1], ids, logprobs)
 
     def export(self) -> dict[str, Any]:
         """The frames as plain data: the text, and each frame's index, where its text ends and
-        its ids (None: the frames carried none)."""
+        its ids (None: the frames carried none), and its logprobs' wire map where it had any."""
         frames: list[list[Any]] = []
         for k, (index, text_end) in enumerate(zip(self._indexes, self._text_ends, strict=True)):
             ids = list(self.ids[self._id_starts[k] : self._id_ends[k]]) if self._shows_ids else None
             frames.append([index, text_end, ids])
+            if self._logprobs and (logprobs := self._logprobs[k]) is not None:
+                frames[-1].append(logprobs.to_wire())
         calls = [encode(call) for call in self.calls]
         return {"text": self.text.join(), "frames": frames, "calls": calls}
 
@@ -118,14 +130,17 @@ class ReplyRecord:
         record, text, at = cls(), kept["text"], 0
         if not isinstance(text, str):
             raise ValueError("a reply's text is not a str")
-        for index, text_end, ids in kept["frames"]:
+        for index, text_end, ids, *more in kept["frames"]:
+            if more and not isinstance(more[0], dict):
+                raise ValueError("a reply's frame logprobs are not a map")
+            logprobs = TokenLogprobs.from_wire(more[0]) if more else None
             last = record._indexes[-1] if record._indexes else 0
             if not (isinstance(index, int) and isinstance(text_end, int)) or index <= last:
                 raise ValueError("a reply's frame indexes are not rising integers")
             if not at <= text_end <= len(text):
                 raise ValueError("a reply's frame ends outside its text")
             shown = None if ids is None else tuple(ids)
-            record.add(shown or (), Token(reply, text[at:text_end], index, shown))
+            record.add(shown or (), Token(reply, text[at:text_end], index, shown, logprobs))
             at = text_end
         if at != len(text):
             raise ValueError("a reply's frames do not cover its text")

@@ -71,6 +71,7 @@ async def prepare(preparing: Preparing, effect: PrepareTurn) -> PreparedTurn:
 
 async def _prompt(preparing: Preparing, prompt_id: str, turn: TurnKind) -> PreparedTurn:
     assert isinstance(turn, PromptTurn)
+    await preparing.engine.prepare_reply(turn.sampling)  # refused: invalid_params, unsupported
     images = list(turn.staged)
     if turn.uploads:
         rules = preparing.image_rules()
@@ -87,11 +88,13 @@ async def _prompt(preparing: Preparing, prompt_id: str, turn: TurnKind) -> Prepa
 
 async def _regenerate(preparing: Preparing, prompt_id: str, turn: TurnKind) -> PreparedTurn:
     assert isinstance(turn, RegenerateTurn)
+    await preparing.engine.prepare_reply(turn.sampling)
     return await preparing.chat.prepare_regenerate(turn.sampling, turn.tools)
 
 
 async def _results(preparing: Preparing, prompt_id: str, turn: TurnKind) -> PreparedTurn:
     assert isinstance(turn, ResultsTurn)
+    await preparing.engine.prepare_reply(turn.sampling)
     return await preparing.chat.prepare_results(turn.results, turn.sampling, turn.tools)
 
 
@@ -99,6 +102,7 @@ async def _completion(preparing: Preparing, prompt_id: str, turn: TurnKind) -> P
     """A raw prompt: its ids, or its text tokenized as text (no markup added), not a
     conversation rendered in the prompt format."""
     assert isinstance(turn, CompletionTurn)
+    await preparing.engine.prepare_reply(turn.sampling)
     engine = preparing.engine
     if turn.ids is not None:
         ids = list(turn.ids)

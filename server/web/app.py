@@ -25,9 +25,9 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 from wschat.protocol import CHAT_PATH, SESSION_HEADER
 
-from ..engine import Engine
+from ..engine import Engine, ResponseFormat, SamplingParams
 from ..sessions import Hub, TakenOver
-from ..settings import Settings
+from ..settings import GRAMMAR_AT_START, Settings
 from .access import owner_scope
 from .admission import Accept, serve_admitted
 from .connection import Connection
@@ -184,7 +184,10 @@ def _is_factory(engine: Engine | EngineFactory) -> TypeIs[EngineFactory]:
 async def _load(app: Starlette, hub: Hub, factory: EngineFactory) -> None:
     started = time.perf_counter()
     try:
-        hub.set_engine(await asyncio.to_thread(factory))
+        engine = await asyncio.to_thread(factory)
+        if hub.settings.grammar_vocabulary == GRAMMAR_AT_START:  # built before any chat
+            await engine.prepare_reply(SamplingParams(1, response_format=ResponseFormat()))
+        hub.set_engine(engine)
         seconds = time.perf_counter() - started
         log.info("ready: accepting chats (the model took %.1f s to load)", seconds)
     except Exception as error:

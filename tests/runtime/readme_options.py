@@ -30,6 +30,7 @@ OPTIONS = (
     "context_tokens",
     "kv_budget_mib",
     "shared_openings",
+    "grammar_vocabulary",
     "session_store",
     "resume_grace_s",
     "session_lease_s",

@@ -18,6 +18,7 @@ from wschat.protocol import (
     Start,
     Timing,
     Token,
+    TokenLogprobs,
     Usage,
 )
 from wschat.server.sessions.relay import Relay, ReplyRecord
@@ -227,3 +228,37 @@ def test_every_sender_in_the_sessions_layer_takes_the_one_send_type() -> None:
 
     for module in (generation, relay, session):
         assert module.Send is error_boundary.Send, module.__name__
+
+
+def logprobs_of(ids: tuple[int, ...], top: int) -> TokenLogprobs:
+    """Made-up logprobs for ``ids``: token i at -i, its alternatives at -i-1, -i-2, ..."""
+    names = tuple(f"t{i}" for i in ids)
+    alternatives = [(i * 10 + k, -i - 1.0 - k) for i in ids for k in range(top)]
+    return TokenLogprobs(
+        ids,
+        names,
+        tuple(n.encode() for n in names),
+        tuple(-float(i) for i in ids),
+        top,
+        tuple(a for a, _ in alternatives),
+        tuple(f"a{a}" for a, _ in alternatives),
+        tuple(f"a{a}".encode() for a, _ in alternatives),
+        tuple(v for _, v in alternatives),
+    )
+
+
+async def test_the_caught_up_frame_joins_the_logprobs_of_the_frames_it_merges() -> None:
+    relay, _, run = await attached()
+    for text, ids in (("a", (1,)), ("bc", (2, 3)), ("d", (4,))):
+        await run.token(Token("r", text, ids[-1], None, logprobs_of(ids, 2)))
+    relay.detach(mid_reply=True)
+    (frame,) = relay.catch_up(1).frames
+    assert frame == Token("r", "bcd", 4, None, logprobs_of((2, 3, 4), 2))
+    kept = ReplyRecord.restore("r", run.record.export())
+    assert kept.after("r", 1) == frame  # a store's copy catches up the same
+
+
+def test_logprobs_with_fewer_alternatives_in_one_part_join_at_the_fewest() -> None:
+    joined = TokenLogprobs.joined([logprobs_of((1,), 3), logprobs_of((2,), 1)])
+    assert joined.top == 1
+    assert joined.top_ids == (10, 20) and joined.top_logprobs == (-2.0, -3.0)
