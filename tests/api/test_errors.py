@@ -40,7 +40,9 @@ def chat(**fields: Any) -> dict[str, Any]:
 
 CHAT_REFUSALS = [
     (chat(n=2), 400, "unsupported", "n"),
-    (chat(logprobs=True), 400, "unsupported", "logprobs"),
+    (chat(top_logprobs=3), 400, "invalid_params", "top_logprobs"),
+    (chat(logprobs=True, top_logprobs=21), 400, "invalid_params", "top_logprobs"),
+    (chat(logprobs="yes"), 400, "invalid_params", "logprobs"),
     (chat(functions=[{"name": "f"}]), 400, "unsupported", "functions"),
     (chat(tools=[{"type": "retrieval"}]), 400, "unsupported", "tools[0].type"),
     (
@@ -53,7 +55,13 @@ CHAT_REFUSALS = [
     (chat(frequency_penalty=0.5), 400, "unsupported", "frequency_penalty"),
     (chat(presence_penalty=1), 400, "unsupported", "presence_penalty"),
     (chat(logit_bias={"1": 5}), 400, "unsupported", "logit_bias"),
-    (chat(response_format={"type": "json_object"}), 400, "unsupported", "response_format"),
+    (chat(response_format={"type": "xml"}), 400, "invalid_params", "response_format"),
+    (
+        chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+        400,
+        "invalid_params",
+        "response_format",
+    ),
     (chat(temperature=3), 400, "invalid_params", "temperature"),
     (chat(min_p=1.5), 400, "invalid_params", "min_p"),
     (chat(stream_options={"include_usage": True}), 400, "invalid_params", "stream_options"),
@@ -105,7 +113,8 @@ CHAT_REFUSALS = [
 COMPLETION_REFUSALS = [
     ({"model": "m", "prompt": ["a", "b"]}, 400, "unsupported", "prompt"),
     ({"model": "m", "prompt": "a", "echo": True}, 400, "unsupported", "echo"),
-    ({"model": "m", "prompt": "a", "logprobs": 2}, 400, "unsupported", "logprobs"),
+    ({"model": "m", "prompt": "a", "logprobs": 21}, 400, "invalid_params", "logprobs"),
+    ({"model": "m", "prompt": "a", "logprobs": True}, 400, "invalid_params", "logprobs"),
     ({"model": "m", "prompt": "a", "best_of": 3}, 400, "unsupported", "best_of"),
     ({"model": "m", "prompt": "a", "suffix": "z"}, 400, "unsupported", "suffix"),
     ({"model": "m", "prompt": ""}, 400, "invalid_params", "prompt"),

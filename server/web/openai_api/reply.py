@@ -18,13 +18,23 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from wschat.protocol import Done, Error, FinishReason, Frame, Overloaded, Start, ToolCall
+from wschat.protocol import (
+    Done,
+    Error,
+    FinishReason,
+    Frame,
+    Overloaded,
+    Start,
+    TokenLogprobs,
+    ToolCall,
+)
 from wschat.protocol import Token as TokenFrame
 
 from ...engine import FunctionCall
 from ...sessions import OPENAI_API, Complete, Converse, EngineKeys, GenerationRun, Hub
 from .conversation import ReplyIds, reply_key
 from .errors import ApiError
+from .logprobs import chat_logprobs, completion_logprobs
 from .models import model_id
 from .requests import Sampling
 
@@ -107,6 +117,8 @@ class Reply:
         self.created = int(time.time())
         self._request = watch
         self._watch: asyncio.Task[None] | None = None
+        self.logprobs: list[TokenLogprobs] = []  # the token frames', when the request asked
+        self._streamed = 0  # characters of the reply streamed so far (a completion's offsets)
 
     async def begin(self, prompt: Converse | Complete) -> None:
         """Queue the prompt as a session does (its refusals raised as they are)."""
@@ -174,6 +186,8 @@ class Reply:
                 error = ApiError.of_frame(frame)
             elif isinstance(frame, ToolCall):
                 self.calls.append(frame)
+            elif isinstance(frame, TokenFrame) and frame.logprobs is not None:
+                self.logprobs.append(frame.logprobs)
             elif isinstance(frame, Done):
                 return frame, error
 
@@ -184,7 +198,9 @@ class Reply:
                 yield self._event(self._chunk({"role": "assistant", "content": ""}, None, sampling))
             while (frame := await self.frames.next()) is not None:
                 if isinstance(frame, TokenFrame):
-                    yield self._event(self._chunk(self._delta(frame.text), None, sampling))
+                    chunk = self._chunk(self._delta(frame.text), None, sampling, frame.logprobs)
+                    self._streamed += len(frame.text)
+                    yield self._event(chunk)
                 elif isinstance(frame, ToolCall):
                     delta = {"tool_calls": [{"index": frame.index, **_call(frame)}]}
                     yield self._event(self._chunk(delta, None, sampling))
@@ -210,12 +226,17 @@ class Reply:
         return {"content": text} if self.kind == "chat" else {"text": text}
 
     def _chunk(
-        self, delta: dict[str, Any], finish: str | None, sampling: Sampling
+        self,
+        delta: dict[str, Any],
+        finish: str | None,
+        sampling: Sampling,
+        logprobs: TokenLogprobs | None = None,
     ) -> dict[str, Any]:
+        shown = self._logprobs([logprobs] if logprobs is not None else [])
         if self.kind == "chat":
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": delta, "logprobs": shown, "finish_reason": finish}
         else:
-            choice = {"index": 0, **delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, **delta, "logprobs": shown, "finish_reason": finish}
         chunk = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
         chunk["choices"] = [choice]
         if sampling.include_usage:
@@ -230,19 +251,28 @@ class Reply:
 
     def body(self, done: Done) -> dict[str, Any]:
         reason = _FINISH.get(done.reason, "stop")
+        shown = self._logprobs(self.logprobs)
         if self.kind == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": done.text}
             if self.calls:  # OpenAI's shape: no content beside the calls when there is none
                 message["content"] = done.text or None
                 message["tool_calls"] = [_call(call) for call in self.calls]
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "message": message, "logprobs": shown, "finish_reason": reason}
             body = self._head("chat.completion")
         else:
-            choice = {"index": 0, "text": done.text, "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": done.text, "logprobs": shown, "finish_reason": reason}
             body = self._head("text_completion")
         body["choices"] = [choice]
         body["usage"] = usage(done)
         return body
+
+    def _logprobs(self, parts: list[TokenLogprobs]) -> dict[str, Any] | None:
+        """``parts`` in the endpoint's shape; None where none came (none were asked for)."""
+        if not parts:
+            return None
+        if self.kind == "chat":
+            return chat_logprobs(parts)
+        return completion_logprobs(parts, self._streamed)
 
     def _head(self, kind: str) -> dict[str, Any]:
         assert self.run is not None

@@ -2,10 +2,11 @@
 params of a ``prompt`` frame. Pure: no I/O, a refusal is an ``ApiError`` naming the field.
 
 Mapped: ``temperature``, ``top_p``, ``max_completion_tokens`` (or ``max_tokens``), ``stop``,
-``seed``, the extensions ``top_k``, ``min_p`` and ``repetition_penalty`` (vLLM's spelling), and
-``tools``, ``tool_choice``, ``parallel_tool_calls`` with assistant ``tool_calls`` and ``tool``
-messages (tool_fields.py). Refused unless neutral: ``n`` > 1, ``logprobs``/``top_logprobs``,
-``functions``, ``logit_bias``, a ``response_format`` other than text,
+``seed``, ``response_format`` (both endpoints: the prompt frame's ``params.response_format``),
+``logprobs`` with ``top_logprobs`` (chat) or ``logprobs`` as a count (completions), the
+extensions ``top_k``, ``min_p`` and ``repetition_penalty`` (vLLM's spelling), and ``tools``,
+``tool_choice``, ``parallel_tool_calls`` with assistant ``tool_calls`` and ``tool`` messages
+(tool_fields.py). Refused unless neutral: ``n`` > 1, ``functions``, ``logit_bias``,
 ``frequency_penalty``/``presence_penalty`` other than 0, and for completions ``echo``,
 ``suffix``, ``best_of`` > 1 and more than one prompt. Any other field (``user``, ``metadata``,
 ``store``, ...) is ignored.
@@ -20,10 +21,11 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from wschat.protocol import (
+    MAX_LOGPROBS,
     ContextOverflow,
     GenerationParams,
     InvalidParams,
@@ -47,6 +49,7 @@ _SAMPLING = {
     "top_k": "top_k",
     "min_p": "min_p",
     "repetition_penalty": "repetition_penalty",
+    "response_format": "response_format",
 }
 # The longest value of the client's an error message repeats
 SHOWN_CHARS = 40
@@ -106,11 +109,6 @@ def chat_body(body: Any, settings: Settings) -> ChatBody:
     body = body_object(body)
     _refuse_unsupported(body)
     tools = tool_params(body)
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise unsupported("logprobs are not supported", "logprobs")
-    format_ = body.get("response_format")
-    if format_ is not None and (not isinstance(format_, Mapping) or format_.get("type") != "text"):
-        raise unsupported("response_format other than text is not supported", "response_format")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("messages must be a non-empty list", "messages")
@@ -118,7 +116,7 @@ def chat_body(body: Any, settings: Settings) -> ChatBody:
     system, turns = _turns([_message(m, n) for n, m in enumerate(messages)])
     if not turns or turns[-1].role not in ("user", "tool"):
         raise invalid("the last message must be a user message or tool results", "messages")
-    sampling = _sampling(body, settings)
+    sampling = _sampling(body, settings, _chat_logprobs(body))
     if tools:  # checked as they were read (tool_fields.py)
         sampling.params = parse_params({**sampling.params.to_wire(), **tools})
     return ChatBody(sampling, system, turns[:-1], turns[-1])
@@ -128,8 +126,9 @@ def completion_body(body: Any, settings: Settings, context_tokens: int) -> Compl
     """``context_tokens``: the model's context, which a prompt of token ids must fit."""
     body = body_object(body)
     _refuse_unsupported(body)
-    if body.get("logprobs") is not None:
-        raise unsupported("logprobs are not supported", "logprobs")
+    logprobs = body.get("logprobs")
+    if logprobs is not None:
+        params_of({"logprobs": logprobs}, {"logprobs": "logprobs"}, settings)
     if body.get("echo"):
         raise unsupported("echo is not supported", "echo")
     if body.get("suffix"):
@@ -143,12 +142,12 @@ def completion_body(body: Any, settings: Settings, context_tokens: int) -> Compl
     if isinstance(prompt, str):
         if not prompt:
             raise invalid("prompt must not be empty", "prompt")
-        return CompletionBody(_sampling(body, settings), prompt, None)
+        return CompletionBody(_sampling(body, settings, logprobs), prompt, None)
     if isinstance(prompt, list) and len(prompt) >= context_tokens and type(prompt[0]) is int:
         too_long = f"the prompt is {len(prompt)} tokens; the context holds {context_tokens}"
         raise ApiError.of(ContextOverflow(too_long))
     if isinstance(prompt, list) and prompt and all(type(i) is int and i >= 0 for i in prompt):
-        return CompletionBody(_sampling(body, settings), None, list(prompt))
+        return CompletionBody(_sampling(body, settings, logprobs), None, list(prompt))
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
         raise unsupported("one prompt per request: several are not supported", "prompt")
     raise invalid("prompt must be a string or a list of token ids", "prompt")
@@ -176,8 +175,25 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise unsupported("logit_bias is not supported", "logit_bias")
 
 
-def _sampling(body: dict[str, Any], settings: Settings) -> Sampling:
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    """``logprobs`` (a boolean) and ``top_logprobs`` (how many alternatives, with it only) as
+    the params' count; None: not asked."""
+    asked, top = body.get("logprobs"), body.get("top_logprobs")
+    if asked is not None and type(asked) is not bool:
+        raise invalid("logprobs must be a boolean", "logprobs")
+    if top is not None and not asked:
+        raise invalid("top_logprobs needs logprobs set to true", "top_logprobs")
+    if not asked:
+        return None
+    if top is not None and (type(top) is not int or not 0 <= top <= MAX_LOGPROBS):
+        raise invalid(f"top_logprobs must be an integer in [0, {MAX_LOGPROBS}]", "top_logprobs")
+    return top or 0
+
+
+def _sampling(body: dict[str, Any], settings: Settings, logprobs: int | None = None) -> Sampling:
     params = params_of(body, _SAMPLING, settings)
+    if logprobs is not None:
+        params = replace(params, logprobs=logprobs)
     stream = body.get("stream")
     if stream is not None and type(stream) is not bool:
         raise invalid("stream must be a boolean", "stream")
