@@ -13,6 +13,8 @@ llama.cpp scenario (bench/llamacpp.py; ``--only llamacpp``: bench/results/llamac
 streams against the WebSocket's at 1 and 8, a conversation resent whole;
 bench/results/openai.json). ``--only openings`` runs first prompts on fresh sessions with the
 conversations' shared opening and without it (bench/openings.py; bench/results/openings.json).
+A full run also measures structured output and logprobs (bench/structured.py; ``--only
+structured``: bench/results/structured.json).
 """
 
 from __future__ import annotations
@@ -31,7 +33,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Self, TypeVar
 
-from . import chart, images, llamacpp, openai_api, openings, render, report, resume, threads, widths
+from . import (
+    chart,
+    images,
+    llamacpp,
+    openai_api,
+    openings,
+    render,
+    report,
+    resume,
+    structured,
+    threads,
+    widths,
+)
 from .figures import Section
 from .workload import Workload
 
@@ -123,6 +137,11 @@ SCENARIOS = {
         openings.report,
         "first prompts on fresh sessions with the shared opening and without",
         in_full_run=False,
+    ),
+    "structured": Scenario(
+        measured(structured.StructuredWork, structured.run),
+        structured.report,
+        "structured output (10 schemas x 5) and logprobs, against plain decoding",
     ),
 }
 
