@@ -14,7 +14,8 @@ streams against the WebSocket's at 1 and 8, a conversation resent whole;
 bench/results/openai.json). ``--only openings`` runs first prompts on fresh sessions with the
 conversations' shared opening and without it (bench/openings.py; bench/results/openings.json).
 A full run also measures structured output and logprobs (bench/structured.py; ``--only
-structured``: bench/results/structured.json).
+structured``: bench/results/structured.json) and ``n`` choices (bench/choices.py; ``--only
+choices``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from . import (
     chart,
+    choices,
     images,
     llamacpp,
     openai_api,
@@ -137,6 +139,11 @@ SCENARIOS = {
         openings.report,
         "first prompts on fresh sessions with the shared opening and without",
         in_full_run=False,
+    ),
+    "choices": Scenario(
+        measured(choices.ChoicesWork, choices.run),
+        choices.report,
+        "n = 4 choices on the HTTP API against four requests",
     ),
     "structured": Scenario(
         measured(structured.StructuredWork, structured.run),

@@ -39,7 +39,6 @@ def chat(**fields: Any) -> dict[str, Any]:
 
 
 CHAT_REFUSALS = [
-    (chat(n=2), 400, "unsupported", "n"),
     (chat(top_logprobs=3), 400, "invalid_params", "top_logprobs"),
     (chat(logprobs=True, top_logprobs=21), 400, "invalid_params", "top_logprobs"),
     (chat(logprobs="yes"), 400, "invalid_params", "logprobs"),

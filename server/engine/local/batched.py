@@ -73,6 +73,7 @@ from .runner import ModelRunner
 from .sampling import RowSampler
 from .scheduler import GATHER_S, RowState, Scheduler
 from .sequence_kv import KVState
+from .siblings import Siblings
 from .threads import ThreadPolicy
 
 log = logging.getLogger("wschat.engine.batched")
@@ -134,6 +135,10 @@ class BatchedEngine:
         self.decoded_tokens = 0
         # turns of image conversations, by the path that served them (see the module docstring)
         self.image_turns = {"batch": 0, "generate": 0}
+        self.prefilled_tokens = 0  # prompt tokens fed by prefill forwards
+        # replies to one prompt prefill it once (siblings.py); the loop rows are submitted on
+        self.siblings = Siblings()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- the Engine interface ------------------------------------------------------------
 
@@ -192,6 +197,10 @@ class BatchedEngine:
             opening=self.single.opening_to_fill(request),
         )
         row.grammar = self.single.matcher(request)
+        self._loop = loop
+        if self.siblings.join(row):  # a sibling prefills the same prompt: this one waits
+            generation.cached_tokens = len(request.prompt_ids)
+            return generation
         if self.scheduler.submit(row, loop):
             # After the callbacks already due: prompts that arrived together start together.
             loop.call_soon(self._wake)
@@ -305,7 +314,10 @@ class BatchedEngine:
         log.error(
             "a batched pass failed; its %d rows end with an error", scheduler.rows, exc_info=error
         )
-        self.output.fail(scheduler.clear(), out_of_memory(error) or error)
+        failed = scheduler.clear()
+        self.output.fail(failed, out_of_memory(error) or error)
+        for row in failed:
+            self._orphans(row)
         try:
             self.runner.release()
         except Exception:  # no memory even for them: the old ones serve, cleared
@@ -317,6 +329,8 @@ class BatchedEngine:
         for row in self.scheduler.admit():  # cancelled while they waited
             self.runner.adopt(row)
             self.output.finish(row, FinishReason.CANCELLED, row.own_prefix_state)
+            self._orphans(row)
+        self._first_picks()
         if self.scheduler.prefilling:
             self._prefill_chunk()
             self._end_cancelled()
@@ -336,13 +350,16 @@ class BatchedEngine:
         except Exception as error:
             raise ForwardFailed(rows, retries=False) from error
         self.prefill_forwards += 1
+        self.prefilled_tokens += sum(counts)
         done = scheduler.fed(counts)
         for j, row in enumerate(rows):
             if row.opening and row.fed >= row.opening:
                 self._keep_opening(row, scheduler.decoding_count + j)
         if not done:
             return
-        picked = self.runner.pick_after_prefill(hidden, rows, done, counts)
+        picked, raw = self.runner.pick_after_prefill(hidden, rows, done, counts)
+        for j in done:  # before a first token may end a row and move the slots
+            self._start_siblings(rows[j], scheduler.decoding_count + j, raw.get(j))
         for row, token in [(rows[j], token) for j, token in zip(done, picked, strict=True)]:
             reason = self.output.take(row, token)
             if reason is not None:
@@ -376,6 +393,42 @@ class BatchedEngine:
         for row, reason in ended:
             self._retire(row, reason)
 
+    def _start_siblings(self, row: BatchRow, slot: int, logits: torch.Tensor | None) -> None:
+        """The rows that waited for ``row``'s prompt, fed now, each from a copy of its state
+        and the logits of its last prompt token (siblings.py)."""
+        followers = self.siblings.release(row)
+        if logits is None:  # none waited as its logits were read: any since prefill alone
+            self._prefill_alone(followers)
+            return
+        state = self.runner.save(slot)
+        prefix = cached_prefix(state, list(row.prompt_ids), state.tensors(), shared=True)
+        for follower in followers:
+            follower.prefix, follower.fed, follower.first_logits = prefix, len(prefix.ids), logits
+            self.scheduler.submit(follower, self._loop or asyncio.get_event_loop())
+
+    def _first_picks(self) -> None:
+        """The first token of each row admitted with its sibling's state, from its logits; it
+        decodes from then on."""
+        for row in [r for r in self.scheduler.prefilling if r.first_logits is not None]:
+            logits, row.first_logits = row.first_logits, None
+            assert logits is not None
+            (token,) = self.runner.pick([row], logits[None].clone())
+            reason = self.output.take(row, token)
+            if reason is not None:
+                self._retire(row, reason)
+            else:
+                self.scheduler.start_decoding(row)
+
+    def _orphans(self, row: BatchRow) -> None:
+        """The rows that waited for ``row``, which ended before its prompt was fed."""
+        self._prefill_alone(self.siblings.release(row))
+
+    def _prefill_alone(self, rows: list[BatchRow]) -> None:
+        """Rows that waited for a sibling's prefill, each to prefill on its own."""
+        for follower in rows:
+            follower.generation.cached_tokens = follower.fed
+            self.scheduler.submit(follower, self._loop or asyncio.get_event_loop())
+
     def _retire(self, row: BatchRow, reason: FinishReason) -> None:
         """End ``row`` (decoding or prefilling), keeping its KV state unless it failed, and free
         its slot."""
@@ -388,3 +441,4 @@ class BatchedEngine:
             self.output.finish(row, FinishReason.ERROR, None, error)  # its done, unless sent
         finally:
             self.scheduler.retire(row)
+            self._orphans(row)

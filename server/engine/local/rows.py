@@ -19,6 +19,7 @@ from .logprobs import LogprobRecorder
 from .sampling import RowSampler
 from .scheduler import RowState
 from .sequence_kv import KVState
+from .siblings import SiblingKey
 from .streamer import TokenStreamer
 
 
@@ -38,6 +39,11 @@ class BatchRow:
     next_token: int = 0  # the last token picked: the input of the next decode pass
     # its response format's place (None: unconstrained): masks its picks, takes each one
     grammar: GrammarMatcher | None = None
+    # siblings.py: the rows waiting for this one's prefill, and what it leads them under; a
+    # row that starts from a sibling's: the logits its first token is picked from
+    followers: list[BatchRow] = field(default_factory=list, init=False)
+    sibling_key: SiblingKey | None = field(default=None, init=False)
+    first_logits: torch.Tensor | None = field(default=None, init=False)
     state: RowState = field(default=RowState.WAITING, init=False)  # the scheduler's
     finished: bool = field(default=False, init=False)  # its terminal item is delivered
     error: BaseException | None = field(default=None, init=False)  # why it ends, if it failed

@@ -93,12 +93,14 @@ class ModelRunner:
 
     def pick_after_prefill(
         self, hidden: torch.Tensor, rows: Sequence[BatchRow], done: list[int], counts: list[int]
-    ) -> list[int | Exception]:
+    ) -> tuple[list[int | Exception], dict[int, torch.Tensor]]:
         """The first token of each row ``rows[j]`` for ``j`` in ``done`` (whose prompt is
-        done), from the hidden state of its last prompt token."""
+        done), from the hidden state of its last prompt token; and, for each of those rows that
+        siblings wait for, those logits as the model gave them."""
         last = torch.tensor([counts[j] - 1 for j in done])
         logits = self.logits(hidden[torch.tensor(done), last])
-        return self.pick([rows[j] for j in done], logits)
+        raw = {j: logits[k].clone() for k, j in enumerate(done) if rows[j].followers}
+        return self.pick([rows[j] for j in done], logits), raw
 
     def decode(self, rows: Sequence[BatchRow]) -> list[int | Exception]:
         """One decode step of the decoding rows (slots from 0 on): each row's next token."""

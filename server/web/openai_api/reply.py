@@ -100,12 +100,16 @@ class Reply:
         watch: Request | None = None,
         replies: ReplyIds | None = None,
         api: str = OPENAI_API,
+        index: int = 0,
     ) -> None:
         """``owner``: whose prefixes and openings it may share (``access.owner_scope``); its
         runs go under the key ``keys`` gives; the client at ``address`` gets its fair share; a
         client that leaves ``watch`` (its request) cancels it; a chat's reply is remembered in
-        ``replies``; its generations are counted under ``api`` (stats.py)."""
+        ``replies``; its generations are counted under ``api`` (stats.py); ``index``: its place
+        among a request's choices (choices.py)."""
         self.hub = hub
+        self.index = index
+        self.done: Done | None = None  # its done, once streamed
         self.kind = kind  # "chat", "completion" or "response"
         self.replies = replies
         self.frames = FrameChannel()
@@ -191,34 +195,39 @@ class Reply:
             elif isinstance(frame, Done):
                 return frame, error
 
-    async def events(self, sampling: Sampling, start: Start) -> AsyncIterator[bytes]:
-        """The reply as server-sent events, ``data: [DONE]`` last."""
+    async def events(
+        self, sampling: Sampling, start: Start, *, whole: bool = True
+    ) -> AsyncIterator[bytes]:
+        """The reply as server-sent events, ``data: [DONE]`` last; not ``whole`` (one choice of
+        several): without the usage chunk and ``[DONE]``, which the choices send once."""
         try:
             if self.kind == "chat":
-                yield self._event(self._chunk({"role": "assistant", "content": ""}, None, sampling))
+                yield self.event(self._chunk({"role": "assistant", "content": ""}, None, sampling))
             while (frame := await self.frames.next()) is not None:
                 if isinstance(frame, TokenFrame):
                     chunk = self._chunk(self._delta(frame.text), None, sampling, frame.logprobs)
                     self._streamed += len(frame.text)
-                    yield self._event(chunk)
+                    yield self.event(chunk)
                 elif isinstance(frame, ToolCall):
                     delta = {"tool_calls": [{"index": frame.index, **_call(frame)}]}
-                    yield self._event(self._chunk(delta, None, sampling))
+                    yield self.event(self._chunk(delta, None, sampling))
                 elif isinstance(frame, Error):
-                    yield self._event(ApiError.of_frame(frame).body())
+                    yield self.event(ApiError.of_frame(frame).body())
                 elif isinstance(frame, Done):
+                    self.done = frame
                     reason = _FINISH.get(frame.reason)
                     if reason is not None:
-                        yield self._event(self._chunk(self._delta(""), reason, sampling))
+                        yield self.event(self._chunk(self._delta(""), reason, sampling))
                     elif frame.reason is FinishReason.CANCELLED:
-                        yield self._event(CUT_SHORT.body())
-                    if sampling.include_usage:
-                        yield self._event(self._usage_chunk(frame))
-                    yield b"data: [DONE]\n\n"
+                        yield self.event(CUT_SHORT.body())
+                    if whole and sampling.include_usage:
+                        yield self.event(self.usage_chunk(usage(frame)))
+                    if whole:
+                        yield b"data: [DONE]\n\n"
                     return
         except Exception as error:  # a failure of ours: the client is told, as a socket is
             log.exception("reply %s failed", self.run.id if self.run else "?")
-            yield self._event(ApiError.of(error).body())
+            yield self.event(ApiError.of(error).body())
         finally:
             self.cancel()  # nothing if it ended; else the client went away mid-stream
 
@@ -234,19 +243,25 @@ class Reply:
     ) -> dict[str, Any]:
         shown = self._logprobs([logprobs] if logprobs is not None else [])
         if self.kind == "chat":
-            choice = {"index": 0, "delta": delta, "logprobs": shown, "finish_reason": finish}
+            choice = {
+                "index": self.index,
+                "delta": delta,
+                "logprobs": shown,
+                "finish_reason": finish,
+            }
         else:
-            choice = {"index": 0, **delta, "logprobs": shown, "finish_reason": finish}
+            choice = {"index": self.index, **delta, "logprobs": shown, "finish_reason": finish}
         chunk = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
         chunk["choices"] = [choice]
         if sampling.include_usage:
             chunk["usage"] = None
         return chunk
 
-    def _usage_chunk(self, done: Done) -> dict[str, Any]:
+    def usage_chunk(self, used: dict[str, Any]) -> dict[str, Any]:
+        """The stream's last chunk before ``[DONE]``: ``used``, the usage (``usage``'s)."""
         chunk = self._head("chat.completion.chunk" if self.kind == "chat" else "text_completion")
         chunk["choices"] = []
-        chunk["usage"] = usage(done)
+        chunk["usage"] = used
         return chunk
 
     def body(self, done: Done) -> dict[str, Any]:
@@ -257,10 +272,20 @@ class Reply:
             if self.calls:  # OpenAI's shape: no content beside the calls when there is none
                 message["content"] = done.text or None
                 message["tool_calls"] = [_call(call) for call in self.calls]
-            choice = {"index": 0, "message": message, "logprobs": shown, "finish_reason": reason}
+            choice = {
+                "index": self.index,
+                "message": message,
+                "logprobs": shown,
+                "finish_reason": reason,
+            }
             body = self._head("chat.completion")
         else:
-            choice = {"index": 0, "text": done.text, "logprobs": shown, "finish_reason": reason}
+            choice = {
+                "index": self.index,
+                "text": done.text,
+                "logprobs": shown,
+                "finish_reason": reason,
+            }
             body = self._head("text_completion")
         body["choices"] = [choice]
         body["usage"] = usage(done)
@@ -286,7 +311,7 @@ class Reply:
         }
 
     @staticmethod
-    def _event(data: dict[str, Any]) -> bytes:
+    def event(data: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 

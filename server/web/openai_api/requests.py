@@ -6,7 +6,7 @@ Mapped: ``temperature``, ``top_p``, ``max_completion_tokens`` (or ``max_tokens``
 ``logprobs`` with ``top_logprobs`` (chat) or ``logprobs`` as a count (completions), the
 extensions ``top_k``, ``min_p`` and ``repetition_penalty`` (vLLM's spelling), and ``tools``,
 ``tool_choice``, ``parallel_tool_calls`` with assistant ``tool_calls`` and ``tool`` messages
-(tool_fields.py). Refused unless neutral: ``n`` > 1, ``functions``, ``logit_bias``,
+(tool_fields.py), and ``n`` (choices.py). Refused unless neutral: ``functions``, ``logit_bias``,
 ``frequency_penalty``/``presence_penalty`` other than 0, and for completions ``echo``,
 ``suffix``, ``best_of`` > 1 and more than one prompt. Any other field (``user``, ``metadata``,
 ``store``, ...) is ignored.
@@ -51,6 +51,8 @@ _SAMPLING = {
     "repetition_penalty": "repetition_penalty",
     "response_format": "response_format",
 }
+# The most choices (``n``) one request may ask for: each takes a slot of its own
+MAX_CHOICES = 8
 # The longest value of the client's an error message repeats
 SHOWN_CHARS = 40
 _JSON_TYPES = {list: "an array", dict: "an object", bool: "a boolean", type(None): "null"}
@@ -80,6 +82,7 @@ class Sampling:
     params: GenerationParams
     stream: bool
     include_usage: bool
+    n: int = 1  # choices: replies to the one prompt
 
 
 @dataclass(slots=True)
@@ -164,9 +167,6 @@ def body_object(body: Any) -> dict[str, Any]:
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
-    n = body.get("n")
-    if n is not None and (type(n) is not int or n != 1):
-        raise unsupported("n other than 1 is not supported", "n")
     for name in ("frequency_penalty", "presence_penalty"):
         value = body.get(name)
         if value is not None and value != 0:
@@ -203,7 +203,10 @@ def _sampling(body: dict[str, Any], settings: Settings, logprobs: int | None = N
     if options is not None and not stream:  # as OpenAI's API and vLLM refuse it
         raise invalid("stream_options is only allowed when stream is true", "stream_options")
     include_usage = bool(options and options.get("include_usage"))
-    return Sampling(params, bool(stream), include_usage)
+    n = body.get("n")
+    if n is not None and (type(n) is not int or not 1 <= n <= MAX_CHOICES):
+        raise invalid(f"n must be an integer from 1 to {MAX_CHOICES}", "n")
+    return Sampling(params, bool(stream), include_usage, n or 1)
 
 
 def params_of(

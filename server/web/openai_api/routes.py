@@ -19,6 +19,7 @@ from ...engine import EngineError
 from ...sessions import Complete, Converse, Hub
 from ..access import owner_scope, refusal
 from .bodies import json_body
+from .choices import Choices
 from .conversation import ReplyIds, conversation_of, new_prompt_id
 from .cors import cors_route
 from .errors import ApiError, guarded, refusal_error, unknown_path
@@ -85,7 +86,7 @@ class OpenAIApi:
             reply.cancel()  # a failure of ours (cors.py answers it), or the task cancelled
             raise
 
-    async def _begin(self, request: Request, kind: str) -> tuple[Reply, Sampling]:
+    async def _begin(self, request: Request, kind: str) -> tuple[Reply | Choices, Sampling]:
         """The request read and its prompt queued, or its refusal raised."""
         self.admit(request)
         engine = self.hub.engine
@@ -107,9 +108,22 @@ class OpenAIApi:
         owner = owner_scope(request, hub.settings.tokens)
         address = request.client.host if request.client else "unknown"
         keys = self.keys.of(owner)
-        reply = Reply(
-            hub, kind, keys, address=address, owner=owner, watch=request, replies=self.replies
-        )
+
+        def make(index: int) -> Reply:
+            return Reply(
+                hub,
+                kind,
+                keys,
+                address=address,
+                owner=owner,
+                watch=request,
+                replies=self.replies,
+                index=index,
+            )
+
+        if sampling.n > 1:
+            return await Choices.begin(make, prompt, sampling.n), sampling
+        reply = make(0)
         try:
             await reply.begin(prompt)
         except BaseException:
@@ -117,7 +131,7 @@ class OpenAIApi:
             raise
         return reply, sampling
 
-    async def _respond(self, reply: Reply, sampling: Sampling) -> Response:
+    async def _respond(self, reply: Reply | Choices, sampling: Sampling) -> Response:
         first = await reply.first()
         if isinstance(first, ApiError):
             return self.refused(first)
