@@ -15,7 +15,8 @@ bench/results/openai.json). ``--only openings`` runs first prompts on fresh sess
 conversations' shared opening and without it (bench/openings.py; bench/results/openings.json).
 A full run also measures structured output and logprobs (bench/structured.py; ``--only
 structured``: bench/results/structured.json) and ``n`` choices (bench/choices.py; ``--only
-choices``).
+choices``). ``--only tools`` runs tool calls through the SDK, forced and ``auto``
+(bench/tool_calls.py; bench/results/tools.json).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from . import (
     resume,
     structured,
     threads,
+    tool_calls,
     widths,
 )
 from .figures import Section
@@ -149,6 +151,13 @@ SCENARIOS = {
         measured(structured.StructuredWork, structured.run),
         structured.report,
         "structured output (10 schemas x 5) and logprobs, against plain decoding",
+    ),
+    "tools": Scenario(
+        measured(tool_calls.ToolsWork, tool_calls.run),
+        tool_calls.report,
+        "tool calls through the openai SDK: required, and auto",
+        available=tool_calls.available,
+        in_full_run=False,
     ),
 }
 

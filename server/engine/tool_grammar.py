@@ -1,0 +1,84 @@
+"""The grammar a reply that may call tools is held to (tools.py lays the calls out), in
+llguidance's Lark syntax, each call's object a JSON schema (``%json``) written as ``json.dumps``
+writes JSON (grammar.py says why):
+
+    forced (``required``, ``{name}``)   start: calls
+    auto                                start: calls | TEXT
+    auto, a response format's schema    start: one JSON value: the calls' object or that schema
+    calls: OPEN call (", " call)* "]}"  OPEN: a space or line break the format may leave, then
+                                        ``{"tool_calls": [``; one call only without
+                                        ``parallel_tool_calls``
+    call: %json {name: the tool's name (const), arguments: its parameters' schema}, one
+          alternative per tool it may call
+    TEXT: any text that does not begin a call
+
+So a forced reply is a valid call to a tool it may call, its arguments matching that tool's
+schema; an ``auto`` reply is text, or once it begins a call, such a call to its end. After the
+last ``]}`` only a token that ends the reply may come.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .tools import CALLS_KEY, ToolUse, described
+
+# json.dumps's separators, no other whitespace (grammar.py)
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+OPEN = r'OPEN: /[ \n]?\{"' + CALLS_KEY + r'": \[/'
+NOT_A_CALL = r'TEXT: /(?s:.*)/ & ~/[ \n]?\{"' + CALLS_KEY + r'"(?s:.*)/'
+
+
+def call_schema(use: ToolUse) -> dict[str, Any]:
+    """One call's object: the name of a tool the reply may call and that tool's arguments."""
+    options = []
+    for tool in use.callable():
+        properties = {"name": {"const": tool.name}, "arguments": described(tool)["parameters"]}
+        options.append(
+            {
+                "type": "object",
+                "properties": properties,
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**schema, "x-guidance": JSON_OPTIONS}
+
+
+def _calls_object(use: ToolUse) -> dict[str, Any]:
+    """The whole ``{"tool_calls": [...]}`` object as a schema."""
+    items = {k: v for k, v in call_schema(use).items() if k != "x-guidance"}
+    array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
+    if not use.parallel:
+        array["maxItems"] = 1
+    properties = {CALLS_KEY: array}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": [CALLS_KEY],
+        "additionalProperties": False,
+    }
+
+
+def tool_lark(use: ToolUse, text_schema: Mapping[str, Any] | None = None) -> str | None:
+    """The Lark grammar for a reply under ``use`` (None: no tool is described, nothing to
+    hold); ``text_schema``: where an ``auto`` reply that is no call must be this JSON (a
+    response format's), else any text."""
+    if not use.described:
+        return None
+    more = ' (", " call)*' if use.parallel else ""
+    rules = [
+        f'calls: OPEN call{more} "]}}"',
+        OPEN,
+        f"call: %json {json.dumps(call_schema(use))}",
+    ]
+    if use.forced:
+        return "\n".join(["start: calls", *rules])
+    if text_schema is not None:
+        # one JSON grammar: llguidance's lexer does not take OPEN beside another JSON value
+        either = {"anyOf": [_calls_object(use), dict(text_schema)], "x-guidance": JSON_OPTIONS}
+        return f"start: answer\nanswer: %json {json.dumps(either)}"
+    return "\n".join(["start: calls | TEXT", *rules, NOT_A_CALL])

@@ -1,0 +1,125 @@
+"""The grammar a reply that may call tools is held to (engine/tool_grammar.py), compiled by
+llguidance on the embedded Gemma 3's tokenizer: forced, only a valid call to a tool it may call
+with arguments that match its schema; ``auto``, text or such a call; one call only without
+parallel calls; and after the call only a token that ends the reply."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import llguidance
+import pytest
+from tokenizers import Tokenizer
+from wschat.protocol import ToolSpec
+from wschat.server.engine import ToolUse
+from wschat.server.engine.grammar import tokenizer_json_of
+from wschat.server.engine.openai.tokenizer import default_cache_dir, embedded_tokenizer
+from wschat.server.engine.tool_grammar import tool_lark
+
+VOCAB = 262_144
+STOP_IDS = [1, 106]  # <eos>, <end_of_turn>
+WEATHER = ToolSpec(
+    "get_weather",
+    "The weather in a city",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+)
+NOW = ToolSpec("now")
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer.from_file(str(embedded_tokenizer(default_cache_dir())))
+
+
+@pytest.fixture(scope="module")
+def vocabulary(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
+    return llguidance.LLTokenizer(tokenizer_json_of(tokenizer), n_vocab=VOCAB, eos_token=STOP_IDS)
+
+
+def allows(
+    vocabulary: llguidance.LLTokenizer, tokenizer: Tokenizer, use: ToolUse, text: str, **kw: Any
+) -> bool:
+    """Whether the grammar takes ``text`` whole, then a stop token."""
+    lark = tool_lark(use, **kw)
+    assert lark is not None
+    matcher = llguidance.LLMatcher(
+        vocabulary, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0
+    )
+    assert not matcher.is_error(), matcher.get_error()
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    return all(matcher.consume_token(i) for i in ids) and matcher.consume_token(STOP_IDS[0])
+
+
+def calls(*items: tuple[str, dict[str, Any]]) -> str:
+    return json.dumps({"tool_calls": [{"name": n, "arguments": a} for n, a in items]})
+
+
+PARIS = ("get_weather", {"city": "Paris"})
+
+
+@pytest.mark.parametrize(
+    ("text", "allowed"),
+    [
+        (calls(PARIS), True),
+        (" " + calls(("get_weather", {"city": "Paris", "unit": "c"})), True),
+        (calls(PARIS, ("now", {})), True),
+        ("It is sunny.", False),  # forced: text is no call
+        (calls(("get_weather", {})), False),  # its required city missing
+        (calls(("get_weather", {"city": "Paris", "unit": "k"})), False),  # not in its enum
+        (calls(("forecast", {"city": "Paris"})), False),  # no such tool
+        (calls(PARIS) + " and more", False),  # nothing after the call but its end
+        (calls(PARIS).replace(", ", ",", 1), False),  # JSON as json.dumps writes it
+    ],
+)
+def test_a_required_call_is_a_valid_call_to_an_offered_tool(
+    vocabulary: llguidance.LLTokenizer, tokenizer: Tokenizer, text: str, allowed: bool
+) -> None:
+    use = ToolUse((WEATHER, NOW), choice="required")
+    assert allows(vocabulary, tokenizer, use, text) is allowed
+
+
+def test_a_named_choice_allows_that_tool_alone_and_parallel_off_one_call(
+    vocabulary: llguidance.LLTokenizer, tokenizer: Tokenizer
+) -> None:
+    named = ToolUse((WEATHER, NOW), choice="named", name="now")
+    assert allows(vocabulary, tokenizer, named, calls(("now", {})))
+    assert not allows(vocabulary, tokenizer, named, calls(PARIS))
+    single = ToolUse((WEATHER, NOW), choice="required", parallel=False)
+    assert allows(vocabulary, tokenizer, single, calls(PARIS))
+    assert not allows(vocabulary, tokenizer, single, calls(PARIS, ("now", {})))
+
+
+@pytest.mark.parametrize(
+    ("text", "allowed"),
+    [
+        ("It is sunny.", True),
+        ('{"a": 1} is JSON', True),  # text may begin with a brace
+        (calls(PARIS), True),
+        ('{"tool_calls": [{"name": "forecast", "arguments": {}}]}', False),
+        ('{"tool_calls": oops', False),  # once a call begins, it is one to its end
+    ],
+)
+def test_auto_allows_text_or_a_valid_call(
+    vocabulary: llguidance.LLTokenizer, tokenizer: Tokenizer, text: str, allowed: bool
+) -> None:
+    assert allows(vocabulary, tokenizer, ToolUse((WEATHER,)), text) is allowed
+
+
+def test_auto_with_a_response_formats_schema_allows_that_json_or_a_call(
+    vocabulary: llguidance.LLTokenizer, tokenizer: Tokenizer
+) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    use = ToolUse((WEATHER,))
+    assert allows(vocabulary, tokenizer, use, '{"ok": true}', text_schema=schema)
+    assert allows(vocabulary, tokenizer, use, calls(PARIS), text_schema=schema)
+    assert not allows(vocabulary, tokenizer, use, "It is sunny.", text_schema=schema)
+
+
+def test_nothing_is_held_where_no_tool_is_described() -> None:
+    assert tool_lark(ToolUse((WEATHER,), choice="none")) is None
