@@ -2,7 +2,9 @@
 ``openai`` SDK against wschat's chat completions API (issue 36).
 
 Ten functions (nested objects, enums, arrays, bounded numbers, no arguments) and fifty requests,
-five per function, each written for one of them; every request offers all ten. Two passes, greedy:
+five per function, each written for one of them; every request offers all ten, one call per
+reply (``parallel_tool_calls`` false), on the server's default prompt format (the base model's
+``transcript``). Two passes, greedy:
 
 - ``tool_choice: "required"``: the share of replies whose calls are valid (each names an offered
   function and its arguments validate against that function's schema, ``jsonschema``), the
@@ -212,7 +214,7 @@ TARGET = 1.0  # of required calls that are valid
 @dataclass(frozen=True, slots=True)
 class ToolsWork:
     per_function: int = 5  # requests per function (at most 5)
-    tokens: int = 96  # the reply's budget: a call's JSON fits it
+    tokens: int = 160  # room for a long string argument (a digit is a token each)
 
     @classmethod
     def quick(cls) -> ToolsWork:
@@ -230,7 +232,8 @@ def available() -> str | None:
 
 def run(work: ToolsWork, logs: Path, engine: str = "batched") -> dict[str, Any]:
     logs.mkdir(parents=True, exist_ok=True)
-    with procs.wschat(engine, logs, sessions=8, name="wschat-tools") as server:
+    extra = ("--prompt-format", "auto")
+    with procs.wschat(engine, logs, 8, extra, "wschat-tools") as server:
         base = server.ws_url.replace("ws://", "http://").removesuffix("/v1/chat")
         passes = {choice: asyncio.run(_pass(base, work, choice)) for choice in ("required", "auto")}
     return {"workload": dataclasses.asdict(work), "engine": engine, **summary(passes)}
@@ -251,6 +254,7 @@ async def _pass(base: str, work: ToolsWork, choice: Any) -> list[dict[str, Any]]
                     messages=[{"role": "user", "content": text}],
                     tools=TOOLS,
                     tool_choice=choice,
+                    parallel_tool_calls=False,
                     temperature=0,
                     max_completion_tokens=work.tokens,
                 )

@@ -38,6 +38,7 @@ from .history import Chat, Conversation, PreparedTurn
 from .prefixes import common_prefix
 from .shares import share_victim
 from .tool_calls import CallReader
+from .tool_grammar import held_to_tools
 from .tools import CallsInvalid, FunctionCall, ToolUse, calls_text, results_text
 
 __all__ = [
@@ -82,6 +83,7 @@ __all__ = [
     "TurnRefused",
     "calls_text",
     "common_prefix",
+    "held_to_tools",
     "results_text",
     "share_victim",
 ]

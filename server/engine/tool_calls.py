@@ -22,7 +22,7 @@ class CallReader:
     """One reply's reader. Not thread-safe: the run that streams the reply drives it."""
 
     def __init__(self, use: ToolUse | None, seed: str) -> None:
-        self._use = use if use is not None and use.described else None
+        self._use = use if use is not None and use.may_call else None
         self._seed = seed
         self._held = ""  # text not shown yet: it may begin a call, or it is one
         self._calling = False  # the reply began a call

@@ -60,8 +60,9 @@ class FunctionCall:
 @dataclass(frozen=True, slots=True)
 class ToolUse:
     """The tools a turn offers and how it may use them: ``choice`` is ``auto`` (the model says
-    text or calls), ``none`` (no call: the tools are not even described), ``required`` (at least
-    one call) or ``named`` (a call to ``name``); ``parallel``: several calls in one reply."""
+    text or calls), ``none`` (no call: the tools are described all the same, so the prompt, and
+    the cached state, stay those of the turns that may call them), ``required`` (at least one
+    call) or ``named`` (a call to ``name``); ``parallel``: several calls in one reply."""
 
     tools: tuple[ToolSpec, ...]
     choice: str = AUTO
@@ -75,13 +76,18 @@ class ToolUse:
 
     @property
     def described(self) -> bool:
-        """Whether the model is told about the tools (and may call them)."""
-        return bool(self.tools) and self.choice != NONE
+        """Whether the model is told about the tools."""
+        return bool(self.tools)
+
+    @property
+    def may_call(self) -> bool:
+        """Whether the reply may call them: not under ``none``."""
+        return self.described and self.choice != NONE
 
     @property
     def forced(self) -> bool:
         """The reply must be a call: ``required``, or ``named``."""
-        return self.described and self.choice in (REQUIRED, NAMED)
+        return self.may_call and self.choice in (REQUIRED, NAMED)
 
     @classmethod
     def of(
@@ -97,7 +103,7 @@ class ToolUse:
         """The tools a call may name."""
         if self.choice == NAMED:
             return tuple(t for t in self.tools if t.name == self.name)
-        return self.tools if self.described else ()
+        return self.tools if self.may_call else ()
 
     def prompt_text(self) -> str:
         """The tools described, as the prompt carries them after the system prompt."""
@@ -160,7 +166,7 @@ def call_id(seed: str, index: int) -> str:
 def read_calls(text: str, use: ToolUse | None, seed: str) -> tuple[FunctionCall, ...] | None:
     """The calls a whole reply makes (None: it is text, not a call); ``CallsInvalid`` for one
     that begins a call it does not complete, or calls a tool ``use`` does not offer."""
-    if use is None or not use.described:
+    if use is None or not use.may_call:
         return None
     stripped = text.strip()
     if not stripped.startswith(CALLS_OPENING):

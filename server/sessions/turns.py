@@ -22,9 +22,12 @@ from ..engine import (
     Message,
     PreparedTurn,
     PromptTooLong,
+    SamplingParams,
     ToolRound,
+    ToolUse,
     Turn,
     calls_text,
+    held_to_tools,
     results_text,
 )
 from ..settings import Settings
@@ -69,9 +72,20 @@ async def prepare(preparing: Preparing, effect: PrepareTurn) -> PreparedTurn:
     return await PREPARE[type(effect.turn)](preparing, effect.id, effect.turn)
 
 
+async def _held(
+    preparing: Preparing, sampling: SamplingParams, tools: ToolUse | None
+) -> SamplingParams:
+    """The sampling a reply runs with: held to its tools' grammar (engine tool_grammar.py), its
+    format ready in the engine (refused: invalid_params, unsupported)."""
+    remote = preparing.engine.info.remote is not None
+    held = held_to_tools(sampling, tools, remote=remote)
+    await preparing.engine.prepare_reply(held)
+    return held
+
+
 async def _prompt(preparing: Preparing, prompt_id: str, turn: TurnKind) -> PreparedTurn:
     assert isinstance(turn, PromptTurn)
-    await preparing.engine.prepare_reply(turn.sampling)  # refused: invalid_params, unsupported
+    sampling = await _held(preparing, turn.sampling, turn.tools)
     images = list(turn.staged)
     if turn.uploads:
         rules = preparing.image_rules()
@@ -80,7 +94,7 @@ async def _prompt(preparing: Preparing, prompt_id: str, turn: TurnKind) -> Prepa
         checked = await rules.check(turn.uploads, preparing.image_checks, prompt_id)
         rules.budget(preparing.held_images(), checked, prompt_id)
         images += checked
-    user = Turn(turn.text, turn.sampling, [image.image for image in images], turn.tools)
+    user = Turn(turn.text, sampling, [image.image for image in images], turn.tools)
     # a refusal (too large, context overflow) goes to the error boundary as the engine raised it
     limit = preparing.settings.max_prompt_tokens
     return await preparing.chat.prepare(user, max_user_tokens=limit)
@@ -88,14 +102,14 @@ async def _prompt(preparing: Preparing, prompt_id: str, turn: TurnKind) -> Prepa
 
 async def _regenerate(preparing: Preparing, prompt_id: str, turn: TurnKind) -> PreparedTurn:
     assert isinstance(turn, RegenerateTurn)
-    await preparing.engine.prepare_reply(turn.sampling)
-    return await preparing.chat.prepare_regenerate(turn.sampling, turn.tools)
+    sampling = await _held(preparing, turn.sampling, turn.tools)
+    return await preparing.chat.prepare_regenerate(sampling, turn.tools)
 
 
 async def _results(preparing: Preparing, prompt_id: str, turn: TurnKind) -> PreparedTurn:
     assert isinstance(turn, ResultsTurn)
-    await preparing.engine.prepare_reply(turn.sampling)
-    return await preparing.chat.prepare_results(turn.results, turn.sampling, turn.tools)
+    sampling = await _held(preparing, turn.sampling, turn.tools)
+    return await preparing.chat.prepare_results(turn.results, sampling, turn.tools)
 
 
 async def _completion(preparing: Preparing, prompt_id: str, turn: TurnKind) -> PreparedTurn:

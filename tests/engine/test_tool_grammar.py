@@ -8,17 +8,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import llguidance
 import pytest
 from tokenizers import Tokenizer
 from wschat.protocol import ToolSpec
-from wschat.server.engine import ToolUse
-from wschat.server.engine.grammar import tokenizer_json_of
+from wschat.server.engine import SamplingParams, ToolUse
+from wschat.server.engine.grammar import GrammarCompiler, ResponseFormat
 from wschat.server.engine.openai.tokenizer import default_cache_dir, embedded_tokenizer
-from wschat.server.engine.tool_grammar import tool_lark
+from wschat.server.engine.tool_grammar import held_to_tools, tool_lark
 
 VOCAB = 262_144
-STOP_IDS = [1, 106]  # <eos>, <end_of_turn>
+STOP_IDS = (1, 106)  # <eos>, <end_of_turn>
 WEATHER = ToolSpec(
     "get_weather",
     "The weather in a city",
@@ -38,22 +37,28 @@ def tokenizer() -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def vocabulary(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
-    return llguidance.LLTokenizer(tokenizer_json_of(tokenizer), n_vocab=VOCAB, eos_token=STOP_IDS)
+def vocabulary(tokenizer: Tokenizer) -> GrammarCompiler:
+    return GrammarCompiler(tokenizer, VOCAB, STOP_IDS)
 
 
 def allows(
-    vocabulary: llguidance.LLTokenizer, tokenizer: Tokenizer, use: ToolUse, text: str, **kw: Any
+    vocabulary: GrammarCompiler, tokenizer: Tokenizer, use: ToolUse, text: str, **kw: Any
 ) -> bool:
-    """Whether the grammar takes ``text`` whole, then a stop token."""
-    lark = tool_lark(use, **kw)
-    assert lark is not None
-    matcher = llguidance.LLMatcher(
-        vocabulary, llguidance.LLMatcher.grammar_from_lark(lark), log_level=0
-    )
-    assert not matcher.is_error(), matcher.get_error()
-    ids = tokenizer.encode(text, add_special_tokens=False).ids
-    return all(matcher.consume_token(i) for i in ids) and matcher.consume_token(STOP_IDS[0])
+    """Whether the reply's format takes ``text`` whole, then a stop token: the forced one as a
+    reply's params hold it (held_to_tools), the others as their Lark grammar."""
+    if use.forced and not kw:
+        held = held_to_tools(SamplingParams(64), use, remote=False).response_format
+    else:
+        held = ResponseFormat(lark=tool_lark(use, **kw))
+    assert held is not None
+    matcher = vocabulary.compile(held).matcher()
+    try:
+        for token in tokenizer.encode(text, add_special_tokens=False).ids:
+            matcher.advance(token)
+        matcher.advance(STOP_IDS[0])
+    except ValueError:
+        return False
+    return True
 
 
 def calls(*items: tuple[str, dict[str, Any]]) -> str:
@@ -67,7 +72,8 @@ PARIS = ("get_weather", {"city": "Paris"})
     ("text", "allowed"),
     [
         (calls(PARIS), True),
-        (" " + calls(("get_weather", {"city": "Paris", "unit": "c"})), True),
+        (calls(("get_weather", {"city": "Paris", "unit": "c"})), True),
+        (" " + calls(PARIS), False),  # a forced call is the JSON object from its first byte
         (calls(PARIS, ("now", {})), True),
         ("It is sunny.", False),  # forced: text is no call
         (calls(("get_weather", {})), False),  # its required city missing
@@ -78,14 +84,14 @@ PARIS = ("get_weather", {"city": "Paris"})
     ],
 )
 def test_a_required_call_is_a_valid_call_to_an_offered_tool(
-    vocabulary: llguidance.LLTokenizer, tokenizer: Tokenizer, text: str, allowed: bool
+    vocabulary: GrammarCompiler, tokenizer: Tokenizer, text: str, allowed: bool
 ) -> None:
     use = ToolUse((WEATHER, NOW), choice="required")
     assert allows(vocabulary, tokenizer, use, text) is allowed
 
 
 def test_a_named_choice_allows_that_tool_alone_and_parallel_off_one_call(
-    vocabulary: llguidance.LLTokenizer, tokenizer: Tokenizer
+    vocabulary: GrammarCompiler, tokenizer: Tokenizer
 ) -> None:
     named = ToolUse((WEATHER, NOW), choice="named", name="now")
     assert allows(vocabulary, tokenizer, named, calls(("now", {})))
@@ -106,13 +112,13 @@ def test_a_named_choice_allows_that_tool_alone_and_parallel_off_one_call(
     ],
 )
 def test_auto_allows_text_or_a_valid_call(
-    vocabulary: llguidance.LLTokenizer, tokenizer: Tokenizer, text: str, allowed: bool
+    vocabulary: GrammarCompiler, tokenizer: Tokenizer, text: str, allowed: bool
 ) -> None:
     assert allows(vocabulary, tokenizer, ToolUse((WEATHER,)), text) is allowed
 
 
 def test_auto_with_a_response_formats_schema_allows_that_json_or_a_call(
-    vocabulary: llguidance.LLTokenizer, tokenizer: Tokenizer
+    vocabulary: GrammarCompiler, tokenizer: Tokenizer
 ) -> None:
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     use = ToolUse((WEATHER,))
@@ -121,5 +127,19 @@ def test_auto_with_a_response_formats_schema_allows_that_json_or_a_call(
     assert not allows(vocabulary, tokenizer, use, "It is sunny.", text_schema=schema)
 
 
-def test_nothing_is_held_where_no_tool_is_described() -> None:
-    assert tool_lark(ToolUse((WEATHER,), choice="none")) is None
+def test_with_none_only_text_that_begins_no_call(
+    vocabulary: GrammarCompiler, tokenizer: Tokenizer
+) -> None:
+    none = ToolUse((WEATHER,), choice="none")
+    assert allows(vocabulary, tokenizer, none, "It is sunny.")
+    assert not allows(vocabulary, tokenizer, none, calls(PARIS))
+
+
+def test_nothing_is_held_where_no_tool_is_described_nor_for_auto_over_http() -> None:
+    assert tool_lark(ToolUse(())) is None
+    params = SamplingParams(64)
+    assert held_to_tools(params, ToolUse(()), remote=False) is params
+    assert held_to_tools(params, ToolUse((WEATHER,), choice="none"), remote=True) is params
+    assert held_to_tools(params, ToolUse((WEATHER,)), remote=True) is params
+    forced = held_to_tools(params, ToolUse((WEATHER,), choice="required"), remote=True)
+    assert forced.response_format is not None and forced.response_format.lark is None

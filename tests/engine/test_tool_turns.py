@@ -95,12 +95,15 @@ async def test_every_prompt_of_a_tool_loop_extends_the_one_before() -> None:
     assert second[: len(first)] == first and third[: len(second)] == second
 
 
-async def test_without_tools_or_with_none_nothing_is_described_and_nothing_called() -> None:
+async def test_with_none_the_tools_are_described_and_nothing_is_called() -> None:
     engine = scripted()
     chat = Chat(engine, "s")
     none = ToolUse((WEATHER,), choice="none")
     called, _ = await ask(chat, "Weather in Paris?", none)
     assert called == CALL and chat.pending_calls == ()  # the text it is: no call read
+    # the same prompt as a turn that may call them: what the engine cached of it is reused
+    assert TOOLS.prompt_text() in engine.decode(engine.requests[-1].prompt_ids)
+    await ask(Chat(engine, "t"), "Weather in Paris?", None)
     assert "get_weather" not in engine.decode(engine.requests[-1].prompt_ids)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from wschat.client import CallRequest, InvalidParamsError, connect
 from wschat.protocol import (
+    Configure,
     Done,
     ErrorCode,
     FinishReason,
@@ -25,12 +26,13 @@ from wschat.protocol import (
     ToolSpec,
 )
 from wschat.server.engine import GenerationRequest
+from wschat.server.sessions.inputs import TakenOver
 from wschat.server.sessions.snapshot import export_state, import_state, pack, unpack
 
 from tests.fakes.scripted import Script, ScriptedEngine
-from tests.support import TIMEOUT, raw_peer, running_server
+from tests.support import TIMEOUT, raw_peer, running_server, wait_until
 
-from .test_session import done_of, make_session
+from .test_session import Recorder, done_of, make_session
 
 WEATHER: dict[str, Any] = {
     "name": "get_weather",
@@ -112,8 +114,10 @@ async def test_a_raw_msgpack_client_runs_the_loop_from_the_spec_alone() -> None:
         }
 
 
-async def called(session: Any, rec: Any, gen_id: str = "p1") -> ToolCall:
-    await session.handle(Prompt(gen_id, "Paris?", params=TOOLS))
+async def called(
+    session: Any, rec: Any, gen_id: str = "p1", params: GenerationParams | None = TOOLS
+) -> ToolCall:
+    await session.handle(Prompt(gen_id, "Paris?", params=params))
     assert (await done_of(rec, gen_id)).reason is FinishReason.TOOL_CALLS
     (call,) = rec.of(ToolCall, gen_id)
     return call  # type: ignore[no-any-return]
@@ -198,3 +202,40 @@ async def test_the_client_refuses_results_for_nothing_before_sending_nothing_wro
         reply = chat.tool_results({"call_x": "sunny"})
         with pytest.raises(InvalidParamsError, match="no tool calls await results"):
             await reply.wait(TIMEOUT)
+
+
+async def test_a_tool_loop_dropped_mid_call_resumes_with_its_call_and_goes_on() -> None:
+    engine = tool_engine()
+    answer = engine.script
+    engine.script = lambda r: (
+        Script([CALL[:15], CALL[15:50], CALL[50:]], stall_after=2)
+        if len(engine.requests) == 1
+        else answer(r)
+    )
+    session, _ = make_session(engine)
+    await session.handle(Prompt("p1", "Paris?", params=TOOLS))
+    await wait_until(lambda: session.core.accepted is not None and session.core.accepted.grew)
+    await session.disconnect(grace_s=60)  # dropped mid-call: the reply goes on
+    engine.unstall()
+    await wait_until(lambda: session.run is None)
+    catch_up = session.connect(None, TakenOver("b", ""), 0)
+    assert catch_up is not None and catch_up.reply == "p1"
+    call, done = catch_up.frames[-2:]
+    assert isinstance(call, ToolCall) and call.name == "get_weather"
+    assert isinstance(done, Done) and done.reason is FinishReason.TOOL_CALLS
+    rec2 = Recorder()
+    await session.attach(rec2)
+    await session.handle(ToolResults("r", (ToolResult(call.call_id, "sunny"),), TOOLS))
+    assert (await done_of(rec2, "r")).text == ANSWER
+    await session.close()
+
+
+async def test_tools_configured_as_the_sessions_default_serve_every_prompt_and_results() -> None:
+    engine = tool_engine()
+    session, rec = make_session(engine)
+    await session.handle(Configure(params=TOOLS))
+    call = await called(session, rec, "p1", params=None)
+    await session.handle(ToolResults("r", (ToolResult(call.call_id, "sunny"),)))
+    assert (await done_of(rec, "r")).text == ANSWER
+    first, second = (r.prompt_ids for r in engine.requests)
+    assert second[: len(first)] == first  # the same tools described: the same prompt
