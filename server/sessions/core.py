@@ -217,6 +217,7 @@ class SessionCore:
     def _cancel_run(self, frame: Cancel) -> Effects:
         assert self.accepted is not None  # QUEUED and RUNNING have one
         if frame.id in (None, self.accepted.id):
+            log.debug("session %s: %s cancelled", self.key, self.accepted.id)
             return [CANCEL_RUN]
         return self._cancel_finished(frame)
 

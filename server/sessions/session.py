@@ -17,6 +17,8 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from wschat.protocol import Cancel
+
 from ..engine import Chat, Engine
 from ..settings import Settings
 from .core import SessionCore
@@ -41,6 +43,7 @@ from .error_boundary import Send
 from .events import RunEvent, RunListener, RunStarted, TokensSent
 from .gates import Gate
 from .generation import GenerationRun
+from .grace import GraceTimer
 from .hooks import EngineKeys, SessionHooks
 from .inputs import (
     Close,
@@ -65,6 +68,7 @@ if TYPE_CHECKING:
     from .snapshot import Restored
 
 RUN_BEGAN, RUN_GREW, GRACE_OVER, CLOSE = RunBegan(), RunGrew(), GraceOver(), Close()
+CANCEL = Cancel(None)  # whatever runs or waits
 
 
 class Session:
@@ -95,10 +99,7 @@ class Session:
         self._run: GenerationRun | None = None
         self._task: asyncio.Task[None] | None = None
         # while detached mid-reply: ``GraceOver`` in --resume-grace-s (the core sets and ends it)
-        self._grace: asyncio.TimerHandle | None = None
-        # while a reply goes on after a drop: done once it ends or a connection takes the
-        # session back (web/admission.py keeps the address's connection place until then)
-        self.held: asyncio.Future[None] | None = None
+        self._grace = GraceTimer(lambda: self._perform_now(GRACE_OVER))
 
     @property
     def key(self) -> str:
@@ -111,6 +112,11 @@ class Session:
     @property
     def chat(self) -> Chat:
         return self.core.chat
+
+    @property
+    def held(self) -> asyncio.Future[None] | None:
+        """While a reply goes on after a drop: done once it ends or the session is taken back."""
+        return self._grace.held
 
     @property
     def run(self) -> GenerationRun | None:
@@ -157,9 +163,9 @@ class Session:
         await self.handle(CLOSE)
 
     def cancel_run(self) -> None:
-        """Cancel whatever runs or waits (its ``done`` comes as it ends)."""
-        if self._run is not None:
-            self._run.cancel()
+        """Cancel whatever runs or waits (its ``done`` comes as it ends), from a door that cannot
+        await (a client gone): fed to the core as a ``cancel`` frame, its effect done at once."""
+        self._perform_now(CANCEL)
 
     async def stop_generation(self) -> None:
         """Cancel whatever runs or waits and return once its ``done`` is sent."""
@@ -247,23 +253,14 @@ class Session:
             self._perform_now(RUN_GREW)
 
     def _cancel(self, effect: CancelRun) -> None:
-        self.cancel_run()
+        if self._run is not None:
+            self._run.cancel()
 
     def _set_grace(self, effect: SetGrace) -> None:
-        loop = asyncio.get_running_loop()
-        self._grace = loop.call_later(effect.seconds, self._grace_over)
-        self.held = loop.create_future()
-
-    def _grace_over(self) -> None:
-        self._grace = None
-        self._perform_now(GRACE_OVER)
+        self._grace.start(effect.seconds)
 
     def _end_grace(self, effect: EndGrace) -> None:
-        if self._grace is not None:
-            self._grace.cancel()
-            self._grace = None
-        if self.held is not None and not self.held.done():
-            self.held.set_result(None)
+        self._grace.end()
 
     def _detach(self, effect: Detach) -> None:
         self.relay.detach(effect.in_flight)

@@ -157,8 +157,14 @@ class Reply:
         self.cancel()
 
     def cancel(self) -> None:
-        self.session.cancel_run()
+        """The client is gone (or the request failed, or its reply was read whole): a run that
+        has not ended is cancelled as a WebSocket ``cancel`` does, through its session's core."""
+        if self.frames.closed:
+            return  # once: the disconnect and the stream's end both come here
         self.frames.close()
+        run = self.session.run
+        if run is not None and run.reason is None:  # its done not yet decided
+            self.session.cancel_run()
 
     async def first(self) -> Start | ApiError:
         """``start``, or the error that ended the request before it (the run drained)."""
