@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -35,6 +36,8 @@ from ..openai_api.reply import CUT_SHORT
 from .request import create_body
 from .run import ResponseRun, Responses, not_found
 from .socket import serve_socket
+
+log = logging.getLogger("wschat.responses")
 
 PATH = "/v1/responses"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -161,7 +164,16 @@ class ResponsesApi:
 
 
 async def _server_sent(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
-    """Each event as OpenAI sends it: its type as the SSE event, its JSON as the data."""
-    async for event in events:
-        data = json.dumps(event, separators=(",", ":"))
-        yield f"event: {event['type']}\ndata: {data}\n\n".encode()
+    """Each event as OpenAI sends it: its type as the SSE event, its JSON as the data; a failure
+    of ours mid-stream an ``error`` event (generic: the traceback goes to the log only)."""
+    try:
+        async for event in events:
+            yield _event(event)
+    except Exception as error:
+        log.exception("a response's stream failed")
+        yield _event({"type": "error", **ApiError.of(error).body()["error"]})
+
+
+def _event(event: dict[str, Any]) -> bytes:
+    data = json.dumps(event, separators=(",", ":"))
+    return f"event: {event['type']}\ndata: {data}\n\n".encode()

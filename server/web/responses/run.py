@@ -18,7 +18,7 @@ from starlette.requests import Request
 from wschat.protocol import Done, Error, Start
 from wschat.protocol import Token as TokenFrame
 
-from ...sessions import EngineKeys, Hub, ReplySaid
+from ...sessions import EngineKeys, Hub, ReplySaid, Said
 from ..openai_api.conversation import ReplyIds
 from ..openai_api.errors import ApiError, invalid
 from ..openai_api.models import model_id
@@ -111,7 +111,8 @@ class ResponseRun:
         self.shape = shape
         self.owner = owner
         self.on_kept = on_kept
-        self.conversation: tuple[str | None, tuple[Any, ...]] = (None, ())
+        # its conversation's system text and messages (its input's), as a continuation takes it
+        self.conversation: tuple[str | None, tuple[Said, ...]] = (None, ())
         self.error: ApiError | None = None  # the error frame its reply sent, if any
         self.started = False
         self.ended = False

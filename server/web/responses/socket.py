@@ -149,6 +149,9 @@ class ResponsesSocket:
             await self._handle(text.encode() if text is not None else data or b"")
         except (ApiError, ProtocolError, EngineError) as error:
             await self._error(ApiError.of(error))
+        except Exception as error:  # a failure of ours: told as internal, the socket goes on
+            log.exception("a message on a Responses socket failed")
+            await self._error(ApiError.of(error))
         return True
 
     async def _receive_or_idle(self) -> Message | None:
@@ -247,6 +250,9 @@ class ResponsesSocket:
                 await self.send(event)
                 if self.closed:
                     break
+        except Exception as error:  # a failure of ours: the lane is told, and goes on
+            log.exception("response %s failed", run.id)
+            await self._error(ApiError.of(error), lane.stream_id)
         finally:
             run.reply.cancel()  # nothing if it ended; the socket is gone
             if task is not None:  # its state is the lane's once it ended: then the next create
