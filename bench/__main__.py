@@ -11,7 +11,9 @@ llama.cpp scenario (bench/llamacpp.py; ``--only llamacpp``: bench/results/llamac
 (bench/resume.py: 20 drops, resume latency and whole replies; bench/results/resume.json).
 ``--only openai`` runs the OpenAI-compatible API scenario alone (bench/openai_api.py: the SDK's
 streams against the WebSocket's at 1 and 8, a conversation resent whole;
-bench/results/openai.json). ``--only openings`` runs first prompts on fresh sessions with the
+bench/results/openai.json). ``--only responses`` runs the Responses API's WebSocket mode
+against the msgpack WebSocket and a conversation continued on one socket (bench/responses.py;
+bench/results/responses.json). ``--only openings`` runs first prompts on fresh sessions with the
 conversations' shared opening and without it (bench/openings.py; bench/results/openings.json).
 A full run also measures structured output and logprobs (bench/structured.py; ``--only
 structured``: bench/results/structured.json) and ``n`` choices (bench/choices.py; ``--only
@@ -44,6 +46,7 @@ from . import (
     openings,
     render,
     report,
+    responses,
     resume,
     structured,
     threads,
@@ -134,6 +137,14 @@ SCENARIOS = {
         openai_api.report,
         "streams through the openai SDK against the WebSocket; a conversation resent whole",
         available=openai_api.available,
+        in_full_run=False,
+    ),
+    "responses": Scenario(
+        measured(responses.ResponsesWork, responses.run),
+        responses.report,
+        "streams through the SDK's Responses WebSocket mode against the msgpack WebSocket; "
+        "a conversation continued on one socket",
+        available=responses.available,
         in_full_run=False,
     ),
     "openings": Scenario(

@@ -5,7 +5,7 @@ Streams: in each round, N streams (1 and 8) of greedy prompts go once over the W
 (bench/wsload.py), once through ``AsyncOpenAI`` (``stream=True``) and once through a plain HTTP
 client (``_http_stream``: a request written on an open connection, the SSE events read off it,
 nothing more), back to back, the order turning from round to round so a shared machine's drift
-hits all alike; the prompts are alike but each one new (``_unique``). Per concurrency: the
+hits all alike; the prompts are alike but each one new (``unique``). Per concurrency: the
 median over rounds of each round's aggregate tokens/s, median stream tokens/s and median TTFT,
 and the median over rounds of the round's ratio to the WebSocket's (the SDK's are the targets).
 The HTTP APIs' tokens are counted from ``usage`` (``stream_options.include_usage``) and stamped
@@ -83,40 +83,16 @@ async def _measure(url: str, work: OpenAIWork) -> dict[str, Any]:
 
     base = url.replace("ws://", "http://").removesuffix("/v1/chat") + "/v1"
     async with openai.AsyncOpenAI(base_url=base, api_key="-", timeout=TIMEOUT) as client:
-        streamers: dict[str, Callable[[list[str], int], Any]] = {
+        streamers: dict[str, Streamer] = {
             "websocket": lambda texts, n: wsload.concurrent(url, texts, n),
             "openai-sdk": lambda texts, n: _sdk_streams(client, texts, n),
             "http": lambda texts, n: _http_streams(base, texts, n),
         }
-        for a, api in enumerate(APIS):  # warm-up
-            await streamers[api]([_unique(story(0), 99, a, 0)], 4)
-        rounds: dict[str, dict[int, list[list[StreamTimes]]]] = {
-            api: {n: [] for n in work.concurrency} for api in APIS
-        }
-        cpu: dict[str, dict[int, list[float]]] = {
-            api: {n: [] for n in work.concurrency} for api in APIS
-        }
-        for r in range(work.rounds):
-            for n in work.concurrency:
-                # each goes first, second and last in turn: none always follows another's load
-                order = APIS[r % len(APIS) :] + APIS[: r % len(APIS)]
-                log.info("round %d: %d streams, %s", r + 1, n, " then ".join(order))
-                for api in order:
-                    texts = [_unique(story(i), r, APIS.index(api), i) for i in range(n)]
-                    started = time.process_time()
-                    rounds[api][n].append(await streamers[api](texts, work.tokens))
-                    cpu[api][n].append(time.process_time() - started)
+        figures = await paired_rounds(streamers, work)
         log.info(
             "a conversation of %d turns resent whole, %d times", work.turns, work.conversations
         )
         runs = [await _conversation(client, work) for _ in range(work.conversations)]
-    figures = {
-        api: {
-            n: {**_figures(per_round), "client_cpu_s": median(cpu[api][n])}
-            for n, per_round in by_n.items()
-        }
-        for api, by_n in rounds.items()
-    }
     ratios = {
         api: {
             n: {key: round_ratio(figures[api][n], figures["websocket"][n], key) for key in RATIOS}
@@ -130,14 +106,50 @@ async def _measure(url: str, work: OpenAIWork) -> dict[str, Any]:
     return {"streams": figures, "ratios": ratios, "conversation": turns}
 
 
-def _unique(text: str, r: int, api: int, i: int) -> str:
+Streamer = Callable[[list[str], int], Any]  # (texts, tokens) -> awaitable list[StreamTimes]
+
+
+async def paired_rounds(
+    streamers: dict[str, Streamer], work: OpenAIWork
+) -> dict[str, dict[int, dict[str, Any]]]:
+    """Each API's streams (``streamers``, the first the one the others are held to) at each
+    concurrency, ``work.rounds`` times back to back, after a warm-up; per API and concurrency
+    the round figures and the client's CPU time per round (this process's)."""
+    apis = tuple(streamers)
+    for a, api in enumerate(apis):  # warm-up
+        await streamers[api]([unique(story(0), 99, a, 0)], 4)
+    rounds: dict[str, dict[int, list[list[StreamTimes]]]] = {}
+    cpu: dict[str, dict[int, list[float]]] = {}
+    for api in apis:
+        rounds[api] = {n: [] for n in work.concurrency}
+        cpu[api] = {n: [] for n in work.concurrency}
+    for r in range(work.rounds):
+        for n in work.concurrency:
+            # each goes first, second and last in turn: none always follows another's load
+            order = apis[r % len(apis) :] + apis[: r % len(apis)]
+            log.info("round %d: %d streams, %s", r + 1, n, " then ".join(order))
+            for api in order:
+                texts = [unique(story(i), r, apis.index(api), i) for i in range(n)]
+                started = time.process_time()
+                rounds[api][n].append(await streamers[api](texts, work.tokens))
+                cpu[api][n].append(time.process_time() - started)
+    return {
+        api: {
+            n: {**round_figures(per_round), "client_cpu_s": median(cpu[api][n])}
+            for n, per_round in by_n.items()
+        }
+        for api, by_n in rounds.items()
+    }
+
+
+def unique(text: str, r: int, api: int, i: int) -> str:
     """``text`` after a tag of its own, of the same length for every stream: a prompt shares
     with the others what any new conversation does (the prompt format's opening), never a
     cached copy of itself that an earlier round or another API left."""
     return f"({r:02d}{api}{i:02d}) {text}"
 
 
-def _figures(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
+def round_figures(rounds: list[list[StreamTimes]]) -> dict[str, Any]:
     per_round = [Concurrent.of(r) for r in rounds]
     rates = [median([s.rate for s in r]) for r in rounds]
     return {
@@ -193,13 +205,13 @@ async def _sdk_stream(
             usage = chunk.usage or usage
             finish = next((c.finish_reason for c in chunk.choices if c.finish_reason), finish)
     if usage is not None:
-        _merged_tokens(times, usage.completion_tokens, finish)
+        merged_tokens(times, usage.completion_tokens, finish)
     if facts is not None:
         facts.update(usage=usage, text="".join(texts))
     return times
 
 
-def _merged_tokens(times: StreamTimes, completion_tokens: int, finish: str | None) -> None:
+def merged_tokens(times: StreamTimes, completion_tokens: int, finish: str | None) -> None:
     """Those of ``completion_tokens`` that came in no chunk of their own (a merged chunk),
     stamped at the last chunk."""
     if times.tokens:
@@ -280,7 +292,7 @@ async def _http_stream(
                 )
         await reader.readline()  # the last chunk's blank line
     if usage is not None:
-        _merged_tokens(times, usage["completion_tokens"], finish)
+        merged_tokens(times, usage["completion_tokens"], finish)
     return times
 
 
