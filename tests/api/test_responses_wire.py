@@ -70,6 +70,13 @@ async def next_event(ws: ClientConnection) -> dict[str, Any]:
     return event
 
 
+async def next_error(ws: ClientConnection) -> dict[str, Any]:
+    """The next ``error`` event, past those of a response that runs."""
+    while (event := await next_event(ws))["type"] != "error":
+        pass
+    return event
+
+
 async def until_end(ws: ClientConnection) -> list[dict[str, Any]]:
     """The events up to and including a terminal one or an error."""
     events = [await next_event(ws)]
@@ -352,9 +359,7 @@ async def test_a_full_queue_is_an_overloaded_error_event_on_its_lane() -> None:
         await ws.send(create(stream_id="a", max_output_tokens=LONG))
         await wait_until(lambda: engine.threads)
         await ws.send(create(stream_id="b"))
-        refused = await next_event(ws)
-        while refused["type"] != "error":
-            refused = await next_event(ws)
+        refused = await next_error(ws)
     assert refused == {
         "type": "error",
         "status": 429,
@@ -366,3 +371,25 @@ async def test_a_full_queue_is_an_overloaded_error_event_on_its_lane() -> None:
         },
         "stream_id": "b",
     }
+
+
+async def test_creates_waiting_on_a_socket_are_bounded_in_number_and_bytes() -> None:
+    engine = ScriptedEngine(words)
+    async with (
+        running_server(engine, max_frame_bytes=4096) as url,
+        responses_socket(url) as ws,
+    ):
+        await ws.send(create(max_output_tokens=LONG))  # runs, and the lane's next ones wait
+        await wait_until(lambda: engine.threads)
+        await ws.send(create(input="x" * 2500))
+        await ws.send(create(input="y" * 2500))  # the two together are over 4096 bytes
+        over_bytes = await next_error(ws)
+        for _ in range(15):  # 16 waiting in all
+            await ws.send(create())
+        await ws.send(create())
+        over_count = await next_error(ws)
+    message = "at most 16 creates, of 4096 bytes in all, may wait on a socket for their lanes"
+    for refused in (over_bytes, over_count):
+        assert refused["error"]["message"] == message
+        assert (refused["status"], refused["error"]["code"]) == (429, "overloaded")
+    await wait_until(lambda: not engine.threads)  # the socket's end cancelled what ran

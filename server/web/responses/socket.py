@@ -15,10 +15,11 @@ Admission as for a chat socket (admission.py: the bearer token, Origin and Host,
 connection caps), the chat API's limits on each create, and per socket: the frame rate (a flood
 is closed with 1008), the idle timeout, ``--max-frame-bytes`` per message (past it, an ``error``
 event ``too_large``; far past it, uvicorn closes 1009), ``MAX_LANES`` named lanes and
-``MAX_WAITING`` creates waiting. What the mode defines that is not served here (``response.steer``,
-any other event type) and every refusal is an ``error`` event naming it, with the lane's
-``stream_id`` where it has one (a rate limit's is ``overloaded``, status 429), and the socket
-goes on.
+``MAX_WAITING`` creates waiting, of ``--max-frame-bytes`` in all (a socket holds no more of what
+its client sent than a chat socket does). What the mode defines that is not served here
+(``response.steer``, any other event type) and every refusal is an ``error`` event naming it,
+with the lane's ``stream_id`` where it has one (a rate limit's is ``overloaded``, status 429),
+and the socket goes on.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class Lane:
 
     stream_id: str | None
     key: str = field(default_factory=lambda: f"resp-ws-{secrets.token_hex(8)}")
-    waiting: deque[CreateBody] = field(default_factory=deque)
+    waiting: deque[tuple[CreateBody, int]] = field(default_factory=deque)  # (it, its bytes)
     task: asyncio.Task[None] | None = None
     last: Kept | None = None  # its last response, for a continuation on the socket
 
@@ -105,6 +106,7 @@ class ResponsesSocket:
         self.rate = FrameRate(hub.settings.frames_per_second)
         self.last_frame_at = time.monotonic()
         self.last_active_at = time.monotonic()  # when its last response ended
+        self.waiting_bytes = 0  # the messages of the creates waiting for their lanes
 
     async def serve(self) -> None:
         try:
@@ -120,6 +122,7 @@ class ResponsesSocket:
         """What runs is cancelled and awaited (its slot given back), each lane's state forgotten."""
         for lane in self.lanes.values():
             lane.waiting.clear()
+        self.waiting_bytes = 0
         running = [lane.task for lane in self.lanes.values() if lane.task is not None]
         for task in running:
             task.cancel()
@@ -176,7 +179,7 @@ class ResponsesSocket:
             raise ApiError.of(TooLarge(too_large))
         engine = self.hub.engine
         assert engine is not None  # admitted: the model is loaded
-        event = await parse_json(data, engine)
+        event, size = await parse_json(data, engine), len(data)
         del data
         kind = event.get("type") if isinstance(event, dict) else None
         if kind != "response.create":
@@ -186,7 +189,7 @@ class ResponsesSocket:
         try:
             lane = self._lane(stream_id)
             body = {k: v for k, v in event.items() if k not in _ENVELOPE}
-            self._queue(lane, create_body(body, self.hub.settings))
+            self._queue(lane, create_body(body, self.hub.settings), size)
         except ApiError as error:
             await self._error(error, stream_id if isinstance(stream_id, str) else None)
 
@@ -205,20 +208,28 @@ class ResponsesSocket:
             lane = self.lanes[stream_id] = Lane(stream_id)
         return lane
 
-    def _queue(self, lane: Lane, body: CreateBody) -> None:
+    def _queue(self, lane: Lane, body: CreateBody, size: int) -> None:
         if self.hub.shutting_down:
             raise ApiError.of(Overloaded("the server is shutting down"))
-        if sum(len(lane.waiting) for lane in self.lanes.values()) >= MAX_WAITING:
-            message = f"at most {MAX_WAITING} creates may wait on a socket for their lanes"
+        waiting = sum(len(lane.waiting) for lane in self.lanes.values())
+        limit = self.hub.settings.max_frame_bytes
+        if waiting >= MAX_WAITING or (waiting and self.waiting_bytes + size > limit):
+            message = (
+                f"at most {MAX_WAITING} creates, of {limit} bytes in all, may wait on a socket "
+                "for their lanes"
+            )
             raise ApiError.of(Overloaded(message))
-        lane.waiting.append(body)
+        lane.waiting.append((body, size))
+        self.waiting_bytes += size
         if lane.task is None:
             lane.task = asyncio.create_task(self._run_lane(lane))
 
     async def _run_lane(self, lane: Lane) -> None:
         try:
             while lane.waiting and not self.closed:
-                await self._respond(lane, lane.waiting.popleft())
+                body, size = lane.waiting.popleft()
+                self.waiting_bytes -= size
+                await self._respond(lane, body)
         finally:
             lane.task = None
             self.last_active_at = time.monotonic()
