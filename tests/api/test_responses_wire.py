@@ -393,3 +393,37 @@ async def test_creates_waiting_on_a_socket_are_bounded_in_number_and_bytes() -> 
         assert refused["error"]["message"] == message
         assert (refused["status"], refused["error"]["code"]) == (429, "overloaded")
     await wait_until(lambda: not engine.threads)  # the socket's end cancelled what ran
+
+
+async def test_a_response_beside_another_on_a_socket_takes_a_connection_place() -> None:
+    engine = ScriptedEngine(words)
+    async with (
+        running_server(engine, max_connections_per_client=1) as url,
+        responses_socket(url) as ws,
+    ):
+        await ws.send(create(stream_id="a", max_output_tokens=LONG))  # the socket's own place
+        await wait_until(lambda: engine.threads)
+        await ws.send(create(stream_id="b"))
+        refused = await next_error(ws)
+    beside = "a response beside another on a socket counts as a connection until it ends"
+    assert refused["error"]["message"] == f"too many connections from this address (1): {beside}"
+    assert (refused["status"], refused["stream_id"]) == (429, "b")
+
+
+async def test_the_last_responses_a_socket_keeps_hold_what_one_session_may() -> None:
+    engine = ScriptedEngine()
+    async with (
+        running_server(engine, max_session_image_bytes=1000, max_frame_bytes=4096) as url,
+        responses_socket(url) as ws,
+    ):
+        ids = []
+        for lane in ("a", "b", "c"):
+            await ws.send(create(stream_id=lane, store=False))
+            ids.append((await until_end(ws))[-1]["response"]["id"])
+        await ws.send(create(stream_id="a", store=False, previous_response_id=ids[0]))
+        oldest = await next_event(ws)
+        await ws.send(create(stream_id="a", store=False, previous_response_id=ids[2]))
+        newest = await until_end(ws)
+    assert oldest["error"]["code"] == "previous_response_not_found"
+    assert newest[-1]["type"] == "response.completed"
+    assert newest[-1]["response"]["previous_response_id"] == ids[2]

@@ -16,7 +16,9 @@ connection caps), the chat API's limits on each create, and per socket: the fram
 is closed with 1008), the idle timeout, ``--max-frame-bytes`` per message (past it, an ``error``
 event ``too_large``; far past it, uvicorn closes 1009), ``MAX_LANES`` named lanes and
 ``MAX_WAITING`` creates waiting, of ``--max-frame-bytes`` in all (a socket holds no more of what
-its client sent than a chat socket does). What the mode defines that is not served here
+its client sent than a chat socket does); a response beside another that runs takes a place in
+the connection caps while it runs, as an HTTP request does, and the lanes' last responses hold
+at most what one chat session may. What the mode defines that is not served here
 (``response.steer``, any other event type) and every refusal is an ``error`` event naming it,
 with the lane's ``stream_id`` where it has one (a rate limit's is ``overloaded``, status 429),
 and the socket goes on.
@@ -72,7 +74,9 @@ class Lane:
     key: str = field(default_factory=lambda: f"resp-ws-{secrets.token_hex(8)}")
     waiting: deque[tuple[CreateBody, int]] = field(default_factory=deque)  # (it, its bytes)
     task: asyncio.Task[None] | None = None
+    active: bool = False  # a response of its runs or waits for a slot
     last: Kept | None = None  # its last response, for a continuation on the socket
+    last_at: float = 0.0  # when it ended
 
     def acquire(self, prompt_ids: Sequence[int]) -> str:
         return self.key  # sessions.EngineKeys: every run of the lane under its key
@@ -237,6 +241,32 @@ class ResponsesSocket:
     async def _respond(self, lane: Lane, body: CreateBody) -> None:
         """One create on its lane: its events sent as they come, or its refusal."""
         try:
+            placed = self._take_place(lane)
+        except ApiError as error:
+            await self._error(error, lane.stream_id)
+            return
+        lane.active = True
+        try:
+            await self._run(lane, body)
+        finally:
+            lane.active = False
+            if placed:
+                self.hub.caps.release(self.address)
+
+    def _take_place(self, lane: Lane) -> bool:
+        """A response beside another that runs on the socket counts as a connection of its
+        client while it runs, as an HTTP request does (openai_api/in_flight.py): a socket of
+        many lanes holds no more than that many connections would. True when it took one."""
+        if not any(other.active for other in self.lanes.values() if other is not lane):
+            return False  # the socket's own place is its first response's
+        full = self.hub.caps.acquire(self.address)
+        if full is not None:
+            beside = "a response beside another on a socket counts as a connection until it ends"
+            raise ApiError.of(Overloaded(f"{full}: {beside}"))
+        return True
+
+    async def _run(self, lane: Lane, body: CreateBody) -> None:
+        try:
             previous = self._previous(body.previous_response_id)
             run = await self.responses.start(
                 body,
@@ -246,7 +276,7 @@ class ResponsesSocket:
                 keys=lane,
                 api=RESPONSES_SOCKET,
                 stream_id=lane.stream_id,
-                on_kept=lambda kept: setattr(lane, "last", kept),
+                on_kept=lambda kept: self._keep(lane, kept),
             )
         except (ApiError, ProtocolError, EngineError) as error:
             await self._error(ApiError.of(error), lane.stream_id)
@@ -268,6 +298,21 @@ class ResponsesSocket:
             run.reply.cancel()  # nothing if it ended; the socket is gone
             if task is not None:  # its state is the lane's once it ended: then the next create
                 await asyncio.shield(task)
+
+    def _keep(self, lane: Lane, kept: Kept) -> None:
+        """``kept`` as its lane's last; the other lanes' last ones, least recently ended first,
+        let go while all of them are over what one chat session may hold
+        (``--max-session-image-bytes``, and ``--max-frame-bytes`` of text)."""
+        lane.last, lane.last_at = kept, time.monotonic()
+        s = self.hub.settings
+        budget = s.max_session_image_bytes + s.max_frame_bytes
+        held = sorted((o for o in self.lanes.values() if o.last), key=lambda o: o.last_at)
+        total = sum(o.last.size for o in held if o.last is not None)
+        for other in held:
+            if total <= budget or other is lane:
+                break
+            total -= other.last.size if other.last is not None else 0
+            other.last = None
 
     def _previous(self, response_id: str | None) -> Kept | None:
         """The response a create continues: a lane's last on this socket, else a kept one."""
