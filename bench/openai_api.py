@@ -380,26 +380,32 @@ TABLE = (
 )
 
 
-def report(result: dict[str, Any]) -> Section:
-    work = result["workload"]
-    table = Table(TABLE)
-    for api, by_n in result["streams"].items():
+def stream_table(
+    columns: tuple[Column, ...],
+    streams: dict[str, dict[int, dict[str, Any]]],
+    ratios: Callable[[str, int], dict[str, float] | None],
+) -> Table:
+    """A row per API and concurrency: its figures, and its tokens/s and TTFT ratios to the
+    WebSocket's (``ratios``: None for the WebSocket's own rows)."""
+    table = Table(columns)
+    for api, by_n in streams.items():
         for n, f in by_n.items():
-            ratios = result["ratios"].get(api, {}).get(n)
+            against = ratios(api, n)
             versus = (
-                f"{figure(ratios['aggregate_tps'], 'x')}, {figure(ratios['ttft_median_s'], 'x')}"
-                if ratios
+                f"{figure(against['aggregate_tps'], 'x')}, {figure(against['ttft_median_s'], 'x')}"
+                if against
                 else ""
             )
-            table.add(
-                api,
-                n,
-                f["aggregate_tps"],
-                f["stream_tps"],
-                f["ttft_median_s"],
-                versus,
-                f.get("client_cpu_s"),
-            )
+            figures = (f["aggregate_tps"], f["stream_tps"], f["ttft_median_s"])
+            table.add(api, n, *figures, versus, f.get("client_cpu_s"))
+    return table
+
+
+def report(result: dict[str, Any]) -> Section:
+    work = result["workload"]
+    table = stream_table(
+        TABLE, result["streams"], lambda api, n: result["ratios"].get(api, {}).get(n)
+    )
     out = Section(
         [
             f"OpenAI-compatible API: wschat --engine {result['engine']} on the embedded model; "

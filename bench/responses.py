@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import procs, wsload
-from .figures import Column, Section, Table, Target, at_least, at_most
+from .figures import Column, Section, Target, at_least, at_most
 from .openai_api import (
     LABELS,
     RATIOS,
@@ -38,6 +38,7 @@ from .openai_api import (
     merged_tokens,
     paired_rounds,
     round_ratio,
+    stream_table,
 )
 from .render import figure
 from .stats import StreamTimes, median
@@ -199,17 +200,10 @@ TABLE = (
 
 def report(result: dict[str, Any]) -> Section:
     work = result["workload"]
-    table = Table(TABLE)
-    for api, by_n in result["streams"].items():
-        for n, f in by_n.items():
-            ratios = result["ratios"].get(n) if api != "websocket" else None
-            versus = (
-                f"{figure(ratios['aggregate_tps'], 'x')}, {figure(ratios['ttft_median_s'], 'x')}"
-                if ratios
-                else ""
-            )
-            stream = (f["aggregate_tps"], f["stream_tps"], f["ttft_median_s"])
-            table.add(api, n, *stream, versus, f.get("client_cpu_s"))
+    ratios = result["ratios"]
+    table = stream_table(
+        TABLE, result["streams"], lambda api, n: ratios.get(n) if api != "websocket" else None
+    )
     out = Section(
         [
             f"Responses API WebSocket mode: wschat --engine {result['engine']} on the embedded "
