@@ -192,13 +192,9 @@ async def test_another_owners_response_is_not_found_as_one_that_never_was() -> N
 @pytest.mark.parametrize(
     ("field", "value", "param"),
     [
-        ("tools", [{"type": "function", "name": "f", "parameters": {}}], "tools"),
+        ("tools", [{"type": "web_search"}], "tools[0].type"),
         ("text", {"format": {"type": "json_schema", "name": "x", "schema": {}}}, "text.format"),
-        (
-            "input",
-            [{"type": "function_call_output", "call_id": "c", "output": "1"}],
-            "input[0].type",
-        ),
+        ("input", [{"type": "item_reference", "id": "msg_1"}], "input[0].type"),
         ("background", True, "background"),
     ],
 )

@@ -53,9 +53,9 @@ class ReplyIds:
         """``said``; a reply the API gave, sent back as its text alone, with the ids it was
         generated as where they are remembered."""
         if isinstance(said, ReplySaid) and said.ids is None:
-            ids = self.get(said.text)
+            ids = self.get(reply_key(said.text, said.calls))
             if ids is not None:
-                return ReplySaid(said.text, tuple(ids))
+                return ReplySaid(said.text, tuple(ids), said.calls)
         return said
 
 

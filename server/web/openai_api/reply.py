@@ -145,7 +145,7 @@ class Reply:
             self._watch.cancel()
         self.hub.requests.discard(self.session)
         finished = run.finished
-        replies = self.replies if self.kind == "chat" else None
+        replies = self.replies if self.kind in ("chat", "response") else None
         if run.kept and finished is not None and replies is not None and run.reason in _FINISH:
             calls = [FunctionCall(c.call_id, c.name, c.arguments) for c in run.sent.calls]
             replies.remember(reply_key(run.sent.text.join(), calls), finished.completion_ids)

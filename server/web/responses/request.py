@@ -2,14 +2,14 @@
 into ours. Pure: no I/O, a refusal is an ``ApiError`` naming the field.
 
 Mapped: ``input`` (a string, or items: messages whose content is a string or ``input_text`` and
-``input_image`` parts, an assistant's ``output_text``), ``instructions``, ``max_output_tokens``,
-``temperature``, ``top_p``, ``store``, ``previous_response_id``, ``metadata`` (echoed) and, over
-HTTP, ``stream``. Refused unless neutral, each naming its field: ``tools``, ``tool_choice``,
-``text.format`` other than text, ``function_call`` and ``function_call_output`` items (they come
-with tools, on the chat API's machinery), ``background``, ``conversation``, ``prompt``,
-``include``, ``top_logprobs``, ``reasoning``, ``truncation: auto``, ``context_management`` and
-``generate: false``. Any other field (``user``, ``service_tier``, ``prompt_cache_key``, ...) is
-ignored.
+``input_image`` parts, an assistant's ``output_text``; ``function_call`` items, a reply's calls;
+``function_call_output`` items, their results), ``instructions``, ``max_output_tokens``,
+``temperature``, ``top_p``, ``tools`` (functions), ``tool_choice``, ``parallel_tool_calls`` (read
+as the chat API reads its own: openai_api/tool_fields.py), ``store``, ``previous_response_id``,
+``metadata`` (echoed) and, over HTTP, ``stream``. Refused unless neutral, each naming its field:
+``text.format`` other than text, ``background``, ``conversation``, ``prompt``, ``include``,
+``top_logprobs``, ``reasoning``, ``truncation: auto``, ``context_management`` and ``generate:
+false``. Any other field (``user``, ``service_tier``, ``prompt_cache_key``, ...) is ignored.
 
 Items and their content parts are counted before any is read (``--max-messages``), and each pass
 is linear in the body's size, as for the chat API (openai_api/requests.py, whose readers of a
@@ -22,12 +22,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from wschat.protocol import GenerationParams
+from wschat.protocol import GenerationParams, ToolResult, parse_params
 
-from ...sessions import ReplySaid, Said, UserSaid
+from ...engine import FunctionCall
+from ...sessions import ReplySaid, ResultsSaid, Said, UserSaid
 from ...settings import Settings
 from ..openai_api.errors import invalid, unsupported
 from ..openai_api.requests import body_object, data_uri, params_of, shown
+from ..openai_api.tool_fields import tool_params
 
 # OpenAI's field -> ours; checked as a prompt frame's params (protocol/params.py)
 SAMPLING = {
@@ -52,9 +54,8 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "top_logprobs": (None, 0),
     "truncation": (None, "disabled"),
     "generate": (None, True),
-    "tool_choice": (None, "none", "auto"),
 }
-_EMPTY_OR_NULL = ("tools", "include", "context_management")
+_EMPTY_OR_NULL = ("include", "context_management")
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +70,8 @@ class CreateBody:
     previous_response_id: str | None
     store: bool
     stream: bool
-    echoed: dict[str, Any]  # max_output_tokens, temperature, top_p, metadata, as sent
+    # max_output_tokens, temperature, top_p, tools, tool_choice, metadata: as sent
+    echoed: dict[str, Any]
 
 
 def create_body(body: Any, settings: Settings) -> CreateBody:
@@ -79,16 +81,20 @@ def create_body(body: Any, settings: Settings) -> CreateBody:
     instructions = _optional_str(body, "instructions")
     previous = _optional_str(body, "previous_response_id")
     system, said = _input(body.get("input"), settings.max_messages)
+    params = params_of(body, SAMPLING, settings)
+    tools = tool_params(_chat_tool_fields(body))
+    if tools:  # checked as they were read (tool_fields.py)
+        params = parse_params({**params.to_wire(), **tools})
     return CreateBody(
         system,
         said,
-        params_of(body, SAMPLING, settings),
+        params,
         instructions,
         previous,
         _flag(body, "store", default=True),
         _flag(body, "stream", default=False),
         {
-            **{name: body.get(name) for name in SAMPLING},
+            **{name: body.get(name) for name in (*SAMPLING, "tools", "tool_choice")},
             "metadata": _metadata(body.get("metadata")),
         },
     )
@@ -111,6 +117,35 @@ def _refuse_unserved(body: Mapping[str, Any]) -> None:
     reasoning = body.get("reasoning")
     if isinstance(reasoning, Mapping) and any(v is not None for v in reasoning.values()):
         raise unsupported("reasoning is not supported: the model does not reason", "reasoning")
+
+
+def _chat_tool_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The body's tool fields in the chat API's shape: a function's fields under ``function``,
+    a named ``tool_choice`` likewise."""
+    fields: dict[str, Any] = {}
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise invalid("tools must be an array", "tools")
+        fields["tools"] = [_chat_tool(tool, f"tools[{n}]") for n, tool in enumerate(tools)]
+    choice = body.get("tool_choice")
+    if isinstance(choice, Mapping):
+        if choice.get("type") != "function":
+            raise unsupported(f"tool_choice of type {shown(choice.get('type'))}", "tool_choice")
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    if choice is not None:
+        fields["tool_choice"] = choice
+    if body.get("parallel_tool_calls") is not None:
+        fields["parallel_tool_calls"] = body["parallel_tool_calls"]
+    return fields
+
+
+def _chat_tool(tool: Any, where: str) -> Any:
+    if not isinstance(tool, Mapping) or tool.get("type") != "function":
+        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        raise unsupported(f"a tool of type {shown(kind)} is not supported", f"{where}.type")
+    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": function}
 
 
 def _optional_str(body: Mapping[str, Any], name: str) -> str | None:
@@ -156,6 +191,10 @@ def _input(value: Any, most: int) -> tuple[str | None, tuple[Said, ...]]:
     system: list[str] = []
     said: list[Said] = []
     for n, item in enumerate(value):
+        kind = item.get("type", "message") if isinstance(item, Mapping) else None
+        if kind in _TOOL_ITEMS:
+            said.append(_TOOL_ITEMS[kind](item, f"input[{n}]"))
+            continue
         role, text, images = _item(item, f"input[{n}]")
         if role == "system":
             if said:
@@ -187,8 +226,6 @@ def _item(item: Any, where: str) -> tuple[str, str, tuple[bytes, ...]]:
     if not isinstance(item, Mapping):
         raise invalid("each input item must be an object", where)
     kind = item.get("type", "message")
-    if kind in ("function_call", "function_call_output"):
-        raise unsupported(f"{kind} items are not supported: tools are not yet", f"{where}.type")
     if kind != "message":
         raise unsupported(f"an input item of type {shown(kind)} is not supported", f"{where}.type")
     named = item.get("role")
@@ -215,3 +252,31 @@ def _item(item: Any, where: str) -> tuple[str, str, tuple[bytes, ...]]:
         else:
             raise invalid("a text part's text must be a string", f"{at}.text")
     return role, "\n".join(texts), tuple(images)
+
+
+def _call(item: Mapping[str, Any], where: str) -> Said:
+    """A ``function_call`` item: a call an earlier reply made (its id the one the API gave)."""
+    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+    if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name):
+        raise invalid("a function_call needs its call_id and name", where)
+    if not isinstance(arguments, str):
+        raise invalid("a function_call's arguments must be a string (JSON)", f"{where}.arguments")
+    return ReplySaid("", None, (FunctionCall(call_id, name, arguments),))
+
+
+def _output(item: Mapping[str, Any], where: str) -> Said:
+    """A ``function_call_output`` item: what the call ``call_id`` answered, as text."""
+    call_id, output = item.get("call_id"), item.get("output")
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid("a function_call_output needs the call_id it answers", f"{where}.call_id")
+    if isinstance(output, list):  # content parts: their texts
+        texts = [p.get("text") for p in output if isinstance(p, Mapping)]
+        if len(texts) != len(output) or not all(isinstance(t, str) for t in texts):
+            raise unsupported("a function_call_output's parts must be input_text", where)
+        output = "\n".join(t for t in texts if isinstance(t, str))
+    if not isinstance(output, str):
+        raise invalid("a function_call_output's output must be a string", f"{where}.output")
+    return ResultsSaid((ToolResult(call_id, output),))
+
+
+_TOOL_ITEMS = {"function_call": _call, "function_call_output": _output}

@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
-from wschat.protocol import Done, Error, Start
+from wschat.protocol import Done, Error, Start, ToolCall
 from wschat.protocol import Token as TokenFrame
 
+from ...engine import FunctionCall
 from ...sessions import EngineKeys, Hub, ReplySaid, Said
 from ..openai_api.conversation import ReplyIds
 from ..openai_api.errors import ApiError, invalid
@@ -81,7 +82,14 @@ class Responses:
         converse, system = converse_of(response_id, body, previous, self.replies)
         shape = ResponseShape(response_id, model_id(engine.info), body, stream_id)
         reply = Reply(
-            self.hub, "response", keys, address=address, owner=owner, watch=watch, api=api
+            self.hub,
+            "response",
+            keys,
+            address=address,
+            owner=owner,
+            watch=watch,
+            replies=self.replies,
+            api=api,
         )
         run = ResponseRun(self, reply, shape, owner, on_kept)
         run.conversation = (system, (*converse.history, converse.user))
@@ -135,7 +143,11 @@ class ResponseRun:
                 yield event
             while (frame := await self.reply.frames.next()) is not None:
                 if isinstance(frame, TokenFrame):
-                    yield self.shape.delta(frame.text)
+                    for event in self.shape.delta(frame.text):
+                        yield event
+                elif isinstance(frame, ToolCall):
+                    for event in self.shape.call(frame.call_id, frame.name, frame.arguments):
+                        yield event
                 elif isinstance(frame, Error):
                     self.error = ApiError.of_frame(frame)
                 elif isinstance(frame, Done):
@@ -166,7 +178,8 @@ class ResponseRun:
         finished = run.finished if run is not None else None
         if run is not None and run.kept:
             ids = finished.completion_ids if finished is not None else None
-            said = (*said, ReplySaid(done.text, ids or None))
+            calls = tuple(FunctionCall(c.call_id, c.name, c.arguments) for c in run.sent.calls)
+            said = (*said, ReplySaid(done.text, ids or None, calls))
         kept = Kept(self.id, self.owner, self.shape.object(), system, said)
         if self.shape.body.store and not self.responses.kept.add(kept):
             log.warning("response %s is over --responses-kept-mib alone: not kept", self.id)

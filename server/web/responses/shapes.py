@@ -3,13 +3,17 @@
 (and its WebSocket lane's ``stream_id``, where the create named one), as the SDK's types in
 ``openai/types/responses/`` spell them.
 
-A text response streams, in order: ``response.created``, ``response.in_progress``,
-``response.output_item.added``, ``response.content_part.added``, a
-``response.output_text.delta`` per token frame, ``response.output_text.done``,
-``response.content_part.done``, ``response.output_item.done``, then its end:
+A response streams ``response.created`` and ``response.in_progress``; its output items in the
+order they came: its text a ``message`` (``response.output_item.added``,
+``response.content_part.added``, a ``response.output_text.delta`` per token frame, then at its
+end ``response.output_text.done``, ``response.content_part.done``,
+``response.output_item.done``), each tool call a ``function_call`` (``output_item.added``,
+its arguments whole in one ``response.function_call_arguments.delta``,
+``response.function_call_arguments.done``, ``output_item.done``); then its end:
 ``response.completed``; ``response.incomplete`` (status ``incomplete`` with the reason
 ``max_output_tokens``, or status ``cancelled``: the SDK knows no event of its own for it);
-``response.failed`` (with its ``error``).
+``response.failed`` (with its ``error``). A response with neither text nor calls still has its
+message, empty.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .request import CreateBody
 # a reply's finish -> the response's status and its terminal event
 _ENDS = {
     FinishReason.STOP: ("completed", "response.completed"),
+    FinishReason.TOOL_CALLS: ("completed", "response.completed"),
     FinishReason.LENGTH: ("incomplete", "response.incomplete"),
     FinishReason.CANCELLED: ("cancelled", "response.incomplete"),
     FinishReason.ERROR: ("failed", "response.failed"),
@@ -60,7 +65,10 @@ class ResponseShape:
         self.usage: dict[str, Any] | None = None
         self.error: dict[str, str] | None = None
         self.incomplete: dict[str, str] | None = None
-        self.item_added = False
+        # the output items as they came: the message's place (None until its text came), each
+        # function call's item
+        self.items: list[dict[str, Any] | None] = []
+        self.message_at: int | None = None
         self.sequence = 0
 
     def object(self) -> dict[str, Any]:
@@ -79,30 +87,33 @@ class ResponseShape:
             "max_tool_calls": None,
             "metadata": body.echoed["metadata"] or {},
             "model": self.model,
-            "output": [self._item()] if self.item_added else [],
-            "parallel_tool_calls": True,
+            "output": [item or self._message() for item in self.items],
+            "parallel_tool_calls": body.params.parallel_tool_calls is not False,
             "previous_response_id": body.previous_response_id,
             "reasoning": {"effort": None, "summary": None},
             "store": body.store,
             "temperature": body.echoed["temperature"],
             "text": {"format": {"type": "text"}},
-            "tool_choice": "auto",
-            "tools": [],
+            "tool_choice": body.echoed["tool_choice"] or "auto",
+            "tools": body.echoed["tools"] or [],
             "top_p": body.echoed["top_p"],
             "truncation": "disabled",
             "usage": self.usage,
         }
 
-    def _item(self) -> dict[str, Any]:
-        done = self.status != "in_progress"
-        status = "completed" if self.status == "completed" else "incomplete"
+    def _message(self) -> dict[str, Any]:
         return {
             "id": self.item_id,
             "type": "message",
-            "status": status if done else "in_progress",
+            "status": self._item_status(),
             "role": "assistant",
-            "content": [self._part()] if self.item_added else [],
+            "content": [self._part()],
         }
+
+    def _item_status(self) -> str:
+        if self.status == "in_progress":
+            return "in_progress"
+        return "completed" if self.status == "completed" else "incomplete"
 
     def _part(self, text: str | None = None) -> dict[str, Any]:
         text = "".join(self.text) if text is None else text
@@ -116,22 +127,45 @@ class ResponseShape:
         return event
 
     def opening(self) -> list[dict[str, Any]]:
-        """From ``response.created`` to the output text's part added."""
-        events = [
+        """``response.created`` and ``response.in_progress``."""
+        return [
             self.event("response.created", response=self.object()),
             self.event("response.in_progress", response=self.object()),
         ]
-        self.item_added = True
-        item = {**self._item(), "content": []}
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-        events.append(self.event("response.output_item.added", output_index=0, item=item))
-        events.append(self.event("response.content_part.added", **where, part=self._part("")))
+
+    def _open_message(self) -> list[dict[str, Any]]:
+        """The message's item and its text part added, where they are not yet."""
+        if self.message_at is not None:
+            return []
+        self.message_at = len(self.items)
+        self.items.append(None)
+        item = {**self._message(), "content": []}
+        where = {"item_id": self.item_id, "output_index": self.message_at, "content_index": 0}
+        return [
+            self.event("response.output_item.added", output_index=self.message_at, item=item),
+            self.event("response.content_part.added", **where, part=self._part("")),
+        ]
+
+    def delta(self, text: str) -> list[dict[str, Any]]:
+        events = self._open_message()
+        self.text.append(text)
+        where = {"item_id": self.item_id, "output_index": self.message_at, "content_index": 0}
+        events.append(self.event("response.output_text.delta", **where, delta=text, logprobs=[]))
         return events
 
-    def delta(self, text: str) -> dict[str, Any]:
-        self.text.append(text)
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-        return self.event("response.output_text.delta", **where, delta=text, logprobs=[])
+    def call(self, call_id: str, name: str, arguments: str) -> list[dict[str, Any]]:
+        """A tool call of the reply, whole: its item added, its arguments, its item done."""
+        at = len(self.items)
+        item = {"id": new_id("fc"), "type": "function_call", "call_id": call_id, "name": name}
+        self.items.append({**item, "arguments": arguments, "status": "completed"})
+        where = {"item_id": item["id"], "output_index": at}
+        added = {**item, "arguments": "", "status": "in_progress"}
+        return [
+            self.event("response.output_item.added", output_index=at, item=added),
+            self.event("response.function_call_arguments.delta", **where, delta=arguments),
+            self.event("response.function_call_arguments.done", **where, arguments=arguments),
+            self.event("response.output_item.done", output_index=at, item=self.items[at]),
+        ]
 
     def ended(self, done: Done, error: ApiError | None) -> None:
         """Its status, usage and error from its reply's ``done`` (and the error sent before)."""
@@ -154,13 +188,17 @@ class ResponseShape:
         }
 
     def closing(self) -> list[dict[str, Any]]:
-        """From the output text's end to the terminal event, once ``ended``."""
-        text = "".join(self.text)
-        where = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        """The message's end (opened empty where neither text nor a call came), then the
+        terminal event, once ``ended``."""
+        events = [] if self.items else self._open_message()
+        if self.message_at is not None:
+            text = "".join(self.text)
+            at = self.message_at
+            where = {"item_id": self.item_id, "output_index": at, "content_index": 0}
+            events += [
+                self.event("response.output_text.done", **where, text=text, logprobs=[]),
+                self.event("response.content_part.done", **where, part=self._part()),
+                self.event("response.output_item.done", output_index=at, item=self._message()),
+            ]
         terminal = next(event for status, event in _ENDS.values() if status == self.status)
-        return [
-            self.event("response.output_text.done", **where, text=text, logprobs=[]),
-            self.event("response.content_part.done", **where, part=self._part()),
-            self.event("response.output_item.done", output_index=0, item=self._item()),
-            self.event(terminal, response=self.object()),
-        ]
+        return [*events, self.event(terminal, response=self.object())]
