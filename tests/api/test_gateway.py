@@ -4,9 +4,10 @@ request still runs as a session's prompt does, with its usage and the remote cac
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
+import openai
 from wschat.server.runtime.llamacpp import EMBEDDED_ALIAS
 
 from tests.api.support import assistant, async_client, user
@@ -54,3 +55,30 @@ async def test_readyz_of_a_gateway_names_the_engines_kind_host_and_model_not_a_d
         "engine": "openai",
         "remote": {"kind": "llama.cpp", "host": "127.0.0.1", "model": EMBEDDED_ALIAS},
     }
+
+
+async def test_a_continuation_on_the_responses_socket_through_the_gateway_reuses_the_prefix(
+    openai_engine: OpenAIEngine,
+) -> None:
+    """The Responses API's WebSocket mode in front of llama.cpp: a turn continued by
+    ``previous_response_id`` is sent to the engine whole, and its prefix is the remote cache's."""
+    async with running_server(openai_engine) as url, async_client(url) as client:
+        responses: list[Any] = []
+        async with client.responses.connect() as connection:
+            for text in ("What is the capital of Italy?", "And Spain?"):
+                await connection.response.create(
+                    model="any",
+                    input=text,
+                    max_output_tokens=16,
+                    store=False,
+                    previous_response_id=responses[-1].id if responses else openai.omit,
+                )
+                async for event in connection:
+                    if event.type in ("response.completed", "response.incomplete", "error"):
+                        break
+                assert event.type != "error", event
+                responses.append(event.response)
+    first, second = (r.usage for r in responses)
+    assert responses[0].output_text and responses[1].output_text
+    assert second.input_tokens > first.input_tokens
+    assert second.input_tokens_details.cached_tokens >= first.input_tokens - 1
