@@ -19,6 +19,7 @@ import pytest
 import websockets
 from websockets.asyncio.client import ClientConnection
 from websockets.typing import Origin
+from wschat.server.sessions import stats
 
 from tests.api.test_routes import metric
 from tests.fakes.scripted import Script, ScriptedEngine
@@ -288,7 +289,20 @@ async def test_a_socket_closed_mid_response_frees_its_slot() -> None:
     assert 'wschat_generations_total{api="responses_websocket"} 2.0' in scraped
 
 
-async def test_a_thousand_creates_on_one_socket_hold_bounded_memory() -> None:
+def held(snapshot: tracemalloc.Snapshot) -> tracemalloc.Snapshot:
+    """The traces but tracemalloc's own (the snapshot taken before) and coverage.py's: under the
+    coverage run (.ci/run) it keeps a tracer for every thread ever started, and the scripted
+    engine starts one per generation (1.3 kB each)."""
+    ignored = (tracemalloc.__file__, "*/coverage/*")
+    return snapshot.filter_traces([tracemalloc.Filter(False, name) for name in ignored])
+
+
+async def test_a_thousand_creates_on_one_socket_hold_bounded_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Growth per create, not a fixed cost: what the second of two windows of creates adds. A
+    cost paid once (a cache, a window filling) lands in the first window; a leak grows both."""
+
     async def creates(ws: ClientConnection, n: int) -> str:
         for k in range(n):
             await ws.send(create(max_output_tokens=2, stream_id=f"lane{k % 4}"))
@@ -296,30 +310,39 @@ async def test_a_thousand_creates_on_one_socket_hold_bounded_memory() -> None:
             assert events[-1]["type"] == "response.incomplete", events[-1]
         return str(events[-1]["response"]["id"])
 
+    def settled() -> tracemalloc.Snapshot:
+        engine.requests.clear()  # the fake's record of every request, not the server's
+        gc.collect()
+        return held(tracemalloc.take_snapshot())
+
+    # The server's recent TTFT samples (capped at 10,000 and bounded in tests/sessions/
+    # test_stats.py) capped below the warm-up's count, so that window is full before measuring.
+    monkeypatch.setattr(stats, "_MAX_TTFT_SAMPLES", 50)
     engine = ScriptedEngine()
     async with (
         running_server(engine, responses_kept=10, frames_per_second=0) as url,
         responses_socket(url) as ws,
     ):
         first = await creates(ws, 1)
-        await creates(ws, 100)
-        engine.requests.clear()  # the fake's record of every request, not the server's
-        gc.collect()
+        await creates(ws, 99)  # the store, the lanes and that window full
         tracemalloc.start()
-        before = tracemalloc.take_snapshot()
-        last = await creates(ws, 900)
-        engine.requests.clear()
-        gc.collect()
-        after = tracemalloc.take_snapshot()
-        tracemalloc.stop()
-        grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+        try:
+            await creates(ws, 450)
+            before = settled()
+            last = await creates(ws, 450)
+            after = settled()
+        finally:
+            tracemalloc.stop()
         headers = auth("t")
         async with httpx.AsyncClient(base_url=http_base(url), headers=headers) as http:
             oldest = await http.get(f"/v1/responses/{first}", timeout=TIMEOUT)
             newest = await http.get(f"/v1/responses/{last}", timeout=TIMEOUT)
     assert oldest.status_code == 404  # past --responses-kept, the least recently used went
     assert newest.status_code == 200
-    assert grown < 1 << 20, f"{grown} bytes more after 900 creates"
+    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    # 64 kB over 450 creates: a leak of 146 bytes a create fails it; the asyncio timers and
+    # callbacks pending at a snapshot varied the figure from 13 to 32 kB
+    assert grown < 64 << 10, f"{grown} bytes more after the second 450 creates"
 
 
 async def test_the_socket_takes_the_apis_bearer_token_and_origin_rules() -> None:
