@@ -1,6 +1,7 @@
 """The Lua scripts ``RedisSessionStore`` (redis_store.py) runs, each one atomic on Redis: a
 claim of a resume token, a state's write, a reply's checkpoint, a live session's heartbeat, and
-the drop of a state too large to keep.
+the drop of a state too large to keep; and ``RedisScripts``, which runs each with its keys and
+arguments in the order the script reads them.
 
 Keys (every one with a TTL, so the store holds nothing past the resume window):
 
@@ -17,6 +18,16 @@ Only another replica's owner value means a session is no longer this replica's: 
 key is none (the session's first write is still queued, or a lease lapsed), unless the token this
 replica last wrote is gone, which only a claim does.
 """
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import redis.asyncio as aioredis
+
+PREFIX = "wschat:"
+TIMEOUT_S = 1.0  # one Redis round trip; past it the store counts as down
 
 # KEYS: the token; ARGV: the owner, the lease (ms), the prefix, the deadline (Redis's clock, ms),
 # the most bytes a state and its reply checkpoint may hold together.
@@ -115,3 +126,79 @@ if current and current ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 return 1
 """
+
+
+def ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def session_keys(key: str, token: str) -> list[str]:
+    """A session's state, token, owner and reply checkpoint keys."""
+    return [f"{PREFIX}s:{key}", f"{PREFIX}t:{token}", f"{PREFIX}o:{key}", f"{PREFIX}r:{key}"]
+
+
+class RedisScripts:
+    """The scripts above on one client, each run for this replica (``replica``, its owner value)
+    within two round trips (the client's socket timeout gives up first)."""
+
+    def __init__(self, client: aioredis.Redis, replica: str) -> None:
+        self.client = client
+        self.replica = replica
+        self._claim = client.register_script(CLAIM)
+        self._write = client.register_script(WRITE)
+        self._reply = client.register_script(REPLY)
+        self._heartbeat = client.register_script(HEARTBEAT)
+        self._drop = client.register_script(DROP)
+
+    async def claim(self, token: str, lease_s: float, late_s: float, most_bytes: int) -> list[Any]:
+        """``CLAIM``'s answer; one Redis ran more than ``late_s`` after its ``TIME`` (read just
+        before) raises ``TimeoutError``: nothing was claimed."""
+        async with asyncio.timeout(TIMEOUT_S * 2):
+            seconds, micros = await self.client.time()
+        deadline = seconds * 1000 + micros // 1000 + ms(late_s)
+        async with asyncio.timeout(TIMEOUT_S * 2):
+            result: list[Any] = await self._claim(
+                keys=[f"{PREFIX}t:{token}"],
+                args=[self.replica, ms(lease_s), PREFIX, deadline, most_bytes],
+            )
+        if result[0] == 3:
+            raise TimeoutError("Redis ran the claim past its deadline: nothing was claimed")
+        return result
+
+    async def write(
+        self,
+        key: str,
+        token: str,
+        state: bytes,
+        ttl_s: float,
+        lease_s: float,
+        mode: str,
+        first: str,
+    ) -> int:
+        """``WRITE``: 1 written, 0 another replica's now."""
+        args: list[bytes | str | int] = [state, key, ms(ttl_s), self.replica, ms(lease_s), mode]
+        args.append(first)
+        async with asyncio.timeout(TIMEOUT_S * 2):
+            written: int = await self._write(keys=session_keys(key, token), args=args)
+        return written
+
+    async def reply(self, key: str, token: str, checkpoint: bytes, ttl_s: float, first: str) -> int:
+        """``REPLY``: 1 written, 0 another replica's now."""
+        keys = [f"{PREFIX}r:{key}", f"{PREFIX}o:{key}", f"{PREFIX}t:{token}"]
+        async with asyncio.timeout(TIMEOUT_S * 2):
+            written: int = await self._reply(
+                keys=keys, args=[checkpoint, ms(ttl_s), self.replica, first]
+            )
+        return written
+
+    async def heartbeat(self, key: str, token: str, lease_s: float, ttl_s: float) -> int:
+        """``HEARTBEAT``: 1 renewed, 0 another replica's, -1 its state is gone."""
+        args: list[str | int] = [self.replica, ms(lease_s), ms(ttl_s)]
+        async with asyncio.timeout(TIMEOUT_S * 2):
+            renewed: int = await self._heartbeat(keys=session_keys(key, token), args=args)
+        return renewed
+
+    async def drop(self, key: str, token: str) -> None:
+        """``DROP``: the session's keys go, unless another replica owns it."""
+        async with asyncio.timeout(TIMEOUT_S * 2):
+            await self._drop(keys=session_keys(key, token), args=[self.replica])

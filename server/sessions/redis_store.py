@@ -42,7 +42,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from ..settings import Settings
-from .redis_scripts import CLAIM, DROP, HEARTBEAT, REPLY, WRITE
+from .redis_scripts import TIMEOUT_S, RedisScripts
 from .session import Session
 from .snapshot import Bounds, export_state, pack, reply_checkpoint, unpack
 from .states import DETACHED_STATES, SessionState
@@ -50,8 +50,6 @@ from .store import Claim, Rebuild
 
 log = logging.getLogger("wschat.store")
 
-PREFIX = "wschat:"
-TIMEOUT_S = 1.0  # one Redis round trip; past it the store counts as down
 MAX_BACKOFF_S = 1.0
 MAX_TOKEN_CHARS = 64
 REPLY_CHECKPOINT_S = 1.0  # a crash loses at most this much of a running reply
@@ -79,11 +77,7 @@ class RedisSessionStore:
         self.client = aioredis.from_url(
             settings.session_store, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S
         )
-        self._claim = self.client.register_script(CLAIM)
-        self._write_script = self.client.register_script(WRITE)
-        self._heartbeat_script = self.client.register_script(HEARTBEAT)
-        self._drop = self.client.register_script(DROP)
-        self._reply_script = self.client.register_script(REPLY)
+        self.scripts = RedisScripts(self.client, self.replica)
         self.live: dict[str, Session] = {}
         self._tokens: dict[str, str] = {}  # session key -> its current resume token
         self._stored: dict[str, str] = {}  # session key -> the token this replica last wrote
@@ -161,17 +155,7 @@ class RedisSessionStore:
         return self._rebuild(key, unpack(state, self.bounds), checkpoint)
 
     async def _claim_once(self, token: str) -> list[Any]:
-        async with asyncio.timeout(TIMEOUT_S * 2):
-            seconds, micros = await self.client.time()
-        deadline = seconds * 1000 + micros // 1000 + self._ms(CLAIM_DEADLINE_S)
-        async with asyncio.timeout(TIMEOUT_S * 2):
-            result: list[Any] = await self._claim(
-                keys=[f"{PREFIX}t:{token}"],
-                args=[self.replica, self._ms(self.lease_s), PREFIX, deadline, self.max_state_bytes],
-            )
-        if result[0] == 3:
-            raise TimeoutError("Redis ran the claim past its deadline: nothing was claimed")
-        return result
+        return await self.scripts.claim(token, self.lease_s, CLAIM_DEADLINE_S, self.max_state_bytes)
 
     def checkpoint(self, session: Session) -> None:
         key = session.key
@@ -274,13 +258,6 @@ class RedisSessionStore:
         if task in self._tasks:
             self._tasks.remove(task)
 
-    def _ms(self, seconds: float) -> int:
-        return max(1, int(seconds * 1000))
-
-    def _keys(self, key: str, token: str) -> list[str]:
-        """Its state, token, owner and reply checkpoint keys."""
-        return [f"{PREFIX}s:{key}", f"{PREFIX}t:{token}", f"{PREFIX}o:{key}", f"{PREFIX}r:{key}"]
-
     def _mode(self, key: str) -> str:
         """How ``WRITE`` (redis_scripts.py) leaves the owner key."""
         return "live" if key in self.live else "held" if key in self._held else "gone"
@@ -327,32 +304,20 @@ class RedisSessionStore:
         token = self._tokens.get(session.key)
         if token is None:
             return
-        keys = self._keys(session.key, token)
         data = pack(export_state(session))
-        async with asyncio.timeout(TIMEOUT_S * 2):
-            if len(data) > self.max_state_bytes:
-                log.warning(
-                    "session %s: its state is %d bytes, over %d: not kept for resumption",
-                    session.key,
-                    len(data),
-                    self.max_state_bytes,
-                )
-                await self._drop(keys=keys, args=[self.replica])
-                return
-            mode = self._mode(session.key)
-            ttl = self.resume_window_s + (self.lease_s if mode != "gone" else 0)
-            written = await self._write_script(
-                keys=keys,
-                args=[
-                    data,
-                    session.key,
-                    self._ms(ttl),
-                    self.replica,
-                    self._ms(self.lease_s),
-                    mode,
-                    self._first(session.key, token),
-                ],
+        if len(data) > self.max_state_bytes:
+            log.warning(
+                "session %s: its state is %d bytes, over %d: not kept for resumption",
+                session.key,
+                len(data),
+                self.max_state_bytes,
             )
+            await self.scripts.drop(session.key, token)
+            return
+        mode = self._mode(session.key)
+        ttl = self.resume_window_s + (self.lease_s if mode != "gone" else 0)
+        first = self._first(session.key, token)
+        written = await self.scripts.write(session.key, token, data, ttl, self.lease_s, mode, first)
         if written == 1:
             self._stored[session.key] = token
         elif session.key in self._held:
@@ -370,8 +335,10 @@ class RedisSessionStore:
                 token = self._tokens.get(key)
                 if partial is None or token is None:
                     continue
+                ttl = self.resume_window_s + self.lease_s
+                first = self._first(key, token)
                 try:
-                    written = await self._write_reply(key, token, partial)
+                    written = await self.scripts.reply(key, token, pack(partial), ttl, first)
                 except STORE_ERRORS as e:
                     self._failed("checkpoint", e)
                     self._growing = {**growing, **self._growing}  # all again, next time
@@ -379,15 +346,6 @@ class RedisSessionStore:
                 self._recovered()
                 if written == 0:
                     self._lost(session)
-
-    async def _write_reply(self, key: str, token: str, partial: dict[str, Any]) -> int:
-        ttl = self._ms(self.resume_window_s + self.lease_s)
-        async with asyncio.timeout(TIMEOUT_S * 2):
-            written: int = await self._reply_script(
-                keys=[f"{PREFIX}r:{key}", f"{PREFIX}o:{key}", f"{PREFIX}t:{token}"],
-                args=[pack(partial), ttl, self.replica, self._first(key, token)],
-            )
-        return written
 
     def _first(self, key: str, token: str) -> str:
         """'1' until this replica has written ``token``: a missing owner is no claim till then
@@ -398,8 +356,7 @@ class RedisSessionStore:
         """A session that is not kept: its keys go (once, best effort: they expire anyway)."""
         token = self._tokens.get(session.key, "-")
         try:
-            async with asyncio.timeout(TIMEOUT_S * 2):
-                await self._drop(keys=self._keys(session.key, token), args=[self.replica])
+            await self.scripts.drop(session.key, token)
         except STORE_ERRORS as e:
             self._failed("release", e)
 
@@ -410,16 +367,9 @@ class RedisSessionStore:
                 token = self._tokens.get(key)
                 if token is None or key in self._dirty:
                     continue  # its write renews the lease
+                ttl = self.resume_window_s + self.lease_s
                 try:
-                    async with asyncio.timeout(TIMEOUT_S * 2):
-                        renewed = await self._heartbeat_script(
-                            keys=self._keys(key, token),
-                            args=[
-                                self.replica,
-                                self._ms(self.lease_s),
-                                self._ms(self.resume_window_s + self.lease_s),
-                            ],
-                        )
+                    renewed = await self.scripts.heartbeat(key, token, self.lease_s, ttl)
                 except STORE_ERRORS as e:
                     self._failed("heartbeat", e)
                     if key in self.live:

@@ -3,12 +3,13 @@
 Hypothesis drives one in-process session (``ScriptedEngine``, real ``GenerationSlots``) through
 prompt / cancel / reset / ping / configure / image, interleaved with letting the event loop run
 and with other "sessions" taking the only generation slot. After every step the whole frame log
-is checked: at most one generation open at a time, at most one ``start`` and one ``done`` per id
-(exactly one ``done`` per accepted prompt at the end), no frame of a generation after its
-``done``, ``concat(tokens) == done.text`` and the text its script implies, ``busy`` exactly when
-a generation runs or waits, and every other answer with its exact code. Errors are recorded the
-way ``Connection`` sends them (``error_frame``). It runs twice: against a text-only engine
-(images are ``unsupported``) and against one that reads images (staging up to ``MAX_IMAGES``).
+is checked (frame_log.py): at most one generation open at a time, at most one ``start`` and one
+``done`` per id (exactly one ``done`` per accepted prompt at the end), no frame of a generation
+after its ``done``, ``concat(tokens) == done.text`` and the text its script implies, ``busy``
+exactly when a generation runs or waits, and every other answer with its exact code. Errors are
+recorded the way ``Connection`` sends them (``error_frame``). It runs twice: against a text-only
+engine (images are ``unsupported``) and against one that reads images (staging up to
+``MAX_IMAGES``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from wschat.protocol import (
     Done,
     Error,
     ErrorCode,
-    FinishReason,
     Frame,
     GenerationParams,
     Image,
@@ -44,11 +44,8 @@ from wschat.protocol import (
     Pong,
     Prompt,
     ProtocolError,
-    Queued,
     Reset,
     ResetOk,
-    Start,
-    Token,
 )
 from wschat.server.engine.base import GenerationRequest
 from wschat.server.engine.errors import EngineError
@@ -60,6 +57,7 @@ from wschat.server.settings import Settings
 
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.protocol.vector_cases import PNG_1X1
+from tests.sessions.frame_log import check_log
 
 TIMEOUT = 10.0
 MAX_NEW_TOKENS = 16
@@ -77,15 +75,6 @@ scripts = st.builds(
 def error_keys(frames: list[Frame]) -> list[tuple[ErrorCode, str | None] | Frame]:
     """Each frame as (code, id) where it is an error, else as itself."""
     return [(f.code, f.id) if isinstance(f, Error) else f for f in frames]
-
-
-def natural_end(script: Script) -> tuple[FinishReason, str]:
-    """The reason and text a script's generation ends with when nobody cancels it."""
-    if script.fail_after is not None and script.fail_after < len(script.tokens):
-        return FinishReason.ERROR, "".join(script.tokens[: script.fail_after])
-    return (FinishReason.STOP if script.end_with_eos else FinishReason.LENGTH), "".join(
-        script.tokens
-    )
 
 
 class SessionMachine(RuleBasedStateMachine):
@@ -365,69 +354,6 @@ class SessionMachine(RuleBasedStateMachine):
             assert self.engine.threads == set() and self.slots.running == 0
         finally:
             self.loop.close()
-
-
-def check_log(
-    frames: list[Frame], scripts: list[Script], cancelled: set[str], *, final: bool
-) -> None:
-    open_id: str | None = None
-    starts: list[str] = []
-    done: set[str] = set()
-    texts: dict[str, list[str]] = {}
-    last_index: dict[str, int] = {}
-    failed: set[str] = set()
-    for frame in frames:
-        if isinstance(frame, Error):
-            assert isinstance(frame.code, ErrorCode) and frame.message
-            if frame.code is ErrorCode.INTERNAL:
-                # only a failing generation is internal here
-                assert frame.id is not None and frame.id == open_id
-                failed.add(frame.id)
-            continue
-        gen_id: str = getattr(frame, "id", "")
-        if isinstance(frame, Queued | Start | Token | Done):
-            assert gen_id not in done, f"{type(frame).__name__} after done for {gen_id}"
-            assert open_id in (None, gen_id), f"{gen_id} while {open_id} is open"
-        if isinstance(frame, Queued):
-            assert frame.position >= 1 and gen_id not in starts
-            open_id = gen_id
-        elif isinstance(frame, Start):
-            assert gen_id not in starts
-            starts.append(gen_id)
-            open_id = gen_id
-        elif isinstance(frame, Token):
-            assert gen_id in starts and frame.text
-            assert frame.index > last_index.get(gen_id, 0)
-            last_index[gen_id] = frame.index
-            texts.setdefault(gen_id, []).append(frame.text)
-        elif isinstance(frame, Done):
-            assert open_id == gen_id
-            check_done(frame, texts.get(gen_id, []), starts, scripts, cancelled, failed)
-            done.add(gen_id)
-            open_id = None
-    if final:
-        assert open_id is None and set(starts) <= done
-
-
-def check_done(
-    done: Done,
-    texts: list[str],
-    starts: list[str],
-    scripts: list[Script],
-    cancelled: set[str],
-    failed: set[str],
-) -> None:
-    assert "".join(texts) == done.text
-    assert (done.timing.ttft_ms is None) == (not texts)
-    assert (done.reason is FinishReason.ERROR) == (done.id in failed)
-    if done.id not in starts:  # cancelled while queued
-        assert done.id in cancelled and done.reason is FinishReason.CANCELLED and done.text == ""
-        return
-    reason, text = natural_end(scripts[starts.index(done.id)])
-    if done.reason is FinishReason.CANCELLED:
-        assert done.id in cancelled and text.startswith(done.text)
-    else:
-        assert (done.reason, done.text) == (reason, text)
 
 
 class VisionSessionMachine(SessionMachine):
