@@ -7,7 +7,8 @@ its connection) come from ``Session`` (session.py), which performs its effects (
 data). Its collaborators (the ``Chat``, the slots, the limits) come at construction (hub.py).
 
 The rules are two tables, read top to bottom: ``TRANSITIONS`` (states.py: what moves the state) and,
-at the end of this module, ``SessionCore.RULES`` (which handler each input gets in each state).
+at the end of this module, ``SessionCore.RULES`` (which handler each input gets in each state: the
+core's own, or, for a request for a turn, one of turn_requests.py, which reads and changes nothing).
 Whether the session is busy is its state and nothing else. A refusal (``busy`` in a state that
 refuses the frame) raises a typed ``ProtocolError`` and changes nothing; the door makes it an
 ``error`` frame (or the API's error). An input a state does not expect, or a change ``TRANSITIONS``
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from wschat.protocol import (
@@ -45,6 +46,7 @@ from wschat.protocol import (
 from wschat.protocol.frames import CLIENT_FRAMES
 
 from ..engine import Chat, PreparedTurn
+from . import turn_requests
 from .effects import (
     CANCEL_RUN,
     CHECKPOINT,
@@ -52,15 +54,11 @@ from .effects import (
     SAVE,
     AcceptedRun,
     CheckImage,
-    CompletionTurn,
     CountRewind,
     Detach,
     Effect,
-    LoadConversation,
-    PrepareTurn,
     PromptTurn,
     RegenerateTurn,
-    ResultsTurn,
     SendFrame,
     SetGrace,
     SetSystem,
@@ -77,7 +75,6 @@ from .inputs import (
     GraceOver,
     ImageChecked,
     Input,
-    ResultsSaid,
     RunBegan,
     RunEnded,
     RunGrew,
@@ -250,62 +247,6 @@ class SessionCore:
         del self.turn_ids[frame.keep :]
         return [CountRewind(False), SendFrame(Rewound(self.chat.turns)), SAVE]
 
-    def _on_regenerate(self, frame: Regenerate) -> Effects:
-        self._check_unused(frame.id)
-        if not self.chat.turns:
-            raise InvalidParams("the conversation holds no exchange to regenerate", id=frame.id)
-        merged = self.limits.merged(frame.params, self.defaults, frame.id)
-        turn = RegenerateTurn(self.limits.sampling(merged), self.limits.tools(merged, frame.id))
-        return [PrepareTurn(frame.id, turn, bool(merged.token_ids))]
-
-    def _on_tool_results(self, frame: ToolResults) -> Effects:
-        self._check_unused(frame.id)
-        self.limits.check_results(self.chat.pending_calls, frame.results, frame.id)
-        merged = self.limits.merged(frame.params, self.defaults, frame.id)
-        tools = self.limits.tools(merged, frame.id)
-        turn = ResultsTurn(frame.results, self.limits.sampling(merged), tools)
-        return [PrepareTurn(frame.id, turn, bool(merged.token_ids))]
-
-    def _on_prompt(self, frame: Prompt) -> Effects:
-        return self._prompt(frame.id, frame.text, frame.images, frame.params)
-
-    def _prompt(
-        self, prompt_id: str, text: str, uploads: Sequence[bytes], params: GenerationParams | None
-    ) -> Effects:
-        self._check_unused(prompt_id)
-        if not text and not uploads and not self.staged:
-            raise InvalidParams("a prompt needs text or images", id=prompt_id)
-        if self.chat.pending_calls:  # PROTOCOL.md "Tool calls": they are answered first
-            raise InvalidParams("the last reply's tool calls await their results", id=prompt_id)
-        self.limits.check_text(text, prompt_id)
-        merged = self.limits.merged(params, self.defaults, prompt_id)
-        sampling, tools = self.limits.sampling(merged), self.limits.tools(merged, prompt_id)
-        turn = PromptTurn(text, tuple(uploads), tuple(self.staged), sampling, tools)
-        return [PrepareTurn(prompt_id, turn, bool(merged.token_ids))]
-
-    def _on_converse(self, request: Converse) -> Effects:
-        self._check_unused(request.id)
-        said = [*request.history, request.user]
-        for text in [request.system or "", *(text for s in said for text in s.texts)]:
-            self.limits.check_text(text, what="a message's text")
-        return [LoadConversation(request)]
-
-    def _on_conversation_loaded(self, done: ConversationLoaded) -> Effects:
-        # the turn to answer, as a frame of a session that held the conversation
-        request, user = done.request.conversation, done.request.conversation.user
-        if isinstance(user, ResultsSaid):
-            return self._on_tool_results(ToolResults(request.id, user.results, request.params))
-        return self._prompt(request.id, user.text, user.images, request.params)
-
-    def _on_complete(self, request: Complete) -> Effects:
-        self._check_unused(request.id)
-        if not request.text and not request.ids:
-            raise InvalidParams("a prompt needs text or token ids", id=request.id)
-        self.limits.check_text(request.text or "", request.id)
-        merged = self.limits.merged(request.params, self.defaults, request.id)
-        turn = CompletionTurn(request.text, request.ids, self.limits.sampling(merged))
-        return [PrepareTurn(request.id, turn, bool(merged.token_ids))]
-
     def _on_turn_prepared(self, done: TurnPrepared) -> Effects:
         request = done.request
         effects = self._launch(request.id, done.prepared, request.token_ids)
@@ -314,10 +255,6 @@ class SessionCore:
         if isinstance(request.turn, RegenerateTurn):
             effects.append(CountRewind(True))
         return effects
-
-    def _check_unused(self, frame_id: str) -> None:
-        if frame_id in self.used_ids:
-            raise InvalidParams(f"id {frame_id!r} was already used in this session", id=frame_id)
 
     def _launch(self, run_id: str, prepared: PreparedTurn, token_ids: bool) -> Effects:
         """Queue the run (``overloaded`` when the queue is full), its id used from now on."""
@@ -380,7 +317,7 @@ class SessionCore:
         return [END_GRACE]
 
 
-S = SessionCore
+S, T = SessionCore, turn_requests  # the core's own handlers; the requests for a turn
 # an input a state does not list is our bug: it cannot come there
 UNEXPECTED: Rules = dict.fromkeys([*CLIENT_FRAMES.values(), *INPUTS], S._misuse)
 # what a connection may send while a run waits or goes on
@@ -413,19 +350,19 @@ DROPPED: Rules = dict.fromkeys([*CLIENT_FRAMES.values(), *INPUTS], S._drop)
 SessionCore.RULES = {
     IDLE: {
         **UNEXPECTED,
-        Prompt: S._on_prompt,
+        Prompt: T.on_prompt,
         Image: S._on_image,
         Cancel: S._cancel_finished,
         Reset: S._on_reset,
         Ping: S._on_ping,
         Configure: S._on_configure,
         Rewind: S._on_rewind,
-        Regenerate: S._on_regenerate,
-        ToolResults: S._on_tool_results,
-        Converse: S._on_converse,
-        Complete: S._on_complete,
+        Regenerate: T.on_regenerate,
+        ToolResults: T.on_tool_results,
+        Converse: T.on_converse,
+        Complete: T.on_complete,
         SystemSet: S._on_system_set,
-        ConversationLoaded: S._on_conversation_loaded,
+        ConversationLoaded: T.on_conversation_loaded,
         TurnPrepared: S._on_turn_prepared,
         GraceOver: S._drop,
         **WHILE_OPEN,
