@@ -78,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="MiB of RAM for the KV of prompts no slot holds any more (default: llama.cpp's)",
     )
     parser.add_argument(
+        "--slot-dir",
+        type=Path,
+        default=argparse.SUPPRESS,
+        help="a folder for the slots' save, restore and erase actions (POST /slots/ID?action=); "
+        "without it llama.cpp refuses them",
+    )
+    parser.add_argument(
         "--alias",
         default=argparse.SUPPRESS,
         help=f"the model name /v1/models gives (default: {EMBEDDED_ALIAS} for the embedded "
@@ -122,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     params.swa_full = args.swa_full
     if hasattr(args, "cache_ram_mib"):
         params.cache_ram_mib = args.cache_ram_mib
+    if hasattr(args, "slot_dir"):
+        params.slot_save_path = str(args.slot_dir)
     params.verbosity = args.verbosity
     params.endpoint_slots = True
     params.endpoint_metrics = True

@@ -1,11 +1,13 @@
-"""One fixture, ``chat_url``: a real server on each engine the protocol is served from, so the
-same tests hold every engine to PROTOCOL.md. The tiny random model runs on the batched and the
-generate engines; the openai engine is in front of llama.cpp's server on the embedded GGUF
-(started once per run: the ``llama`` fixture)."""
+"""``chat_url``: a real server on each engine the protocol is served from, so the same tests
+hold every engine to PROTOCOL.md; ``forget_engine_cache`` for the tests that compare replies.
+The tiny random model runs on the batched and the generate engines; the openai engine is in
+front of llama.cpp's server on the embedded GGUF (started once per run: the ``llama``
+fixture)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import pytest
@@ -43,3 +45,22 @@ async def chat_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
             yield url
     finally:
         await engine.aclose()
+
+
+@pytest.fixture
+def forget_engine_cache(
+    chat_url: str, request: pytest.FixtureRequest
+) -> Callable[[], Awaitable[None]]:
+    """Drop what the engine behind ``chat_url`` keeps of earlier prompts. llama.cpp computes a
+    reused prefix in other batch shapes than a whole prefill, so a greedy reply may part from
+    a fresh one's after a near tie (its prompt cache off, they agree): erasing its slots lets a
+    test compare the prompts we send by their replies. The in-process engines' reuse is exact,
+    so there it does nothing and the reuse stays under test."""
+    engine = request.node.callspec.params["chat_url"]
+    llama = request.getfixturevalue("live_llama") if engine == "openai" else None
+
+    async def forget() -> None:
+        if llama is not None:
+            await asyncio.to_thread(llama.erase_slots)
+
+    return forget

@@ -4,6 +4,7 @@ and ``done.turn`` numbers its exchanges."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tests.support import RawPeer, raw_peer
@@ -14,24 +15,31 @@ GREEDY = {"max_new_tokens": 6, "temperature": 0.0}
 TURNS = ("Name a colour.", "Name a fruit.", "Name a city.")
 
 
-async def turns(peer: RawPeer, *texts: str) -> list[dict[str, Any]]:
-    """One greedy exchange per text, prompted ``t1``, ``t2``, ...; their ``done`` frames."""
+Forget = Callable[[], Awaitable[None]]
+
+
+async def turns(peer: RawPeer, *texts: str, forget: Forget) -> list[dict[str, Any]]:
+    """One greedy exchange per text, prompted ``t1``, ``t2``, ...; their ``done`` frames. The
+    engine forgets its cached prompts before each (``forget_engine_cache``)."""
     done = []
     for i, text in enumerate(texts, 1):
+        await forget()
         done.append((await prompt(peer, f"t{i}", text, **GREEDY))[-1])
     return done
 
 
 async def test_a_rewind_then_a_prompt_is_a_fresh_conversation_of_the_kept_turns(
-    chat_url: str,
+    chat_url: str, forget_engine_cache: Forget
 ) -> None:
+    forget = forget_engine_cache
     async with raw_peer(chat_url) as (peer, _):
-        done = await turns(peer, *TURNS)
+        done = await turns(peer, *TURNS, forget=forget)
         await peer.send({"type": "rewind", "keep": 1})
         rewound = await peer.recv()
+        await forget()
         after = (await prompt(peer, "b", "Name an animal.", **GREEDY))[-1]
     async with raw_peer(chat_url) as (peer, _):
-        fresh = (await turns(peer, TURNS[0], "Name an animal."))[-1]
+        fresh = (await turns(peer, TURNS[0], "Name an animal.", forget=forget))[-1]
     assert [d["turn"] for d in done] == [1, 2, 3]
     assert rewound == {"type": "rewound", "turns": 1}
     assert after["turn"] == fresh["turn"] == 2
@@ -40,15 +48,18 @@ async def test_a_rewind_then_a_prompt_is_a_fresh_conversation_of_the_kept_turns(
 
 
 async def test_a_regenerate_with_the_same_greedy_params_gives_the_same_reply(
-    chat_url: str,
+    chat_url: str, forget_engine_cache: Forget
 ) -> None:
+    forget = forget_engine_cache
     async with raw_peer(chat_url) as (peer, _):
-        _, second = await turns(peer, *TURNS[:2])
+        _, second = await turns(peer, *TURNS[:2], forget=forget)
+        await forget()
         await peer.send({"type": "regenerate", "id": "r", "params": GREEDY})
         frames = await peer.recv_until("done")
+        await forget()
         after = (await prompt(peer, "c", TURNS[2], **GREEDY))[-1]
     async with raw_peer(chat_url) as (peer, _):
-        unbroken = (await turns(peer, *TURNS))[-1]
+        unbroken = (await turns(peer, *TURNS, forget=forget))[-1]
     again = frames[-1]
     assert frames[0]["type"] == "start" and frames[0]["id"] == "r"
     assert (again["turn"], again["text"]) == (2, second["text"])
@@ -85,14 +96,15 @@ async def test_rewind_and_regenerate_are_refused_as_the_spec_says(chat_url: str)
 
 
 async def test_a_regenerate_with_the_same_seed_gives_the_same_sampled_reply_another_seed_not(
-    chat_url: str,
+    chat_url: str, forget_engine_cache: Forget
 ) -> None:
     sampled = {"max_new_tokens": 8, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
     replies = []
     async with raw_peer(chat_url) as (peer, _):
-        await turns(peer, "Tell me a word.")
+        await turns(peer, "Tell me a word.", forget=forget_engine_cache)
         for i, seed in enumerate((1, 1, 2)):
             params = {**sampled, "seed": seed}
+            await forget_engine_cache()
             await peer.send({"type": "regenerate", "id": f"r{i}", "params": params})
             replies.append((await peer.recv_until("done"))[-1])
     same, again, other = (r["text"] for r in replies)

@@ -53,6 +53,8 @@ class LlamaServer:
             "--ctx",
             str(SLOTS * SLOT_CONTEXT),
             "--swa-full",
+            "--slot-dir",
+            str(self.log.parent),
         ]
         with self.log.open("ab") as sink:
             self.process = subprocess.Popen(
@@ -80,6 +82,15 @@ class LlamaServer:
 
     def busy_slots(self) -> int:
         return sum(1 for slot in self.slots() if slot.get("is_processing"))
+
+    def erase_slots(self) -> None:
+        """Forget every slot's cached prompt (``POST /slots/{id}?action=erase``), so the next
+        prompt is prefilled whole."""
+        for slot in self.slots():
+            response = httpx.post(
+                f"{self.url}/slots/{slot['id']}", params={"action": "erase"}, timeout=TIMEOUT
+            )
+            response.raise_for_status()
 
     def predicted_tokens(self) -> int:
         """Tokens the server has generated since it started, a reply given up included
