@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,13 @@ EMBEDDED_ABOUT = (
     f"A small base model: {EMBEDDED_ANSWERED[0]} of {EMBEDDED_ANSWERED[1]} plain questions right "
     "in our test. Expect mistakes; no code or long reasoning."
 )
+
+
+def default_cache_dir() -> Path:
+    """Where the embedded model's files are kept (its GGUF, the local engines' converted folder,
+    the gateway's tokenizer) when no ``--cache-dir`` is given: one folder for every engine."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "wschat"
 
 
 @contextlib.contextmanager

@@ -101,8 +101,8 @@ def _local(make: LocalMaker) -> Callable[[Settings], Engine]:
 
 def _connect_openai(settings: Settings) -> Engine:
     """No model here: the gateway's tokenizer, and an engine that answers over HTTP."""
+    from ..engine.embedded import default_cache_dir
     from ..engine.openai import OpenAIEngineConfig, connect
-    from ..engine.openai.tokenizer import default_cache_dir
 
     return connect(
         OpenAIEngineConfig(
@@ -121,7 +121,8 @@ def _connect_openai(settings: Settings) -> Engine:
 
 def _start_llamacpp(settings: Settings) -> Engine:
     """llama.cpp's server, started and supervised here, with the openai engine in front."""
-    from ..engine.openai.tokenizer import EMBEDDED, default_cache_dir
+    from ..engine.embedded import default_cache_dir
+    from ..engine.openai.tokenizer import EMBEDDED
     from .supervisor import LlamaCppConfig, LlamaCppServer, launch
 
     config = LlamaCppConfig(

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from wschat.server.engine.local.embedded_model import default_cache_dir
+from wschat.server.engine.embedded import default_cache_dir
 
 from tests.readme import readme_setup_command, readme_venv_command
 from tests.support import command_until_ready, free_port, run_ask

@@ -14,6 +14,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 from wschat.server.engine import SchemaRefused
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.engine.grammar import (
     GrammarCompiler,
     GrammarMatcher,
@@ -21,7 +22,7 @@ from wschat.server.engine.grammar import (
 )
 from wschat.server.engine.grammar_vocab import llg_tokenizer, tokenizer_json_of
 from wschat.server.engine.local.grammar_mask import allocate_bitmask, token_allowed
-from wschat.server.engine.openai.tokenizer import default_cache_dir, embedded_tokenizer
+from wschat.server.engine.openai.tokenizer import embedded_tokenizer
 
 SCHEMAS = json.loads((Path(__file__).parents[2] / "bench" / "schemas.json").read_text())
 FORMATS = {entry["name"]: entry for entry in SCHEMAS["formats"]}

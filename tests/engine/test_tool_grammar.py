@@ -12,8 +12,9 @@ import pytest
 from tokenizers import Tokenizer
 from wschat.protocol import ToolSpec
 from wschat.server.engine import SamplingParams, ToolUse
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.engine.grammar import GrammarCompiler, ResponseFormat
-from wschat.server.engine.openai.tokenizer import default_cache_dir, embedded_tokenizer
+from wschat.server.engine.openai.tokenizer import embedded_tokenizer
 from wschat.server.engine.tool_grammar import held_to_tools, tool_lark
 
 VOCAB = 262_144

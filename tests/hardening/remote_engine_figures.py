@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.engine.openai.dialect import LLAMA_CPP
-from wschat.server.engine.openai.tokenizer import default_cache_dir, load_tokenizer
+from wschat.server.engine.openai.tokenizer import load_tokenizer
 
 from tests.fakes.openai_engine import (
     Answer,

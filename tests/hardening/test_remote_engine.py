@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.engine.openai import OpenAIEngine
 from wschat.server.engine.openai.client import ERROR_BODY_BYTES, EngineHttp
 from wschat.server.engine.openai.dialect import LLAMA_CPP, VLLM, Dialect
@@ -19,7 +20,6 @@ from wschat.server.engine.openai.engine import CHUNK_TEXT_BYTES
 from wschat.server.engine.openai.startup import gateway_format
 from wschat.server.engine.openai.tokenizer import (
     GatewayTokenizer,
-    default_cache_dir,
     load_tokenizer,
 )
 

@@ -7,9 +7,9 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.engine.openai import OpenAIEngine, OpenAIEngineConfig, connect
 from wschat.server.engine.openai.dialect import AUTO
-from wschat.server.engine.openai.tokenizer import default_cache_dir
 
 from tests.fakes.openai_engine import MisbehavingEngine
 

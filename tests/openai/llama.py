@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.engine.openai import OpenAIEngineConfig
-from wschat.server.engine.openai.tokenizer import default_cache_dir
 
 from tests.support import ROOT, TIMEOUT
 

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.engine.openai.dialect import LLAMA_CPP, VLLM
 from wschat.server.engine.openai.tokenizer import (
     GatewayTokenizer,
-    default_cache_dir,
     load_tokenizer,
 )
 

@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.engine.openai import OpenAIEngine
 from wschat.server.engine.openai.dialect import AUTO, SGLANG, VLLM
 from wschat.server.engine.openai.startup import DETECTED_MAX_IMAGES
 from wschat.server.engine.openai.tokenizer import (
     GatewayTokenizer,
-    default_cache_dir,
     load_tokenizer,
 )
 

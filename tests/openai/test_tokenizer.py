@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.engine.openai.startup import PROBE
 from wschat.server.engine.openai.tokenizer import (
     TokenizerError,
-    default_cache_dir,
     gguf_path,
     load_tokenizer,
 )

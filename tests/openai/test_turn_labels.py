@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.engine.openai.dialect import LLAMA_CPP, VLLM
 from wschat.server.engine.openai.tokenizer import (
     GatewayTokenizer,
-    default_cache_dir,
     load_tokenizer,
 )
 

@@ -21,6 +21,7 @@ from wschat.server.engine import (
     SamplingParams,
     Turn,
 )
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.engine.formats import GemmaTurns, Transcript
 from wschat.server.engine.history import Conversation
 from wschat.server.engine.openai.client import EngineHttp
@@ -28,7 +29,6 @@ from wschat.server.engine.openai.dialect import LLAMA_CPP, VLLM, Dialect
 from wschat.server.engine.openai.engine import CHAT_PATH, OpenAIEngine, vision_tokens
 from wschat.server.engine.openai.tokenizer import (
     GatewayTokenizer,
-    default_cache_dir,
     load_tokenizer,
 )
 from wschat.server.engine.openai.vision import (

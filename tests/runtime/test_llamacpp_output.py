@@ -9,7 +9,7 @@ import logging
 import sys
 
 import pytest
-from wschat.server.engine.openai.tokenizer import default_cache_dir
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.runtime.llamacpp_output import HARMLESS
 from wschat.server.runtime.supervisor import LlamaCppConfig, LlamaCppServer, launch
 

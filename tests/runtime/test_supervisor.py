@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+from wschat.server.engine.embedded import default_cache_dir
 from wschat.server.engine.openai import OpenAIEngine
 from wschat.server.engine.openai.client import EngineHttp
-from wschat.server.engine.openai.tokenizer import default_cache_dir
 from wschat.server.runtime.supervisor import (
     FIRST_RETRY_S,
     MAX_RETRY_S,
@@ -309,7 +309,7 @@ def test_the_client_follows_a_server_that_moved() -> None:
 _PARENT = """
 import sys
 from wschat.server.runtime.supervisor import LlamaCppConfig, LlamaCppServer
-from wschat.server.engine.openai.tokenizer import default_cache_dir
+from wschat.server.engine.embedded import default_cache_dir
 server = LlamaCppServer(LlamaCppConfig("embedded", default_cache_dir(), 1, 1, 512))
 server.start()
 print(server.pid, flush=True)

@@ -6,14 +6,13 @@ read from there by the loader, the dev models' tokenizer and the bench.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from pathlib import Path
 
 import torch
 
-from ..embedded import cache_lock, embedded_gguf
+from ..embedded import cache_lock, default_cache_dir, embedded_gguf
 from .ticker import Ticker
 
 log = logging.getLogger("wschat.loader")
@@ -21,11 +20,6 @@ log = logging.getLogger("wschat.loader")
 EMBEDDED = "embedded"
 EMBEDDED_NAME = "gemma-3-270m (embedded, from GGUF Q4_K_M)"
 _CONVERTED_MARKER = "wschat-converted.json"
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "wschat"
 
 
 def embedded_model_dir(cache_dir: Path | None = None) -> Path:

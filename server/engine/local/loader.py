@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from ..embedded import default_cache_dir
 from ..formats import looks_instruction_tuned
-from .embedded_model import EMBEDDED, EMBEDDED_NAME, default_cache_dir, embedded_model_dir
+from .embedded_model import EMBEDDED, EMBEDDED_NAME, embedded_model_dir
 from .packed import pack_model
 from .precision import Packing, Precision, pick_precision
 

@@ -70,12 +70,6 @@ class GatewayTokenizer:
         return frozenset(i for t, i in self.vocab().items() if "\n" in t or t == "<0x0A>")
 
 
-def default_cache_dir() -> Path:
-    """Where the embedded files are kept: the same folder as the in-process engines'."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "wschat"
-
-
 def load_tokenizer(spec: str, cache_dir: Path) -> GatewayTokenizer:
     """``spec``: ``embedded``, a ``tokenizer.json`` file or a folder that holds one."""
     if spec == EMBEDDED:
