@@ -194,7 +194,7 @@ async def test_another_owners_response_is_not_found_as_one_that_never_was() -> N
     ("field", "value", "param"),
     [
         ("tools", [{"type": "web_search"}], "tools[0].type"),
-        ("text", {"format": {"type": "json_schema", "name": "x", "schema": {}}}, "text.format"),
+        ("prompt", {"id": "pmpt_1"}, "prompt"),
         ("input", [{"type": "item_reference", "id": "msg_1"}], "input[0].type"),
         ("background", True, "background"),
     ],

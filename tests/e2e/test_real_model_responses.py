@@ -1,7 +1,8 @@
 """The embedded Gemma 3 270M through the Responses API's WebSocket mode (the SDK's
 ``responses.connect()``): a two-turn conversation continued by ``previous_response_id`` gets
 the replies the msgpack WebSocket gets for the same turns, token for token, and its second turn
-reads the first from the KV cache."""
+reads the first from the KV cache; a strict ``text.format`` reply parses into a pydantic model
+(the SDK's ``responses.parse``), as the chat API's ``response_format`` does."""
 
 from __future__ import annotations
 
@@ -56,3 +57,20 @@ async def test_a_continuation_on_the_socket_is_the_msgpack_sessions_conversation
     first, second = (r.usage for r in responses)
     assert second.input_tokens == dones[1]["usage"]["prompt_tokens"]
     assert second.input_tokens_details.cached_tokens >= first.input_tokens + first.output_tokens - 1
+
+
+async def test_a_strict_text_format_reply_parses_into_a_pydantic_model() -> None:
+    from tests.api.test_structured_output import Fruit
+
+    async with asyncio.timeout(600):
+        engine = await asyncio.to_thread(embedded_engine)
+    try:
+        async with running_server(engine) as url, async_client(url) as client:
+            for text in ("Describe a banana.", "Describe a cherry."):
+                response = await client.responses.parse(
+                    model="embedded", input=text, text_format=Fruit, max_output_tokens=96
+                )
+                assert response.status == "completed", response.output_text
+                assert isinstance(response.output_parsed, Fruit)
+    finally:
+        await engine.aclose()

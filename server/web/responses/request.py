@@ -5,9 +5,11 @@ Mapped: ``input`` (a string, or items: messages whose content is a string or ``i
 ``input_image`` parts, an assistant's ``output_text``; ``function_call`` items, a reply's calls;
 ``function_call_output`` items, their results), ``instructions``, ``max_output_tokens``,
 ``temperature``, ``top_p``, ``tools`` (functions), ``tool_choice``, ``parallel_tool_calls`` (read
-as the chat API reads its own: openai_api/tool_fields.py), ``store``, ``previous_response_id``,
-``metadata`` (echoed) and, over HTTP, ``stream``. Refused unless neutral, each naming its field:
-``text.format`` other than text, ``background``, ``conversation``, ``prompt``, ``include``,
+as the chat API reads its own: openai_api/tool_fields.py), ``text.format`` (``text``,
+``json_object`` or ``json_schema``: the chat API's ``response_format``, the prompt frame's
+``params.response_format``), ``store``, ``previous_response_id``, ``metadata`` (echoed) and, over
+HTTP, ``stream``. Refused unless neutral, each naming its field: ``background``,
+``conversation``, ``prompt``, ``include``,
 ``top_logprobs``, ``reasoning``, ``truncation: auto``, ``context_management`` and ``generate:
 false``. Any other field (``user``, ``service_tier``, ``prompt_cache_key``, ...) is ignored.
 
@@ -19,10 +21,17 @@ sampling field and of an image's data URI this uses).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from wschat.protocol import GenerationParams, ToolResult, parse_params
+from wschat.protocol import (
+    GenerationParams,
+    InvalidParams,
+    OutputFormat,
+    ToolResult,
+    parse_params,
+    parse_response_format,
+)
 
 from ...engine import FunctionCall
 from ...sessions import ReplySaid, ResultsSaid, Said, UserSaid
@@ -70,7 +79,7 @@ class CreateBody:
     previous_response_id: str | None
     store: bool
     stream: bool
-    # max_output_tokens, temperature, top_p, tools, tool_choice, metadata: as sent
+    # max_output_tokens, temperature, top_p, tools, tool_choice, metadata, text: as sent
     echoed: dict[str, Any]
 
 
@@ -85,6 +94,9 @@ def create_body(body: Any, settings: Settings) -> CreateBody:
     tools = tool_params(_chat_tool_fields(body))
     if tools:  # checked as they were read (tool_fields.py)
         params = parse_params({**params.to_wire(), **tools})
+    format_ = _output_format(body.get("text"))
+    if format_ is not None:
+        params = replace(params, response_format=format_)
     return CreateBody(
         system,
         said,
@@ -96,6 +108,7 @@ def create_body(body: Any, settings: Settings) -> CreateBody:
         {
             **{name: body.get(name) for name in (*SAMPLING, "tools", "tool_choice")},
             "metadata": _metadata(body.get("metadata")),
+            "text": {"format": body["text"]["format"] if format_ else {"type": "text"}},
         },
     )
 
@@ -108,15 +121,31 @@ def _refuse_unserved(body: Mapping[str, Any]) -> None:
         value = body.get(name)
         if not any(value is n or (value == n and type(value) is type(n)) for n in neutral):
             raise unsupported(f"{name} {shown(value)} is not supported", name)
-    text = body.get("text")
-    if text is not None and not isinstance(text, Mapping):
-        raise invalid("text must be an object", "text")
-    format_ = text.get("format") if text else None
-    if format_ is not None and (not isinstance(format_, Mapping) or format_.get("type") != "text"):
-        raise unsupported("text.format other than text is not supported", "text.format")
     reasoning = body.get("reasoning")
     if isinstance(reasoning, Mapping) and any(v is not None for v in reasoning.values()):
         raise unsupported("reasoning is not supported: the model does not reason", "reasoning")
+
+
+def _output_format(text: Any) -> OutputFormat | None:
+    """``text.format`` read as the chat API's ``response_format`` is, the prompt frame's checks
+    (protocol/response_format.py) refusing it under its own name; None: plain text."""
+    if text is not None and not isinstance(text, Mapping):
+        raise invalid("text must be an object", "text")
+    format_ = text.get("format") if text else None
+    if format_ is None:
+        return None
+    if not isinstance(format_, Mapping):
+        raise invalid("text.format must be an object", "text.format")
+    kind = format_.get("type")
+    if kind == "text":
+        return None
+    fields = {k: v for k, v in format_.items() if k != "type"}
+    ours = {"type": kind, "json_schema": fields} if kind == "json_schema" else dict(format_)
+    try:
+        return parse_response_format(ours)
+    except InvalidParams as e:
+        message = str(e).replace("response_format.json_schema", "text.format")
+        raise invalid(message.replace("response_format", "text.format"), "text.format") from None
 
 
 def _chat_tool_fields(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -93,7 +93,7 @@ class ResponseShape:
             "reasoning": {"effort": None, "summary": None},
             "store": body.store,
             "temperature": body.echoed["temperature"],
-            "text": {"format": {"type": "text"}},
+            "text": body.echoed["text"],
             "tool_choice": body.echoed["tool_choice"] or "auto",
             "tools": body.echoed["tools"] or [],
             "top_p": body.echoed["top_p"],
