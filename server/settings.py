@@ -20,6 +20,8 @@ DTYPES = (
     "float16",
     "fp16-weights",
     "bf16-packed",
+    "fp16-int8head",
+    "bf16-int8head",
     "fp32",
     "bf16",
     "fp16",
@@ -62,8 +64,8 @@ class Settings:
     )
     cache_dir: Path | None = option(
         None,
-        "where the embedded model is converted and cached "
-        "(default: $XDG_CACHE_HOME/wschat or ~/.cache/wschat)",
+        "where the embedded model is converted and cached, and the int8 head's compiled "
+        "kernel (under inductor/) (default: $XDG_CACHE_HOME/wschat or ~/.cache/wschat)",
     )
     device: str = option(
         "auto", "`auto` (cuda when available, else cpu), `cpu`, `cuda` or `cuda:N`"
@@ -71,9 +73,11 @@ class Settings:
     dtype: str = option(
         "auto",
         "how the weights and the arithmetic are held: `auto` (the default) picks per device and "
-        "logs why: on a CPU with AMX `bf16-packed` (bf16 weights reordered once for oneDNN), on "
-        "other x86 CPUs `fp16-weights` (fp16 weights packed for fbgemm, float32 arithmetic), on "
-        "a GPU `bfloat16`; or `float32`, `bfloat16`, `float16`",
+        "logs why: on a CPU with AMX `bf16-int8head` (bf16 weights reordered once for oneDNN, "
+        "the output head in int8 through a kernel compiled at the first start), on other x86 "
+        "CPUs `fp16-int8head` (fp16 weights packed for fbgemm, float32 arithmetic, the head in "
+        "int8), on a GPU `bfloat16`; or `bf16-packed`, `fp16-weights` (the head as the rest), "
+        "`float32`, `bfloat16`, `float16`",
     )
     # a kind of runtime/engines.py ENGINE_KINDS, each described here (a test checks); batched ahead
     # of generate from 4 concurrent streams on (bench/ measures both)

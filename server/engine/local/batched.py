@@ -124,6 +124,7 @@ class BatchedEngine:
         self.text_tokenizer = self.single.text_tokenizer
         self.model = loaded.model
         self.width = width
+        loaded.prepare(width)
         self.runner = ModelRunner(loaded, width)
         self.scheduler: Scheduler[BatchRow] = Scheduler(
             self.runner, width, prefill_tokens=prefill_tokens, gather_s=gather_s

@@ -94,6 +94,7 @@ class HFEngine:
         with its own); ``fills_openings``: whether its generations keep their prompt's opening
         there (the batched engine's image path does not: its openings are the batch's form)."""
         self.loaded = loaded
+        loaded.prepare(1)  # generate's forwards take the head one row at a time
         self.threads = threads or ThreadPolicy()
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer

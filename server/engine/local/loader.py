@@ -15,6 +15,8 @@ import torch
 from ..embedded import default_cache_dir
 from ..formats import looks_instruction_tuned
 from .embedded_model import EMBEDDED, EMBEDDED_NAME, embedded_model_dir
+from .int8head import Int8Head
+from .int8head import prepare as prepare_head
 from .packed import pack_model
 from .precision import Packing, Precision, pick_precision
 
@@ -33,10 +35,16 @@ class LoadedModel:
     instruction_tuned: bool = False
     # How the weights are held, as --dtype names it (precision.py); the dtype's name if unset
     precision: str = ""
+    cache_dir: Path | None = None  # where compiled kernels are cached (under inductor/)
 
     @property
     def precision_name(self) -> str:
         return self.precision or str(self.dtype).removeprefix("torch.")
+
+    def prepare(self, rows: int) -> None:
+        """Compile what runs compiled (an int8 head) for forwards of up to ``rows`` rows: at
+        start, before any reply waits for it."""
+        prepare_head(self.model, rows, self.cache_dir or default_cache_dir())
 
     @property
     def has_vision(self) -> bool:
@@ -132,7 +140,8 @@ def load_model(
     _place_for_inference(model, device)
     if precision.packing is not None:
         packed = pack_model(model, precision)
-        log.info("packed %d Linear layers (%s)", packed, precision.packing.value)
+        head = ", the head in int8" if isinstance(model.lm_head, Int8Head) else ""
+        log.info("packed %d Linear layers (%s%s)", packed, precision.packing.value, head)
     seconds = time.perf_counter() - started
     log.info(
         "loaded %s on %s as %s (attention %s) in %.1f s",
@@ -152,6 +161,7 @@ def load_model(
         precision.dtype,
         instruction_tuned,
         precision.name,
+        cache_dir,
     )
 
 

@@ -2,7 +2,8 @@
 why), and the model surgery that puts them in place.
 
 ``pack_model`` replaces every ``nn.Linear`` of the text decoder and the output head (a Gemma 3
-decoder layer's projections fused, ``fused.py``). Gemma 3 ties
+decoder layer's projections fused, ``fused.py``; the head in int8 where the precision says so,
+``int8head.py``). Gemma 3 ties
 the head to the embedding; once the head has a packed copy of its own, the embedding is only a
 lookup table, left in the dtype it was saved in: a step reads a few of its rows, not all of them.
 The vision tower keeps plain weights: it multiplies thousands of patch rows at once, where the
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .fused import fusable, fuse_layer
+from .int8head import Int8Head
 from .precision import Packing, Precision
 
 log = logging.getLogger("wschat.engine.packed")
@@ -116,7 +118,14 @@ def pack_model(model: Any, precision: Precision) -> int:
     read: list[torch.Tensor] = [embedding.weight]  # the head's weight, tied to it
     packed = 0
     with torch.no_grad():
-        model.lm_head = kind(model.lm_head)
+        head = model.lm_head
+        int8 = precision.int8_head and head.weight.numel() >= precision.int8_head_min
+        if precision.int8_head and not int8:
+            log.info(
+                "the head stays %s: %.1fM weights, under the %dM an int8 head needs",
+                precision.packing.value, head.weight.numel() / 2**20, precision.int8_head_min >> 20,
+            )  # fmt: skip
+        model.lm_head = Int8Head(head, precision.dtype) if int8 else kind(head)
         packed += 1
         for layer in getattr(text, "layers", ()):
             if fusable(layer):

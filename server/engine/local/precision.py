@@ -9,20 +9,26 @@ float16        float16                                     float16              
 fp16-weights   float16, packed once for fbgemm             float32                    x86 CPUs
 bf16-packed    bfloat16, reordered once for oneDNN         bfloat16                   CPUs with
                                                                                       AVX512-BF16
+fp16-int8head  as fp16-weights, the head in int8           float32 (the head's        x86 CPUs
+               (``int8head.py``)                           input: bfloat16)
+bf16-int8head  as bf16-packed, the head in int8            bfloat16                   CPUs with
+                                                                                      AVX512-BF16
 =============  ==========================================  =========================  ==========
 
 A decode step reads every weight once for a handful of rows, so on a CPU its time is the bytes
 of the weights over the memory bandwidth: two-byte weights in a layout the kernel streams
-without reshuffling are what make it fast. ``auto`` on a CPU:
+without reshuffling are what make it fast. ``auto`` on a CPU, by its class (``host_class``):
 
-- with AMX (bf16 matrix units): ``bf16-packed``. oneDNN's kernels read the pre-reordered weight
+- AMX (bf16 matrix units): ``bf16-int8head``. oneDNN's kernels read the pre-reordered weight
   as fast as fbgemm's fp16 one for a single row, and its matrix units run the many rows of a
-  batch or a prefill several times faster than fbgemm, which widens every fp16 value to float32
-  before it multiplies;
-- other x86 CPUs (fbgemm is there), AVX512-BF16 ones without AMX included: ``fp16-weights``,
-  float32 arithmetic on half the bytes, far faster than plain bf16 where the CPU has no bf16
-  matrix units;
+  batch or a prefill several times faster than fbgemm, which widens every fp16 value to
+  float32 before it multiplies;
+- AVX512 without AMX, and AVX2: ``fp16-int8head``, float32 arithmetic on half the bytes, far
+  faster than plain bf16 where the CPU has no bf16 matrix units;
 - elsewhere: ``float32``.
+
+On x86 the head is in int8 (half the bytes of the largest weight, compiled when the engine
+starts: ``int8head.py``).
 
 On CUDA ``auto`` is bf16 (fp16 where the GPU lacks bf16). ``python -m bench`` compares the
 choices on the host it runs on. Packing is ``packed.py``.
@@ -31,11 +37,16 @@ choices on the host it runs on. Packing is ``packed.py``.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 
 import torch
 
 AUTO = "auto"
+AMX, AVX512, AVX2, OTHER = "amx", "avx512", "avx2", "other"  # host_class's answers
+# auto puts a head of fewer weights in the Linear layers' packing: a few MB read a step gain
+# little, and its compile costs a minute of a first start (the embedded model's has 168M)
+INT8_HEAD_MIN = 32 * 2**20
 
 
 class Packing(enum.Enum):
@@ -51,6 +62,8 @@ class Precision:
     dtype: torch.dtype  # of the activations, norms and KV cache
     packing: Packing | None = None
     reason: str = ""  # why this one: for the start-up log
+    int8_head: bool = False  # the output head in int8 (int8head.py), the rest as ``packing``
+    int8_head_min: int = 0  # ... if it has at least this many weights (auto: INT8_HEAD_MIN)
 
 
 PLAIN = {
@@ -59,9 +72,11 @@ PLAIN = {
     "float16": torch.float16,
 }
 ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-PACKED = {
-    "fp16-weights": (torch.float32, Packing.FBGEMM_FP16),
-    "bf16-packed": (torch.bfloat16, Packing.ONEDNN_BF16),
+PACKED = {  # name: (compute dtype, the Linear layers' packing, the head in int8)
+    "fp16-weights": (torch.float32, Packing.FBGEMM_FP16, False),
+    "bf16-packed": (torch.bfloat16, Packing.ONEDNN_BF16, False),
+    "fp16-int8head": (torch.float32, Packing.FBGEMM_FP16, True),
+    "bf16-int8head": (torch.bfloat16, Packing.ONEDNN_BF16, True),
 }
 # What --dtype accepts (settings.DTYPES repeats it without importing torch; a test checks both).
 CHOICES = (AUTO, *PLAIN, *PACKED, *ALIASES)
@@ -77,11 +92,11 @@ def pick_precision(requested: str, device: str) -> Precision:
         return Precision(name, PLAIN[name], reason="asked for with --dtype")
     if name not in PACKED:
         raise ValueError(f"unknown dtype {requested!r}; use one of {', '.join(CHOICES)}")
-    dtype, packing = PACKED[name]
+    dtype, packing, int8_head = PACKED[name]
     why_not = packing_unavailable(packing, device)
     if why_not:
         raise ValueError(f"--dtype {name} cannot run here: {why_not}")
-    return Precision(name, dtype, packing, "asked for with --dtype")
+    return Precision(name, dtype, packing, "asked for with --dtype", int8_head)
 
 
 def _auto(device: str) -> Precision:
@@ -91,23 +106,34 @@ def _auto(device: str) -> Precision:
         return Precision("float16", torch.float16, reason="auto: a GPU without bf16")
     if device != "cpu":
         return Precision("float32", torch.float32, reason=f"auto: float32 on {device}")
-    if cpu_has_amx() and not packing_unavailable(Packing.ONEDNN_BF16, device):
+    host = host_class()
+    if host == AMX and not packing_unavailable(Packing.ONEDNN_BF16, device):
         return Precision(
-            "bf16-packed",
+            "bf16-int8head",
             torch.bfloat16,
             Packing.ONEDNN_BF16,
             "auto: the CPU has AMX bf16 units; Linear weights in bf16, reordered once for "
-            "oneDNN's kernels",
+            f"oneDNN's kernels; {_INT8_HEAD_REASON}",
+            int8_head=True,
+            int8_head_min=INT8_HEAD_MIN,
         )
-    if not packing_unavailable(Packing.FBGEMM_FP16, device):
+    if host in (AMX, AVX512, AVX2) and not packing_unavailable(Packing.FBGEMM_FP16, device):
         return Precision(
-            "fp16-weights",
+            "fp16-int8head",
             torch.float32,
             Packing.FBGEMM_FP16,
-            "auto: an x86 CPU without AMX; Linear weights in float16 packed once for fbgemm, "
-            "float32 arithmetic",
+            f"auto: a CPU of the {host} class, no AMX in use; Linear weights in float16 packed "
+            f"once for fbgemm, float32 arithmetic; {_INT8_HEAD_REASON}",
+            int8_head=True,
+            int8_head_min=INT8_HEAD_MIN,
         )
     return Precision("float32", torch.float32, reason="auto: no packed kernels on this CPU")
+
+
+_INT8_HEAD_REASON = (
+    "the output head in int8 through a compiled kernel (half its bytes) if it has 32M weights "
+    "or more"
+)
 
 
 def packing_unavailable(packing: Packing, device: str) -> str | None:
@@ -125,6 +151,19 @@ def packing_unavailable(packing: Packing, device: str) -> str | None:
     return None
 
 
+def host_class() -> str:
+    """The CPU's class as its kernels may use it: ATen's vector width (``ATEN_CPU_CAPABILITY``
+    caps it) and AMX (``ONEDNN_MAX_CPU_ISA`` caps it), so one host stands for the others."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability == "AVX512":
+        return AMX if cpu_has_amx() else AVX512
+    return AVX2 if capability == "AVX2" else OTHER
+
+
 def cpu_has_amx() -> bool:
+    """The CPU's AMX units, unless oneDNN is capped below them (``ONEDNN_MAX_CPU_ISA``)."""
     check = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(check and check())
+    if not (check and check()):
+        return False
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL"
+    return cap.upper() in ("ALL", "DEFAULT") or "AMX" in cap.upper()

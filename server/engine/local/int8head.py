@@ -1,0 +1,290 @@
+"""The output head in int8, one scale per row (weight-only: bfloat16 activations), through the
+GEMM kernel Inductor generates for ``aten._weight_int8pack_mm``.
+
+Why the head: Gemma 3's tied head (262,144 x 640 for the 270M) is most of the weights and about
+half of a one-row decode step, and a decode step's time is the bytes of its weights. In int8 the
+head reads half the bytes of the float16 or bfloat16 head, and the compiled kernel turns that
+into time: one row, one thread, 1.9-2.2x faster than fbgemm's float16 head with AVX512 (with
+AMX and without) and 1.4-1.6x with AVX2 (``python -m bench.head``,
+``bench/results/head.json``).
+
+The kernel is Inductor's C++ GEMM template: it is generated only with ``max_autotune`` (the
+C++ backend alone: no run-time race against the eager kernel on a busy machine) and
+``freezing`` (the weight a constant, reordered once for the kernel). Two graphs: one for a
+single row (a static shape: the small-M micro-kernel, a lone conversation's step) and one for
+any count from two on (a dynamic shape: batched steps). Each holds its own reordered copy, so
+once both exist the plain int8 weight is handed back: the head then costs the float16 head's
+bytes in all. Compiling happens when an engine is built (``prepare``), never while a reply
+waits: a call that would compile (outside inference mode, where the engines' forwards run)
+runs the eager kernel instead while the plain weight is there. The compiled code goes to
+``<cache dir>/inductor/<host class>/<the weight's digest>``; a later start loads both graphs
+from there in seconds.
+A compile that fails leaves the eager kernel, with one log line.
+
+It is compiled with one torch thread: the template then shares its loop over the output
+columns among the threads of the calling worker (``omp for``), where a kernel compiled for N
+threads would start N whatever the worker's count (``threads.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .precision import AMX, host_class
+from .ticker import Ticker
+
+log = logging.getLogger("wschat.engine.int8head")
+
+ACTIVATIONS = torch.bfloat16  # the dtype the kernel takes and gives; its scales are in it too
+_QUANTIZE_ROWS = 16384  # rows quantized at once: the float32 copy of a slice, not the whole
+# Inductor's settings while compiling (a patch of its config: ``torch.compile``'s options
+# come too late for freezing)
+_COMPILE_CONFIG = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+
+
+def quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``weight`` ``[out, in]`` as ``(q, scales, columns)``: ``weight[n, k]`` is about
+    ``q[n, k] * scales[n] * columns[k]``, so ``F.linear(x, weight)`` is about
+    ``_weight_int8pack_mm(x * columns, q, scales)``.
+
+    ``columns`` (float32) evens out the columns' ranges first, the square root of each one's
+    largest magnitude (over the largest's): without it the few wide columns set every row's
+    scale and the narrow ones keep a handful of levels. The embedded model's head came from a
+    GGUF whose int8 blocks of 32 each have their own scale; per row alone, its perplexity on
+    the fixed passage rose 0.8 %, with ``columns`` it is within 0.3 % of float32's
+    (``tests/engine/test_packed.py``: 24.2987 float32, 24.2255 ``fp16-int8head``, 24.2814
+    ``bf16-int8head``). Then per row: the largest magnitude over 127, rounded
+    to a bfloat16 (``scales``), and the row divided by that rounded scale, rounded and clamped
+    to [-127, 127] (``q``)."""
+    rows, width = weight.shape
+    tiny = torch.finfo(torch.float32).tiny
+    widest = torch.zeros(width)
+    for start in range(0, rows, _QUANTIZE_ROWS):  # a float32 copy of a slice, not the whole
+        part = weight[start : start + _QUANTIZE_ROWS].float().abs()  # float() may be weight
+        widest = torch.maximum(widest, part.amax(0))
+    columns = (widest / widest.max().clamp(min=tiny)).sqrt_().clamp_(min=tiny)
+    q = torch.empty(weight.shape, dtype=torch.int8)
+    scales = torch.empty(rows, dtype=ACTIVATIONS)
+    for start in range(0, rows, _QUANTIZE_ROWS):
+        part = weight[start : start + _QUANTIZE_ROWS].float() / columns
+        scale = (part.abs().amax(1) / 127).clamp(min=tiny).to(ACTIVATIONS)
+        part = (part / scale.float()[:, None]).round_().clamp_(-127, 127)
+        q[start : start + _QUANTIZE_ROWS] = part
+        scales[start : start + _QUANTIZE_ROWS] = scale
+    return q, scales, columns
+
+
+def tensor_digest(*tensors: torch.Tensor) -> str:
+    """A digest of the tensors' bytes: the key of a compiled kernel in the cache. Inductor's
+    own key knows a frozen weight by its shape, and the reordered weight it stores with the
+    kernel would serve another model's head of that shape."""
+    digest = hashlib.blake2b(digest_size=8)
+    for tensor in tensors:
+        flat = tensor.contiguous().view(torch.uint8).reshape(-1)
+        for part in torch.split(flat, 1 << 24):  # copies: numpy() would pin the tensor's storage
+            digest.update(part.clone().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class _Matmul(nn.Module):
+    """The op Inductor compiles, its weight and scales as buffers (constants once frozen)."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor) -> None:
+        super().__init__()
+        self.weight: torch.Tensor
+        self.scales: torch.Tensor
+        self.register_buffer("weight", weight, persistent=False)
+        self.register_buffer("scales", scales, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+        return out
+
+
+class Int8Head(nn.Module):
+    """``F.linear`` of the head with its weight in int8 (``quantized``); takes and gives the
+    model's compute dtype ``dtype``, multiplies in bfloat16 with float32 sums."""
+
+    in_features: int
+    out_features: int
+    dtype: torch.dtype
+    matmul: _Matmul
+    columns: torch.Tensor
+    key: str  # of the compiled kernel in the cache
+    compiled: Callable[[torch.Tensor], torch.Tensor] | None
+    one: bool  # compiled: the one-row graph
+    many: bool  # compiled: the graph for two rows or more
+    widest: int  # the most rows the two-or-more graph takes in one call
+    _failed_calls: int
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
+        super().__init__()
+        if linear.bias is not None:
+            raise ValueError("an int8 head with a bias is not supported")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.dtype = dtype
+        q, scales, columns = quantized(linear.weight.detach())
+        self.matmul = _Matmul(q, scales)
+        self.register_buffer("columns", columns, persistent=False)
+        self.key = tensor_digest(q, scales, columns)
+        self.compiled = None
+        self.one, self.many, self.widest = False, False, 0
+        self._failed_calls = 0
+
+    @property
+    def eager(self) -> bool:
+        """Whether the plain int8 weight is still there (the eager kernel can run)."""
+        return bool(self.matmul.weight.untyped_storage().nbytes() > 0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = (x.reshape(-1, self.in_features).float() * self.columns).to(ACTIVATIONS)
+        count = rows.shape[0]
+        if count == 1 and self.one:
+            out = self._compiled(rows)
+        elif count > 1 and self.many:
+            parts = torch.split(rows, self.widest)
+            out = torch.cat([self._compiled(part) for part in parts])
+        else:
+            out = self.matmul(rows)
+        return out.to(self.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def _compiled(self, rows: torch.Tensor) -> torch.Tensor:
+        assert self.compiled is not None
+        try:
+            # as the graphs were compiled: inference mode and an inference tensor (a guard
+            # checks either; a mismatch would be another compile)
+            with torch.inference_mode(), torch.compiler.set_stance("fail_on_recompile"):
+                return self.compiled(rows if rows.is_inference() else rows.clone())
+        except Exception as error:  # a call the graphs do not cover: never compile now
+            if not self.eager:
+                raise
+            self._failed_calls += 1
+            if self._failed_calls == 1:
+                reason = (str(error).splitlines() or [type(error).__name__])[0]
+                log.warning("int8 head: a call ran the eager kernel (%s)", reason)
+            out: torch.Tensor = self.matmul(rows)
+            return out
+
+    def extra_repr(self) -> str:
+        compiled = (("1 row", self.one), (f"2-{self.widest} rows", self.many))
+        graphs = [name for name, done in compiled if done]
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, int8, "
+            f"compiled for {', '.join(graphs) or 'none'}"
+        )
+
+    def compile(self, rows: int, cache_dir: Path) -> None:
+        """Compile the graphs calls of up to ``rows`` rows need (``prepare``), not compiled
+        yet; hand the plain weight back once both are there."""
+        wanted = ([] if self.one else [1]) + ([rows] if rows > 1 and not self.many else [])
+        if not wanted or not self.eager:
+            return
+        from torch._dynamo.utils import counters
+
+        host = host_class()
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor" / host / self.key)
+        started = time.perf_counter()
+        hits_before = counters["inductor"]["fxgraph_cache_hit"]
+        what = " and ".join("1 row" if n == 1 else f"2 to {n} rows" for n in wanted)
+        log.info(
+            "int8 head: compiling its kernel for %s (the first start takes minutes; later "
+            "ones read %s)",
+            what,
+            os.environ["TORCHINDUCTOR_CACHE_DIR"],
+        )
+        try:
+            with _compiling(host), Ticker(log, "compiling the int8 head") as ticker:
+                for n in wanted:
+                    ticker.step = f"compiling the int8 head for {what}"
+                    self._compile_one(n)
+        except Exception as error:
+            log.warning(
+                "int8 head: compiling failed, its eager kernel runs instead (slower): %s",
+                (str(error).splitlines() or [type(error).__name__])[0],
+            )
+            return
+        hits = counters["inductor"]["fxgraph_cache_hit"] - hits_before
+        log.info(
+            "int8 head: compiled for %s in %.1f s (%d of %d from the cache)",
+            what,
+            time.perf_counter() - started,
+            hits,
+            len(wanted),
+        )
+        if self.one and self.many:
+            # every call is the graphs' now, each with its own reordered copy of the weight
+            self.matmul.weight.untyped_storage().resize_(0)
+
+    def _compile_one(self, rows: int) -> None:
+        """The graph for one row (``rows`` 1: a static shape) or for two to ``rows`` (a
+        dynamic one: Inductor needs its bound), under inference mode as the engines call it."""
+        if self.compiled is None:
+            self.compiled = torch.compile(  # a function, not another submodule
+                _own_forward(self.matmul),
+                fullgraph=True,
+                # the input's shape alone: a guard on the calling thread's torch thread count
+                # would make every other count another compile (see the top)
+                options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe},
+            )
+        with torch.inference_mode():
+            x = torch.zeros(1 if rows == 1 else min(rows, 4), self.in_features, dtype=ACTIVATIONS)
+            if rows > 1:
+                torch._dynamo.mark_dynamic(x, 0, min=2, max=rows)
+            self.compiled(x)
+        if rows == 1:
+            self.one = True
+        else:
+            self.many, self.widest = True, rows
+
+
+def _own_forward(matmul: _Matmul) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``matmul.forward`` on a code object of its own. The compiler keeps its graphs per code
+    object, and its guards tell modules apart by their buffers' shapes, never their values:
+    with frozen weights, another head of the same shape would run this one's graph."""
+    code = _Matmul.forward.__code__.replace()  # a copy
+    forward = types.FunctionType(code, _Matmul.forward.__globals__, "forward")
+    bound: Callable[[torch.Tensor], torch.Tensor] = types.MethodType(forward, matmul)
+    return bound
+
+
+def prepare(model: Any, rows: int, cache_dir: Path) -> None:
+    """Compile the int8 head of ``model``, if it has one, for calls of up to ``rows`` rows."""
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, Int8Head):
+        head.compile(rows, cache_dir)
+
+
+@contextlib.contextmanager
+def _compiling(host: str) -> Iterator[None]:
+    """Inductor's settings while compiling: its config patched (``torch.compile``'s options
+    come too late for freezing), one torch thread (see the top), its cache artifacts dropped
+    after (it keeps each graph's bytes in memory, the reordered weight in them, for a caller
+    that would ship them elsewhere), and off AMX where oneDNN is capped below it (so a cap
+    stands for a CPU without AMX, ``precision.host_class``)."""
+    import torch._inductor.config
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.utils import clear_caches
+    from torch.compiler._cache import CacheArtifactManager
+
+    clear_caches()  # the cache dir was just set: read it, not the one of an earlier call
+    if host != AMX:
+        isas = cpu_vec_isa.valid_vec_isa_list()  # cached: the list Inductor picks from
+        isas[:] = [isa for isa in isas if not isinstance(isa, cpu_vec_isa.VecAMX)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch._inductor.config.patch(_COMPILE_CONFIG), CacheArtifactManager.with_fresh_cache():
+            yield
+    finally:
+        torch.set_num_threads(before)
