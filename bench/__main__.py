@@ -19,6 +19,9 @@ A full run also measures structured output and logprobs (bench/structured.py; ``
 structured``: bench/results/structured.json) and ``n`` choices (bench/choices.py; ``--only
 choices``). ``--only tools`` runs tool calls through the SDK, forced and ``auto``
 (bench/tool_calls.py; bench/results/tools.json).
+``--only classes`` runs our engine under each x86 class this host can stand in for (AMX,
+AVX512-BF16, AVX2: bench/hostclass.py) beside llama.cpp's server (bench/classes.py;
+bench/results/classes.json).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any, Protocol, Self, TypeVar
 from . import (
     chart,
     choices,
+    classes,
     images,
     llamacpp,
     openai_api,
@@ -168,6 +172,13 @@ SCENARIOS = {
         tool_calls.report,
         "tool calls through the openai SDK: required, and auto",
         available=tool_calls.available,
+        in_full_run=False,
+    ),
+    "classes": Scenario(
+        measured(classes.ClassesWork, classes.run),
+        classes.report,
+        "our engine under each x86 class this host can stand in for, beside llama.cpp's server",
+        available=llamacpp.available,
         in_full_run=False,
     ),
 }

@@ -467,7 +467,7 @@ def _pinned(cores: set[int]) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def _ws(url: str) -> Callable[[list[str], int], list[StreamTimes]]:
+def ws_streams(url: str) -> Callable[[list[str], int], list[StreamTimes]]:
     return lambda texts, tokens: asyncio.run(wsload.concurrent(url, texts, tokens))
 
 
@@ -499,7 +499,7 @@ def run_layout(
             threads, slots, SLOT_CONTEXT, logs, front_cores, engine_cores, f"llamacpp-{layout}"
         )
     )
-    measure[VIA_LLAMACPP] = _ws(own.ws_url)
+    measure[VIA_LLAMACPP] = ws_streams(own.ws_url)
     log.info("%s: wschat --engine openai in front of the first", layout)
     gateway_args = ("--engine-url", f"{llama.base}/v1", "--tokenizer", "embedded")
     gateway = stack.enter_context(
@@ -507,7 +507,7 @@ def run_layout(
             "openai", logs, 64, gateway_args, name=f"wschat-openai-{layout}", cores=front_cores
         )
     )
-    measure[VIA_OPENAI] = _ws(gateway.ws_url)
+    measure[VIA_OPENAI] = ws_streams(gateway.ws_url)
     out: dict[str, Any] = {
         "threads": threads,
         "engine_cores": sorted(engine_cores),
@@ -526,9 +526,9 @@ def run_layout(
                 name=f"wschat-{engine}-{before_dtype()}",
             )
         )  # fmt: skip
-        measure[local], measure[before] = _ws(server.ws_url), _ws(old.ws_url)
+        measure[local], measure[before] = ws_streams(server.ws_url), ws_streams(old.ws_url)
         out |= {"inprocess": local, "before": before, "before_dtype": before_dtype()}
-        out["dtype"] = _dtype_of(server.base)
+        out["dtype"] = dtype_of(server.base)
     systems = list(measure)
     rounds: dict[str, dict[int, list[list[StreamTimes]]]] = {
         s: {n: [] for n in work.streams} for s in systems
@@ -551,7 +551,7 @@ def run_layout(
     return out, {"gateway": gateway.ws_url, "slots": f"{llama.base}/slots", "direct": direct}
 
 
-def _dtype_of(base: str) -> str:
+def dtype_of(base: str) -> str:
     """The precision a server runs (its /readyz says)."""
     return str(httpx.get(f"{base}/readyz", timeout=10).json().get("dtype", "?"))
 

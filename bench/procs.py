@@ -94,11 +94,12 @@ def wschat(
     env: Mapping[str, str] | None = None,
     cores: Set[int] | None = None,
     module: str = "wschat.server",
+    timeout_s: float = START_TIMEOUT,
 ) -> Iterator[Running]:
     """``python -m wschat.server`` (or ``module``, which takes its options) on the embedded
     model; ``sessions`` connections allowed; ``extra`` options after ours (a later ``--model``
     wins), ``env`` added to its environment, pinned to ``cores`` when given; its log is
-    ``logs/<name or wschat-engine>.log``."""
+    ``logs/<name or wschat-engine>.log``; ``timeout_s`` to be ready."""
     port = free_port()
     command = [
         sys.executable, "-m", module,
@@ -113,7 +114,7 @@ def wschat(
         *extra,
     ]  # fmt: skip
     log = logs / f"{name or f'wschat-{engine}'}.log"
-    with serving(command, "/readyz", port, log, env, cores) as running:
+    with serving(command, "/readyz", port, log, env, cores, timeout_s) as running:
         yield running
 
 

@@ -1,0 +1,212 @@
+"""The host classes scenario (``python -m bench --only classes``): our in-process engine under
+each x86 class this host can stand in for (bench/hostclass.py: AMX, AVX512-BF16 without AMX,
+AVX2), each with ``--dtype auto`` and with the dtype ``auto`` picked there before the int8 head,
+against llama.cpp's server on the same GGUF (which no variable caps: the same server in every
+class), the same prompts in Gemma's turn markup, greedy, 2 threads each, all on every core.
+
+One class at a time: its servers and llama.cpp's are measured back to back at each stream
+count in each round (the order alternating), so a drift of the machine's load hits them alike;
+each ratio is the median of round-by-round ratios (bench/llamacpp.py's arithmetic).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import hostclass, llamacpp, procs
+from .figures import Column, Section, Table, Target, at_least, at_most
+from .stats import StreamTimes
+from .workload import story
+
+log = logging.getLogger("bench.classes")
+
+LLAMA = "llama.cpp server"
+# what --dtype auto picked on each class before the int8 head: the "before" row
+BEFORE = {
+    hostclass.AMX: "bf16-packed",
+    hostclass.AVX512_BF16: "fp16-weights",
+    hostclass.AVX2: "fp16-weights",
+}
+START_TIMEOUT_S = 1200.0  # a first start compiles the int8 head's kernel (minutes when busy)
+# issue 34's targets for the auto row against llama.cpp: aggregate tokens/s (at least) by
+# streams, one stream's median TTFT (at most), RSS over the row before (at most)
+AGGREGATE_X = {1: 1.0, 8: 1.3}
+TTFT_X = 1.5
+RSS_X = 1.1
+
+
+@dataclass(frozen=True, slots=True)
+class ClassesWork:
+    tokens: int = 64
+    streams: tuple[int, ...] = (1, 8)
+    rounds: int = 3
+    threads: int = 2
+    classes: tuple[str, ...] = ()  # all this host can stand in for
+
+    @classmethod
+    def quick(cls) -> ClassesWork:
+        return cls(tokens=16, rounds=1)
+
+
+def _row(host_class: str, dtype: str) -> str:
+    return f"wschat {host_class} --dtype {dtype}"
+
+
+def run(work: ClassesWork, logs: Path, engine: str = "batched") -> dict[str, Any]:
+    logs.mkdir(parents=True, exist_ok=True)
+    slots = max(work.streams)
+    result: dict[str, Any] = {"workload": dataclasses.asdict(work), "engine": engine}
+    result["classes"] = {}
+    with procs.llama_cpp(work.threads, slots, llamacpp.SLOT_CONTEXT, logs) as llama:
+        direct = llamacpp.Direct(llama.base)
+        for host_class in work.classes or tuple(hostclass.available()):
+            log.info("class %s: %s", host_class, hostclass.CLASSES[host_class] or "as it is")
+            result["classes"][host_class] = _run_class(work, logs, engine, host_class, direct)
+    return result
+
+
+def _run_class(
+    work: ClassesWork, logs: Path, engine: str, host_class: str, direct: llamacpp.Direct
+) -> dict[str, Any]:
+    env = hostclass.CLASSES[host_class]
+    dtypes = ["auto"] + ([BEFORE[host_class]] if BEFORE[host_class] != "auto" else [])
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for dtype in dtypes:
+            servers[_row(host_class, dtype)] = stack.enter_context(
+                procs.wschat(
+                    engine, logs, 64, ("--threads", str(work.threads), "--dtype", dtype),
+                    name=f"wschat-{host_class}-{dtype}", env=env, timeout_s=START_TIMEOUT_S,
+                )
+            )  # fmt: skip
+        measure: dict[str, Callable[[list[str], int], list[StreamTimes]]] = {
+            name: llamacpp.ws_streams(server.ws_url) for name, server in servers.items()
+        }
+        measure[LLAMA] = direct.streams
+        picked = {name: llamacpp.dtype_of(server.base) for name, server in servers.items()}
+        figures = _rounds(work, measure)
+        rss = {name: server.rss() / 2**20 for name, server in servers.items()}
+    return {
+        "env": env,
+        "dtype": picked,
+        "auto": _row(host_class, "auto"),
+        "before": _row(host_class, dtypes[-1]),
+        "figures": figures,
+        "compared": llamacpp.compare(figures, against=LLAMA),
+        "rss_mb": rss,
+    }
+
+
+def _rounds(
+    work: ClassesWork, measure: dict[str, Callable[[list[str], int], list[StreamTimes]]]
+) -> dict[str, dict[int, dict[str, Any]]]:
+    systems = list(measure)
+    for system in systems:  # warm-up at the widest count (llama.cpp's first slots are slow)
+        measure[system]([story(i) for i in range(max(work.streams))], 4)
+    rounds: dict[str, dict[int, list[list[StreamTimes]]]] = {
+        s: {n: [] for n in work.streams} for s in systems
+    }
+    for r in range(work.rounds):
+        order = systems if r % 2 == 0 else systems[::-1]
+        for n in work.streams:
+            texts = [story(i) for i in range(n)]
+            log.info("round %d: %d streams: %s", r + 1, n, ", ".join(order))
+            for system in order:
+                rounds[system][n].append(measure[system](texts, work.tokens))
+    return {s: {n: llamacpp.figures_of(r) for n, r in by_n.items()} for s, by_n in rounds.items()}
+
+
+def targets(result: dict[str, Any]) -> list[Target]:
+    """Per class, the auto row: aggregate tokens/s over llama.cpp's at AGGREGATE_X, one
+    stream's TTFT within TTFT_X of llama.cpp's, RSS within RSS_X of the row before."""
+    rows = []
+    for host_class, run in result["classes"].items():
+        auto, before = run["auto"], run["before"]
+        mine, theirs = run["figures"][auto], run["figures"][LLAMA]
+        compared = run["compared"][auto]
+        for n, limit in AGGREGATE_X.items():
+            if n in mine:
+                rows.append(
+                    Target.judged(
+                        f"{host_class}, {n} stream(s): auto agg >= {limit} x llama.cpp",
+                        value=mine[n]["aggregate_tps"],
+                        against=theirs[n]["aggregate_tps"],
+                        ratio=compared[n]["aggregate_x"],
+                        limit=at_least(limit),
+                    )
+                )
+        if 1 in mine:
+            rows.append(
+                Target.judged(
+                    f"{host_class}, 1 stream: auto TTFT <= {TTFT_X} x llama.cpp's",
+                    value=mine[1]["ttft_median_s"],
+                    against=theirs[1]["ttft_median_s"],
+                    ratio=compared[1]["ttft_x"],
+                    limit=at_most(TTFT_X),
+                    unit="ms",
+                )
+            )
+        rss = run["rss_mb"]
+        if before != auto:
+            rows.append(
+                Target.judged(
+                    f"{host_class}: auto RSS <= {RSS_X} x {run['dtype'][before]}'s (same streams)",
+                    value=rss[auto],
+                    against=rss[before],
+                    ratio=rss[auto] / rss[before],
+                    limit=at_most(RSS_X),
+                    unit="MB",
+                )
+            )
+    return rows
+
+
+TABLE = (
+    Column("class", 12, left=True),
+    Column("system", 34, left=True),
+    Column("dtype", 15, left=True),
+    Column("streams", 8, "n"),
+    Column("agg tok/s", 11),
+    Column("TTFT med", 10, "ms"),
+    Column("agg vs llama", 14, "x"),
+    Column("TTFT vs llama", 15, "x"),
+    Column("RSS", 10, "MB"),
+)
+
+
+def report(result: dict[str, Any]) -> Section:
+    work = result["workload"]
+    out = Section(
+        [
+            f"host classes: wschat --engine {result['engine']} --threads {work['threads']} and "
+            f"llama.cpp's server ({work['threads']} threads) on the embedded model, "
+            f"{work['tokens']} greedy tokens per stream, {work['rounds']} rounds (order "
+            "alternating); ratios to llama.cpp, round by round",
+        ],
+        targets(result),
+    )
+    table = Table(TABLE)
+    for host_class, run in result["classes"].items():
+        for system, by_n in run["figures"].items():
+            dtype = run["dtype"].get(system, "Q4_K_M")
+            for n, f in sorted(by_n.items()):
+                c = run["compared"][system][n]
+                table.add(
+                    host_class,
+                    system,
+                    dtype,
+                    n,
+                    f["aggregate_tps"],
+                    f["ttft_median_s"],
+                    c["aggregate_x"],
+                    c["ttft_x"],
+                    run["rss_mb"].get(system),
+                )
+    out.parts.append(table)
+    return out
