@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from wschat.server.engine.local import precision
-from wschat.server.engine.local.int8head import Int8Head, quantized
+from wschat.server.engine.local.int8head import MANY_ROWS, Int8Head, quantized
 from wschat.server.engine.local.loader import load_model
 from wschat.server.engine.local.packed import Fp16Linear
 from wschat.server.engine.local.precision import Packing, packing_unavailable
@@ -101,13 +101,14 @@ def test_the_compiled_int8_head_gives_the_eager_kernels_outputs_and_hands_its_we
     with caplog.at_level(logging.INFO, logger="wschat.engine.int8head"):
         head.compile(4, tmp_path)
     assert (head.one, head.many, head.eager) == (True, True, False)
+    assert head.widest == MANY_ROWS  # 4 asked for: the bound every width up to it shares
     assert re.search(
-        r"compiled for 1 row and 2 to 4 rows in [\d.]+ s \(\d of 2 from the cache\)",
+        rf"compiled for 1 row and 2 to {MANY_ROWS} rows in [\d.]+ s \(\d of 2 from the cache\)",
         caplog.text,
     )
     assert any((tmp_path / "inductor").iterdir())  # the cache is under the cache dir
     torch.manual_seed(2)
-    for rows in (1, 2, 3, 9):  # 9: past the 4 it was prepared for, in three calls
+    for rows in (1, 2, 3, MANY_ROWS + 3):  # past the bound: in two calls
         x = torch.randn(rows, 64)
         with torch.no_grad():  # not inference mode: the head enters it for its graphs
             compiled = head(x)
@@ -116,6 +117,18 @@ def test_the_compiled_int8_head_gives_the_eager_kernels_outputs_and_hands_its_we
         assert (compiled - expected).abs().max() <= 2**-8 * expected.abs().max()
         assert_within_bound(head, plain, x)
     assert "ran the eager kernel" not in caplog.text
+
+
+def test_heads_prepared_for_other_widths_read_one_compiled_graph_from_the_cache(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Engines of any width up to MANY_ROWS share the cache's graphs: a start with another
+    width compiles nothing (the suite's servers and engines pay one compile, not one each)."""
+    plain = linear()
+    Int8Head(plain, torch.float32).compile(4, tmp_path)
+    with caplog.at_level(logging.INFO, logger="wschat.engine.int8head"):
+        Int8Head(plain, torch.float32).compile(MANY_ROWS // 2, tmp_path)
+    assert re.search(r"in [\d.]+ s \(2 of 2 from the cache\)", caplog.text), caplog.text
 
 
 def test_a_head_compiled_for_one_row_keeps_its_weight_for_more(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..embedded import cache_lock
 from .precision import AMX, host_class
 from .ticker import Ticker
 
@@ -51,6 +52,10 @@ _QUANTIZE_ROWS = 16384  # rows quantized at once: the float32 copy of a slice, n
 # Inductor's settings while compiling (a patch of its config: ``torch.compile``'s options
 # come too late for freezing)
 _COMPILE_CONFIG = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP"}
+# The many-rows graph's upper bound (Inductor needs one) is at least this, whatever the width
+# asked for: the bound is part of the graph's cache key, and engines of any width up to the
+# CPU's default (settings.PREFERRED) then share one compiled graph on disk
+MANY_ROWS = 32
 
 
 def quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -187,7 +192,8 @@ class Int8Head(nn.Module):
     def compile(self, rows: int, cache_dir: Path) -> None:
         """Compile the graphs calls of up to ``rows`` rows need (``prepare``), not compiled
         yet; hand the plain weight back once both are there."""
-        wanted = ([] if self.one else [1]) + ([rows] if rows > 1 and not self.many else [])
+        many = max(rows, MANY_ROWS)
+        wanted = ([] if self.one else [1]) + ([many] if rows > 1 and not self.many else [])
         if not wanted or not self.eager:
             return
         from torch._dynamo.utils import counters
@@ -204,7 +210,12 @@ class Int8Head(nn.Module):
             os.environ["TORCHINDUCTOR_CACHE_DIR"],
         )
         try:
-            with _compiling(host), Ticker(log, "compiling the int8 head") as ticker:
+            # one process compiles, the others wait and read its graphs from the cache
+            with (
+                cache_lock(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"] + ".lock")),
+                _compiling(host),
+                Ticker(log, "compiling the int8 head") as ticker,
+            ):
                 for n in wanted:
                     ticker.step = f"compiling the int8 head for {what}"
                     self._compile_one(n)
