@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from .workload import story
 log = logging.getLogger("bench.classes")
 
 LLAMA = "llama.cpp server"
+SAMPLED = " sampled"  # the auto server's name and this: its default sampling, one stream
+STATIC = "static batch in process"  # transformers' generate over 8 rows: the native class's
 # what --dtype auto picked on each class before the int8 head: the "before" row
 BEFORE = {
     hostclass.AMX: "bf16-packed",
@@ -39,6 +42,8 @@ START_TIMEOUT_S = 1200.0  # a first start compiles the int8 head's kernel (minut
 AGGREGATE_X = {1: 1.0, 8: 1.3}
 TTFT_X = 1.5
 RSS_X = 1.1
+SAMPLED_X = 0.95  # default sampling's one stream against greedy's (at least)
+STATIC_P95_X = 1.2  # 8 sessions' TTFT p95 over the in-process static batch's (at most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +73,21 @@ def run(work: ClassesWork, logs: Path, engine: str = "batched") -> dict[str, Any
         for host_class in work.classes or tuple(hostclass.available()):
             log.info("class %s: %s", host_class, hostclass.CLASSES[host_class] or "as it is")
             result["classes"][host_class] = _run_class(work, logs, engine, host_class, direct)
+    result["load_average_at_end"] = os.getloadavg()
     return result
+
+
+def _static_batch(threads: int) -> Callable[[list[str], int], list[StreamTimes]]:
+    """transformers' ``generate`` over all the prompts at once in this process (the embedded
+    model as ``auto`` loads it here, on this host's own class), ``threads`` torch threads."""
+    import torch
+
+    from .inprocess import InProcess
+
+    torch.set_num_threads(threads)
+    local = InProcess.load()
+    local.loaded.prepare(8)  # the int8 head compiled for the batch, as the engines have it
+    return local.static
 
 
 def _run_class(
@@ -88,9 +107,14 @@ def _run_class(
         measure: dict[str, Callable[[list[str], int], list[StreamTimes]]] = {
             name: llamacpp.ws_streams(server.ws_url) for name, server in servers.items()
         }
+        auto = _row(host_class, "auto")
+        measure[auto + SAMPLED] = llamacpp.ws_streams(servers[auto].ws_url, sampled=True)
         measure[LLAMA] = direct.streams
+        only = {auto + SAMPLED: 1}
+        if not env:  # this process runs on the host's own class: the static batch beside
+            measure[STATIC], only[STATIC] = _static_batch(work.threads), max(work.streams)
         picked = {name: llamacpp.dtype_of(server.base) for name, server in servers.items()}
-        figures = _rounds(work, measure)
+        figures = _rounds(work, measure, only)
         rss = {name: server.rss() / 2**20 for name, server in servers.items()}
     return {
         "env": env,
@@ -104,20 +128,26 @@ def _run_class(
 
 
 def _rounds(
-    work: ClassesWork, measure: dict[str, Callable[[list[str], int], list[StreamTimes]]]
+    work: ClassesWork,
+    measure: dict[str, Callable[[list[str], int], list[StreamTimes]]],
+    only: dict[str, int],
 ) -> dict[str, dict[int, dict[str, Any]]]:
+    """Each system at each stream count (a system of ``only`` at its one count alone), round
+    by round, the order reversed every other round."""
     systems = list(measure)
     for system in systems:  # warm-up at the widest count (llama.cpp's first slots are slow)
         measure[system]([story(i) for i in range(max(work.streams))], 4)
+    counts = {s: [n for n in work.streams if only.get(s, n) == n] for s in systems}
     rounds: dict[str, dict[int, list[list[StreamTimes]]]] = {
-        s: {n: [] for n in work.streams} for s in systems
+        s: {n: [] for n in counts[s]} for s in systems
     }
     for r in range(work.rounds):
         order = systems if r % 2 == 0 else systems[::-1]
         for n in work.streams:
             texts = [story(i) for i in range(n)]
-            log.info("round %d: %d streams: %s", r + 1, n, ", ".join(order))
-            for system in order:
+            here = [s for s in order if n in counts[s]]
+            log.info("round %d: %d streams: %s", r + 1, n, ", ".join(here))
+            for system in here:
                 rounds[system][n].append(measure[system](texts, work.tokens))
     return {s: {n: llamacpp.figures_of(r) for n, r in by_n.items()} for s, by_n in rounds.items()}
 
@@ -152,6 +182,30 @@ def targets(result: dict[str, Any]) -> list[Target]:
                     unit="ms",
                 )
             )
+        sampled = run["figures"].get(auto + SAMPLED, {})
+        if 1 in sampled and 1 in mine:
+            rows.append(
+                Target.judged(
+                    f"{host_class}, 1 stream: default sampling >= {SAMPLED_X} x greedy",
+                    value=sampled[1]["stream_tps"],
+                    against=mine[1]["stream_tps"],
+                    ratio=sampled[1]["stream_tps"] / mine[1]["stream_tps"],
+                    limit=at_least(SAMPLED_X),
+                )
+            )
+        static = run["figures"].get(STATIC, {})
+        for n, f in static.items():
+            rows.append(
+                Target.judged(
+                    f"{host_class}, {n} sessions: auto TTFT p95 <= {STATIC_P95_X} x the "
+                    "static batch's",
+                    value=mine[n]["ttft_p95_s"],
+                    against=f["ttft_p95_s"],
+                    ratio=mine[n]["ttft_p95_s"] / f["ttft_p95_s"],
+                    limit=at_most(STATIC_P95_X),
+                    unit="ms",
+                )
+            )
         rss = run["rss_mb"]
         if before != auto:
             rows.append(
@@ -169,11 +223,12 @@ def targets(result: dict[str, Any]) -> list[Target]:
 
 TABLE = (
     Column("class", 12, left=True),
-    Column("system", 34, left=True),
+    Column("system", 42, left=True),
     Column("dtype", 15, left=True),
     Column("streams", 8, "n"),
     Column("agg tok/s", 11),
     Column("TTFT med", 10, "ms"),
+    Column("TTFT p95", 10, "ms"),
     Column("agg vs llama", 14, "x"),
     Column("TTFT vs llama", 15, "x"),
     Column("RSS", 10, "MB"),
@@ -186,15 +241,18 @@ def report(result: dict[str, Any]) -> Section:
         [
             f"host classes: wschat --engine {result['engine']} --threads {work['threads']} and "
             f"llama.cpp's server ({work['threads']} threads) on the embedded model, "
-            f"{work['tokens']} greedy tokens per stream, {work['rounds']} rounds (order "
-            "alternating); ratios to llama.cpp, round by round",
+            f"{work['tokens']} tokens per stream (greedy; '{SAMPLED.strip()}': the server's "
+            f"default sampling), {work['rounds']} rounds (order alternating); ratios to "
+            "llama.cpp, round by round; the static batch: transformers' generate in the bench's "
+            "process on the host's own class",
         ],
         targets(result),
     )
     table = Table(TABLE)
     for host_class, run in result["classes"].items():
         for system, by_n in run["figures"].items():
-            dtype = run["dtype"].get(system, "Q4_K_M")
+            dtype = run["dtype"].get(system.removesuffix(SAMPLED), "Q4_K_M")
+            dtype = run["dtype"][run["auto"]] if system == STATIC else dtype
             for n, f in sorted(by_n.items()):
                 c = run["compared"][system][n]
                 table.add(
@@ -204,6 +262,7 @@ def report(result: dict[str, Any]) -> Section:
                     n,
                     f["aggregate_tps"],
                     f["ttft_median_s"],
+                    f["ttft_p95_s"],
                     c["aggregate_x"],
                     c["ttft_x"],
                     run["rss_mb"].get(system),

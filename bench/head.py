@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from . import hostclass
+from .figures import Column, Section, Table, Target, at_least
 
 log = logging.getLogger("bench.head")
 
@@ -136,24 +137,47 @@ def _quality(got: Any, exact: Any) -> dict[str, float]:
     return {"rel_error": error, "argmax_agree": agree}
 
 
-def table(result: dict[str, Any]) -> str:
-    lines = [
-        f"head {result['shape']}, {result['rows']} row(s), 1 thread, median ms over "
-        f"{result['rounds']} interleaved rounds; speedup = fp16 fbgemm's time over the kernel's "
-        "(median of per-round ratios)",
-        f"{'class':<12} {'kernel':<14} {'ms':>8} {'vs fp16':>8} {'rel err':>9} {'argmax':>7}",
-    ]
+def targets(result: dict[str, Any]) -> list[Target]:
+    """Per class, the gate: the compiled int8 head at one row at least GATE x the fp16 head."""
+    rows = []
+    for name, c in result["classes"].items():
+        speedup = c["speedup_vs_fp16"].get(GATED)
+        rows.append(
+            Target.judged(
+                f"{name}: {GATED} >= {GATE}x {BASELINE} at {result['rows']} row(s)",
+                value=c["ms_median"].get(GATED),
+                against=c["ms_median"][BASELINE],
+                ratio=speedup,
+                limit=at_least(GATE),
+                unit=".2f",
+            )
+        )
+    return rows
+
+
+TABLE = (
+    Column("class", 13, left=True),
+    Column("kernel", 15, left=True),
+    Column("ms", 9, ".2f"),
+    Column("vs fp16", 9, "x"),
+    Column("rel err", 10, left=False),
+    Column("argmax", 8, ".2f"),
+)
+
+
+def report(result: dict[str, Any]) -> Section:
+    table = Table(TABLE)
     for name, c in result["classes"].items():
         for kernel, ms in c["ms_median"].items():
             q = c["quality"][kernel]
-            lines.append(
-                f"{name:<12} {kernel:<14} {ms:>8.2f} {c['speedup_vs_fp16'][kernel]:>7.2f}x "
-                f"{q['rel_error']:>9.2e} {q['argmax_agree']:>7.3f}"
-            )
-    for name, c in result["classes"].items():
-        verdict = c.get("gate")
-        lines.append(f"gate ({GATED} >= {GATE}x fp16 at 1 row) on {name}: {verdict}")
-    return "\n".join(lines)
+            speedup = c["speedup_vs_fp16"][kernel]
+            table.add(name, kernel, ms, speedup, f"{q['rel_error']:.2e}", q["argmax_agree"])
+    head = (
+        f"head {result['shape']}, {result['rows']} row(s), 1 thread, median ms over "
+        f"{result['rounds']} interleaved rounds; vs fp16 = fp16 fbgemm's time over the "
+        "kernel's (median of per-round ratios); argmax: share of positions agreeing with float64"
+    )
+    return Section([head, table], targets(result))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,13 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             child_args += ["--rounds", str(args.rounds), "--calls", str(args.calls)]
             child_args += ["--compile-dir", str(Path(args.compile_dir) / name)]
             figures = hostclass.run_child(name, "bench.head", child_args, timeout=3600)
-            speedup = figures["speedup_vs_fp16"].get(GATED)
-            figures["gate"] = (
-                "not compiled" if speedup is None
-                else f"{'passed' if speedup >= GATE else 'failed'} ({speedup:.2f}x)"
-            )  # fmt: skip
             result["classes"][name] = figures
-    hostclass.save(result, args.json, table(result))
+    hostclass.save(result, args.json, report(result))
     return 0
 
 

@@ -19,6 +19,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import render
+from .figures import Section
+
 AMX, AVX512_BF16, AVX2 = "amx", "avx512-bf16", "avx2"
 CLASSES: dict[str, dict[str, str]] = {
     AMX: {},
@@ -102,10 +105,12 @@ def paired_speedup(baseline: list[float], other: list[float]) -> float:
     return statistics.median(b / o for b, o in zip(baseline, other, strict=True))
 
 
-def save(result: dict[str, Any], path: Path, text: str) -> None:
-    """Write ``result`` (with the load average now) to ``path`` as JSON; print ``text``."""
+def save(result: dict[str, Any], path: Path, section: Section) -> None:
+    """Write ``result`` (with the load average now, and ``section``'s targets) to ``path`` as
+    JSON; print ``section``."""
     result["load_average_at_end"] = os.getloadavg()
+    result["targets"] = [t.as_json() for t in section.targets]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
-    print(text)
+    print(render.text(section))
     print(f"wrote {path}")

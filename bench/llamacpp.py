@@ -467,8 +467,8 @@ def _pinned(cores: set[int]) -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-def ws_streams(url: str) -> Callable[[list[str], int], list[StreamTimes]]:
-    return lambda texts, tokens: asyncio.run(wsload.concurrent(url, texts, tokens))
+def ws_streams(url: str, sampled: bool = False) -> Callable[[list[str], int], list[StreamTimes]]:
+    return lambda texts, tokens: asyncio.run(wsload.concurrent(url, texts, tokens, sampled))
 
 
 def run_layout(

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from . import hostclass
+from .figures import Cell, Column, Section, Table
 
 log = logging.getLogger("bench.prefill")
 
@@ -102,21 +103,25 @@ def layer_figures(ms_rounds: dict[str, dict[str, list[float]]]) -> dict[str, dic
     }
 
 
-def table(result: dict[str, Any]) -> str:
-    lines = [
-        "a decoder layer's Linears, 1 thread, ms (sum of the shapes' medians over "
-        f"{result['rounds']} interleaved rounds) and speedup over fp16 fbgemm",
-        f"{'class':<12} {'rows':>5} " + " ".join(f"{n:>22}" for n in result["kernels"]),
-    ]
+def report(result: dict[str, Any]) -> Section:
+    """A table per class and row count: each kernel's layer time and speedup over fp16."""
+    kernels = result["kernels"]
+    columns = [Column("class", 13, left=True), Column("rows", 6, "n")]
+    for name in kernels:
+        columns += [Column(f"{name} ms", max(len(name) + 5, 10), ".2f"), Column("x", 8, "x")]
+    table = Table(tuple(columns))
     for name, c in result["classes"].items():
         for rows, figures in c["layer"].items():
-            cells = [
-                f"{figures[n]['ms']:>9.2f} ({figures[n]['speedup_vs_fp16']:>5.2f}x)"
-                if n in figures else "-"
-                for n in result["kernels"]
-            ]  # fmt: skip
-            lines.append(f"{name:<12} {rows:>5} " + " ".join(f"{c:>22}" for c in cells))
-    return "\n".join(lines)
+            cells: list[Cell] = [name, float(rows)]
+            for kernel in kernels:
+                f = figures.get(kernel, {})
+                cells += [f.get("ms"), f.get("speedup_vs_fp16")]
+            table.add(*cells)
+    head = (
+        "a decoder layer's Linears, 1 thread, ms (sum of the shapes' medians over "
+        f"{result['rounds']} interleaved rounds) and speedup over fp16 fbgemm"
+    )
+    return Section([head, table])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         figures = hostclass.run_child(name, "bench.prefill", child_args, timeout=3600)
         figures["layer"] = {rows: layer_figures(ms) for rows, ms in figures["ms_rounds"].items()}
         result["classes"][name] = figures
-    hostclass.save(result, args.json, table(result))
+    hostclass.save(result, args.json, report(result))
     return 0
 
 

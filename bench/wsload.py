@@ -57,12 +57,15 @@ async def stream(
     max_new_tokens: int,
     frame_id: str = "p",
     images: Sequence[bytes] = (),
+    sampled: bool = False,
 ) -> tuple[StreamTimes, dict[str, Any]]:
     """One prompt: a timestamp per generated token (a merged frame stamps all of its tokens);
     the frames' facts: ``start``'s fields, when it came (``start_at``), the places ``queued``
     frames gave (``positions``, none when a slot was free) and ``done``. ``images`` go with the
-    prompt (encoded files)."""
-    params = {"max_new_tokens": max_new_tokens, "temperature": 0}
+    prompt (encoded files). Greedy, or ``sampled`` with the server's default sampling."""
+    params: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    if not sampled:
+        params["temperature"] = 0
     times = StreamTimes(time.perf_counter(), [])
     prompt = {"type": "prompt", "id": frame_id, "text": text, "params": params}
     await peer.send({**prompt, "images": list(images)} if images else prompt)
@@ -82,7 +85,7 @@ async def stream(
 
 
 async def served(
-    url: str, texts: list[str], max_new_tokens: int
+    url: str, texts: list[str], max_new_tokens: int, sampled: bool = False
 ) -> list[tuple[StreamTimes, dict[str, Any]]]:
     """One fresh session per text, all prompts sent at once once every session is ready; each
     stream with its frames' facts (``stream``)."""
@@ -90,14 +93,19 @@ async def served(
         peers = [await stack.enter_async_context(session(url)) for _ in texts]
         return list(
             await asyncio.gather(
-                *(stream(p, t, max_new_tokens) for p, t in zip(peers, texts, strict=True))
+                *(
+                    stream(p, t, max_new_tokens, sampled=sampled)
+                    for p, t in zip(peers, texts, strict=True)
+                )
             )
         )
 
 
-async def concurrent(url: str, texts: list[str], max_new_tokens: int) -> list[StreamTimes]:
-    """``served``'s streams alone."""
-    return [times for times, _ in await served(url, texts, max_new_tokens)]
+async def concurrent(
+    url: str, texts: list[str], max_new_tokens: int, sampled: bool = False
+) -> list[StreamTimes]:
+    """``served``'s streams alone (greedy, or with the server's default sampling)."""
+    return [times for times, _ in await served(url, texts, max_new_tokens, sampled)]
 
 
 async def conversation(url: str, turns: list[str], max_new_tokens: int) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from bench import classes, hostclass, llamacpp, render
+from bench.stats import StreamTimes
 
 
 def test_a_class_replaces_the_caps_set_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,6 +44,8 @@ def result() -> dict[str, Any]:
     by_system = {auto: figures(40.0, 0.2), before: figures(30.0, 0.25), classes.LLAMA: figures(
         50.0, 0.1
     )}  # fmt: skip
+    by_system[auto + classes.SAMPLED] = {1: figures(36.0, 0.2)[1]}
+    by_system[classes.STATIC] = {8: figures(30.0, 0.125)[8]}
     return {
         "workload": {"threads": 2, "tokens": 64, "rounds": 3},
         "engine": "batched",
@@ -65,8 +68,29 @@ def test_the_auto_row_is_held_to_llamacpp_and_to_the_row_before() -> None:
         "avx2, 1 stream(s): auto agg >= 1.0 x llama.cpp": (0.8, False),
         "avx2, 8 stream(s): auto agg >= 1.3 x llama.cpp": (0.8, False),
         "avx2, 1 stream: auto TTFT <= 1.5 x llama.cpp's": (2.0, False),
+        "avx2, 1 stream: default sampling >= 0.95 x greedy": (0.9, False),
+        "avx2, 8 sessions: auto TTFT p95 <= 1.2 x the static batch's": (1.6, False),
         "avx2: auto RSS <= 1.1 x fp16-weights's (same streams)": (1.15, False),
     }
+
+
+def test_rounds_measure_a_system_of_one_count_at_it_alone_in_alternating_order() -> None:
+    calls: list[tuple[str, int, int]] = []
+
+    def system(name: str) -> Any:
+        def measure(texts: list[str], tokens: int) -> list[StreamTimes]:
+            calls.append((name, len(texts), tokens))
+            return [StreamTimes(0.0, [0.1 * (i + 1) for i in range(tokens)]) for _ in texts]
+
+        return measure
+
+    work = classes.ClassesWork(tokens=3, streams=(1, 8), rounds=2)
+    figures = classes._rounds(work, {"a": system("a"), "b": system("b")}, {"b": 1})
+    assert calls[2:] == [
+        ("a", 1, 3), ("b", 1, 3), ("a", 8, 3), ("b", 1, 3), ("a", 1, 3), ("a", 8, 3)
+    ]  # fmt: skip
+    assert calls[:2] == [("a", 8, 4), ("b", 8, 4)]  # the warm-up
+    assert (sorted(figures["a"]), sorted(figures["b"])) == ([1, 8], [1])
 
 
 def test_the_table_names_each_class_system_and_dtype() -> None:
