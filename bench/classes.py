@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,15 +117,23 @@ def _run_class(
         picked = {name: llamacpp.dtype_of(server.base) for name, server in servers.items()}
         figures = _rounds(work, measure, only)
         rss = {name: server.rss() / 2**20 for name, server in servers.items()}
+        auto_log = servers[auto].log.read_text(errors="replace")
     return {
         "env": env,
         "dtype": picked,
+        "auto_said": _dtype_line(auto_log),
         "auto": _row(host_class, "auto"),
         "before": _row(host_class, dtypes[-1]),
         "figures": figures,
         "compared": llamacpp.compare(figures, against=LLAMA),
         "rss_mb": rss,
     }
+
+
+def _dtype_line(log_text: str) -> str:
+    """The server's start-up line saying which dtype it runs and why (``--dtype auto``)."""
+    said = re.search(r"dtype \S+: auto: .*", log_text)
+    return said.group(0) if said else ""
 
 
 def _rounds(
@@ -248,6 +257,8 @@ def report(result: dict[str, Any]) -> Section:
         ],
         targets(result),
     )
+    for host_class, run in result["classes"].items():
+        out.parts.append(f"{host_class}: {run.get('auto_said') or 'no dtype line in its log'}")
     table = Table(TABLE)
     for host_class, run in result["classes"].items():
         for system, by_n in run["figures"].items():
