@@ -71,7 +71,8 @@ def _abs(bias: torch.Tensor | None) -> torch.Tensor | None:
 
 @each_kernel
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("shape", [(1, 64), (7, 64), (2, 5, 64)])  # rows of a step, a prefill
+# rows of a step, a batch, a prompt, a prefill chunk (oneDNN and fbgemm pick their kernels by rows)
+@pytest.mark.parametrize("shape", [(1, 64), (7, 64), (2, 5, 64), (512, 64)])
 def test_a_packed_linear_matches_f_linear_within_its_rounding(
     packing: Packing, bias: bool, shape: tuple[int, ...]
 ) -> None:
