@@ -43,6 +43,13 @@ def assert_within_bound(head: Int8Head, linear: nn.Linear, x: torch.Tensor) -> N
     assert excess.max().item() <= 1e-6, f"worst error past the bound by {excess.max():.3g}"
 
 
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One cache dir for the module's compiles: a test of a head another test compiled reads
+    its graphs (seconds) rather than compiling them again (a minute each)."""
+    return tmp_path_factory.mktemp("kernels")
+
+
 def linear(rows: int = 96, columns: int = 64) -> nn.Linear:
     torch.manual_seed(0)
     return nn.Linear(columns, rows, bias=False)
@@ -94,19 +101,19 @@ def test_the_eager_int8_head_matches_f_linear_within_its_rounding(
 
 
 def test_the_compiled_int8_head_gives_the_eager_kernels_outputs_and_hands_its_weight_back(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    kernels: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     plain = linear()
     head, eager = Int8Head(plain, torch.float32), Int8Head(plain, torch.float32)
     with caplog.at_level(logging.INFO, logger="wschat.engine.int8head"):
-        head.compile(4, tmp_path)
+        head.compile(4, kernels)
     assert (head.one, head.many, head.eager) == (True, True, False)
     assert head.widest == MANY_ROWS  # 4 asked for: the bound every width up to it shares
     assert re.search(
         rf"compiled for 1 row and 2 to {MANY_ROWS} rows in [\d.]+ s \(\d of 2 from the cache\)",
         caplog.text,
     )
-    assert any((tmp_path / "inductor").iterdir())  # the cache is under the cache dir
+    assert any((kernels / "inductor").iterdir())  # the cache is under the cache dir
     torch.manual_seed(2)
     for rows in (1, 2, 3, MANY_ROWS + 3):  # past the bound: in two calls
         x = torch.randn(rows, 64)
@@ -120,45 +127,45 @@ def test_the_compiled_int8_head_gives_the_eager_kernels_outputs_and_hands_its_we
 
 
 def test_heads_prepared_for_other_widths_read_one_compiled_graph_from_the_cache(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    kernels: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Engines of any width up to MANY_ROWS share the cache's graphs: a start with another
     width compiles nothing (the suite's servers and engines pay one compile, not one each)."""
     plain = linear()
-    Int8Head(plain, torch.float32).compile(4, tmp_path)
+    Int8Head(plain, torch.float32).compile(4, kernels)
     with caplog.at_level(logging.INFO, logger="wschat.engine.int8head"):
-        Int8Head(plain, torch.float32).compile(MANY_ROWS // 2, tmp_path)
+        Int8Head(plain, torch.float32).compile(MANY_ROWS // 2, kernels)
     assert re.search(r"in [\d.]+ s \(2 of 2 from the cache\)", caplog.text), caplog.text
 
 
-def test_a_head_compiled_for_one_row_keeps_its_weight_for_more(tmp_path: Path) -> None:
+def test_a_head_compiled_for_one_row_keeps_its_weight_for_more(kernels: Path) -> None:
     plain = linear()
     head, eager = Int8Head(plain, torch.float32), Int8Head(plain, torch.float32)
-    head.compile(1, tmp_path)
+    head.compile(1, kernels)
     assert (head.one, head.many, head.eager) == (True, False, True)
     x = torch.randn(3, 64)
     with torch.inference_mode():
         assert torch.equal(head(x), eager(x))
 
 
-def test_a_head_with_other_weights_does_not_read_the_others_kernel(tmp_path: Path) -> None:
+def test_a_head_with_other_weights_does_not_read_the_others_kernel(kernels: Path) -> None:
     """Two heads of one shape compiled into one cache dir: the second computes with its own
     weight (Inductor's own key would hand it the first one's, reordered with the kernel)."""
     torch.manual_seed(3)
     first, second = nn.Linear(64, 96, bias=False), nn.Linear(64, 96, bias=False)
-    Int8Head(first, torch.float32).compile(1, tmp_path)
+    Int8Head(first, torch.float32).compile(1, kernels)
     head, eager = Int8Head(second, torch.float32), Int8Head(second, torch.float32)
-    head.compile(1, tmp_path)
+    head.compile(1, kernels)
     x = torch.randn(1, 64)
     with torch.inference_mode():
         assert torch.equal(head(x), eager(x))
 
 
 def test_a_call_the_compiled_head_fails_runs_eager_with_one_log_line(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    kernels: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     head, eager = Int8Head(linear(), torch.float32), Int8Head(linear(), torch.float32)
-    head.compile(1, tmp_path)
+    head.compile(1, kernels)
 
     def refused(x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("Detected recompile")
