@@ -37,3 +37,20 @@ def test_no_two_classes_of_the_server_and_protocol_share_a_name() -> None:
 def test_no_public_function_of_the_engine_is_defined_twice() -> None:
     functions = defined_twice(ENGINE, (ast.FunctionDef, ast.AsyncFunctionDef))
     assert {name: paths for name, paths in functions.items() if not name.startswith("_")} == {}
+
+
+def assigned_strings(folders: tuple[str, ...], value: str) -> list[str]:
+    """Each module under ``folders`` that assigns the string ``value`` to a top-level name."""
+    found = []
+    for folder in folders:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.parse(path.read_text(), str(path)).body:
+                if not isinstance(node, ast.Assign | ast.AnnAssign):
+                    continue
+                if isinstance(node.value, ast.Constant) and node.value.value == value:
+                    found.append(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_the_embedded_model_name_is_defined_once_in_engine_embedded() -> None:
+    assert assigned_strings(FOLDERS, "embedded") == ["server/engine/embedded.py"]

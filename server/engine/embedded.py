@@ -25,6 +25,10 @@ EMBEDDED_ABOUT = (
     "in our test. Expect mistakes; no code or long reasoning."
 )
 
+# The model name that means the embedded Gemma 3 270M (``--model``, ``--tokenizer``): every
+# engine kind reads it from here
+EMBEDDED = "embedded"
+
 
 def default_cache_dir() -> Path:
     """Where the embedded model's files are kept (its GGUF, the local engines' converted folder,

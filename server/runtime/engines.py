@@ -121,8 +121,7 @@ def _connect_openai(settings: Settings) -> Engine:
 
 def _start_llamacpp(settings: Settings) -> Engine:
     """llama.cpp's server, started and supervised here, with the openai engine in front."""
-    from ..engine.embedded import default_cache_dir
-    from ..engine.openai.tokenizer import EMBEDDED
+    from ..engine.embedded import EMBEDDED, default_cache_dir
     from .supervisor import LlamaCppConfig, LlamaCppServer, launch
 
     config = LlamaCppConfig(

@@ -25,8 +25,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..engine.embedded import default_cache_dir
-from ..engine.openai.tokenizer import EMBEDDED, gguf_path
+from ..engine.embedded import EMBEDDED, default_cache_dir
+from ..engine.openai.tokenizer import gguf_path
 
 API_KEY_VARIABLE = "WSCHAT_LLAMACPP_API_KEY"
 CACHE_DIR_VARIABLE = (

@@ -44,10 +44,11 @@ from typing import IO
 import httpx
 
 from ..engine.cores import threads_now, usable_cores
+from ..engine.embedded import EMBEDDED
 from ..engine.openai.client import EngineHttp
 from ..engine.openai.engine import OpenAIEngine
 from ..engine.openai.startup import OpenAIEngineConfig, connect
-from ..engine.openai.tokenizer import EMBEDDED, gguf_path
+from ..engine.openai.tokenizer import gguf_path
 from .llamacpp import API_KEY_VARIABLE, model_alias
 from .llamacpp_output import relayed
 

@@ -17,7 +17,6 @@ from .ticker import Ticker
 
 log = logging.getLogger("wschat.loader")
 
-EMBEDDED = "embedded"
 EMBEDDED_NAME = "gemma-3-270m (embedded, from GGUF Q4_K_M)"
 _CONVERTED_MARKER = "wschat-converted.json"
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from ..embedded import default_cache_dir
+from ..embedded import EMBEDDED, default_cache_dir
 from ..formats import looks_instruction_tuned
-from .embedded_model import EMBEDDED, EMBEDDED_NAME, embedded_model_dir
+from .embedded_model import EMBEDDED_NAME, embedded_model_dir
 from .int8head import Int8Head
 from .int8head import prepare as prepare_head
 from .packed import pack_model

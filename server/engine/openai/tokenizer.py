@@ -19,11 +19,10 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from ..embedded import embedded_gguf
+from ..embedded import EMBEDDED, embedded_gguf
 
 log = logging.getLogger("wschat.engine.openai")
 
-EMBEDDED = "embedded"
 _CONTROL, _USER_DEFINED = 3, 4  # GGUF token types that are added tokens
 _CACHED_NAME = "gemma-3-270m-tokenizer.json"
 
