@@ -138,6 +138,22 @@ def test_heads_prepared_for_other_widths_read_one_compiled_graph_from_the_cache(
     assert re.search(r"in [\d.]+ s \(2 of 2 from the cache\)", caplog.text), caplog.text
 
 
+def test_a_graph_of_other_bounds_in_the_cache_is_not_read_back(
+    kernels: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A head compiled for one row, then for more, where the cache holds the same weight's
+    graph for fewer rows: it compiles its own (Inductor's key leaves the bounds out, and the
+    narrower graph's guards would refuse these, leaving the eager kernel)."""
+    plain = linear()
+    Int8Head(plain, torch.float32).compile(MANY_ROWS + 8, kernels)
+    head = Int8Head(plain, torch.float32)
+    head.compile(1, kernels)
+    with caplog.at_level(logging.WARNING, logger="wschat.engine.int8head"):
+        head.compile(MANY_ROWS + 16, kernels)
+    assert (head.one, head.many, head.widest) == (True, True, MANY_ROWS + 16)
+    assert caplog.records == []
+
+
 def test_a_head_compiled_for_one_row_keeps_its_weight_for_more(kernels: Path) -> None:
     plain = linear()
     head, eager = Int8Head(plain, torch.float32), Int8Head(plain, torch.float32)

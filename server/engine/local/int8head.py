@@ -17,7 +17,7 @@ once both exist the plain int8 weight is handed back: the head then costs the fl
 bytes in all. Compiling happens when an engine is built (``prepare``), never while a reply
 waits: a call that would compile (outside inference mode, where the engines' forwards run)
 runs the eager kernel instead while the plain weight is there. The compiled code goes to
-``<cache dir>/inductor/<host class>/<the weight's digest>``; a later start loads both graphs
+``<cache dir>/inductor/<host class>/<the weight's digest>/<rows>``; a later start loads both graphs
 from there in seconds.
 A compile that fails leaves the eager kernel, with one log line.
 
@@ -199,7 +199,7 @@ class Int8Head(nn.Module):
         from torch._dynamo.utils import counters
 
         host = host_class()
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir / "inductor" / host / self.key)
+        folder = cache_dir / "inductor" / host / self.key
         started = time.perf_counter()
         hits_before = counters["inductor"]["fxgraph_cache_hit"]
         what = " and ".join("1 row" if n == 1 else f"2 to {n} rows" for n in wanted)
@@ -207,17 +207,18 @@ class Int8Head(nn.Module):
             "int8 head: compiling its kernel for %s (the first start takes minutes; later "
             "ones read %s)",
             what,
-            os.environ["TORCHINDUCTOR_CACHE_DIR"],
+            folder,
         )
         try:
             # one process compiles, the others wait and read its graphs from the cache
             with (
-                cache_lock(Path(os.environ["TORCHINDUCTOR_CACHE_DIR"] + ".lock")),
+                cache_lock(folder.with_name(folder.name + ".lock")),
                 _compiling(host),
                 Ticker(log, "compiling the int8 head") as ticker,
             ):
                 for n in wanted:
                     ticker.step = f"compiling the int8 head for {what}"
+                    _cache_in(folder / ("1" if n == 1 else f"2-{n}"))
                     self._compile_one(n)
         except Exception as error:
             log.warning(
@@ -259,6 +260,16 @@ class Int8Head(nn.Module):
             self.many, self.widest = True, rows
 
 
+def _cache_in(folder: Path) -> None:
+    """Inductor's cache in ``folder`` for the next graph: a folder per graph, as its own key
+    leaves out a dynamic size's bounds, and a graph read back with other bounds than asked
+    fails its guards (a head for 2 to 8 rows read where 2 to 32 are asked for)."""
+    from torch._inductor.utils import clear_caches
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    clear_caches()  # read the folder just set, not the one of an earlier graph
+
+
 def _own_forward(matmul: _Matmul) -> Callable[[torch.Tensor], torch.Tensor]:
     """``matmul.forward`` on a code object of its own. The compiler keeps its graphs per code
     object, and its guards tell modules apart by their buffers' shapes, never their values:
@@ -285,10 +296,8 @@ def _compiling(host: str) -> Iterator[None]:
     stands for a CPU without AMX, ``precision.host_class``)."""
     import torch._inductor.config
     from torch._inductor import cpu_vec_isa
-    from torch._inductor.utils import clear_caches
     from torch.compiler._cache import CacheArtifactManager
 
-    clear_caches()  # the cache dir was just set: read it, not the one of an earlier call
     if host != AMX:
         isas = cpu_vec_isa.valid_vec_isa_list()  # cached: the list Inductor picks from
         isas[:] = [isa for isa in isas if not isinstance(isa, cpu_vec_isa.VecAMX)]
