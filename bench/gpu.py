@@ -170,6 +170,7 @@ def _sync(device: str) -> None:
 def serve(args: argparse.Namespace) -> int:
     """``--serve``: wschat's batched engine over this process's model, served until SIGTERM."""
     from wschat.server.engine.local.batched import BatchedEngine
+    from wschat.server.engine.local.options import LocalEngineOptions
     from wschat.server.runtime.serve import serve as run_server
     from wschat.server.settings import Settings
 
@@ -186,11 +187,13 @@ def serve(args: argparse.Namespace) -> int:
     )
     engine = BatchedEngine(
         loaded,
-        width=width,
-        prompt_format=PROMPT_FORMAT,
-        context_tokens=settings.context_tokens,
-        kv_budget_bytes=settings.kv_budget_mib << 20,
-        prefill_tokens=settings.prefill_chunk_tokens,
+        LocalEngineOptions(
+            width=width,
+            prompt_format=PROMPT_FORMAT,
+            context_tokens=settings.context_tokens,
+            kv_budget_bytes=settings.kv_budget_mib << 20,
+            prefill_tokens=settings.prefill_chunk_tokens,
+        ),
     )
     return run_server(settings, engine)
 
@@ -241,6 +244,7 @@ def figures(streams: list[Any], tokens: int) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from wschat.server.engine.local.attention import choose_kernel
     from wschat.server.engine.local.hf import HFEngine
+    from wschat.server.engine.local.options import LocalEngineOptions
 
     from .ceiling import static_batch
     from .inprocess import InProcess
@@ -261,7 +265,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             wschat_error = None
 
         loaded = build(_shape(args), args.tokenizer, args.device, args.dtype)
-        local = InProcess(loaded, HFEngine(loaded, prompt_format=PROMPT_FORMAT))
+        local = InProcess(loaded, HFEngine(loaded, LocalEngineOptions(prompt_format=PROMPT_FORMAT)))
         result: dict[str, Any] = {
             "model": loaded.name,
             "device": _device_name(args.device),

@@ -32,6 +32,7 @@ from wschat.server.engine.local.grammar_mask import allocate_bitmask, apply_bitm
 from wschat.server.engine.local.loader import LoadedModel, load_model
 from wschat.server.engine.local.runner import ModelRunner
 from wschat.server.engine.local.sampling import RowSampler, pick_tokens
+from wschat.server.engine.local.sequence_kv import layer_layout
 from wschat.server.engine.local.threads import ThreadPolicy
 
 from . import render
@@ -59,7 +60,7 @@ class Decoder:
     """The batched engine's decode step over ``rows`` rows with 40 to 300 tokens of context."""
 
     def __init__(self, loaded: LoadedModel, rows: int) -> None:
-        self.runner = ModelRunner(loaded, rows)
+        self.runner = ModelRunner(loaded, layer_layout(loaded), rows)
         params = SamplingParams(max_new_tokens=1)  # greedy: the cheapest pick
         self.samplers = [RowSampler(params, [], loaded.model.device) for _ in range(rows)]
         with torch.inference_mode():

@@ -23,9 +23,10 @@ class InProcess:
     def load(cls) -> InProcess:
         from wschat.server.engine.local.hf import HFEngine
         from wschat.server.engine.local.loader import load_model
+        from wschat.server.engine.local.options import LocalEngineOptions
 
         loaded = load_model("embedded")
-        return cls(loaded, HFEngine(loaded, prompt_format=PROMPT_FORMAT))
+        return cls(loaded, HFEngine(loaded, LocalEngineOptions(prompt_format=PROMPT_FORMAT)))
 
     @staticmethod
     def model_dir() -> str:

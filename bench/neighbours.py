@@ -95,11 +95,12 @@ async def measure(model: str, tokens: int, rounds: int) -> dict[str, list[tuple[
     from wschat.server.engine.history import Conversation
     from wschat.server.engine.local.batched import BatchedEngine
     from wschat.server.engine.local.loader import load_model
+    from wschat.server.engine.local.options import LocalEngineOptions
 
     from .inprocess import PROMPT_FORMAT
 
     loaded = load_model(model)
-    engine = BatchedEngine(loaded, width=WIDTH, prompt_format=PROMPT_FORMAT)
+    engine = BatchedEngine(loaded, LocalEngineOptions(width=WIDTH, prompt_format=PROMPT_FORMAT))
     conversation = Conversation(engine.prompt_format)
     prompts = [conversation.prompt_ids(conversation.tokenize_user(story(i))) for i in range(WIDTH)]
     vocabulary = engine.runner.lm_head.out_features

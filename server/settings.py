@@ -35,10 +35,11 @@ ENGINE_DIALECTS = ("auto", "vllm", "llama.cpp", "sglang")
 GRAMMAR_AT_FIRST_USE, GRAMMAR_AT_START = "first-use", "start"
 GRAMMAR_VOCABULARY = (GRAMMAR_AT_FIRST_USE, GRAMMAR_AT_START)
 # The batched engine's width under --max-concurrent auto where memory is no limit
-# (runtime/batch_width.py: the rule and the memory; `python -m bench --only widths` measures the
-# CPU's, bench/gpu.py the GPU's). Wider is better while a step over more rows costs far less than
-# several narrower steps: rows past the width wait for whole replies. On a GPU a decode step
-# reads every weight once whatever the rows, so memory sets the width long before speed does.
+# (engine/local/batch_width.py: the rule and the memory; `python -m bench --only widths`
+# measures the CPU's, bench/gpu.py the GPU's). Wider is better while a step over more rows costs
+# far less than several narrower steps: rows past the width wait for whole replies. On a GPU a
+# decode step reads every weight once whatever the rows, so memory sets the width long before
+# speed does. (engine/local/batch_width.py repeats it: the settings import no engine.)
 PREFERRED = {"cpu": 32, "cuda": 64}
 # Generations at once under --max-concurrent auto for an engine that does not batch
 # ("generate": a thread each; "openai": requests in flight to its server)
@@ -129,7 +130,7 @@ class Settings:
         "User:/Assistant: transcript for pretrained base models such as the embedded one), "
         "`chat-template`, `gemma-turns` or `transcript`",
     )
-    # None is auto: runtime/batch_width.py says what and why
+    # None is auto: engine/local/batch_width.py says what and why
     max_concurrent: int | None = option(
         None,
         "generations running at once across all sessions (the batched engine's batch width; "

@@ -68,9 +68,8 @@ def _about_embedded(engine: Engine, settings: Settings) -> Engine:
     return engine
 
 
-# What makes a local engine of the loaded model: the settings, the model, the thread policy and
-# the options both local engines take
-LocalMaker = Callable[[Settings, Any, Any, dict[str, Any]], Engine]
+# What makes a local engine of the loaded model, of its options and thread policy
+LocalMaker = Callable[[Any, Any, Any], Engine]
 
 
 def _local(make: LocalMaker) -> Callable[[Settings], Engine]:
@@ -141,6 +140,7 @@ def _start_llamacpp(settings: Settings) -> Engine:
 
 def _load_local(settings: Settings, make: LocalMaker) -> Engine:
     from ..engine.local.loader import load_model
+    from ..engine.local.options import LocalEngineOptions
     from ..engine.local.threads import ThreadPolicy
 
     threads = ThreadPolicy(settings.threads)
@@ -148,14 +148,16 @@ def _load_local(settings: Settings, make: LocalMaker) -> Engine:
     loaded = load_model(
         settings.model, cache_dir=settings.cache_dir, device=settings.device, dtype=settings.dtype
     )
-    common: dict[str, Any] = {
-        "prompt_format": settings.prompt_format,
-        "context_tokens": settings.context_tokens,
-        "max_images": settings.max_images,
-        "kv_budget_bytes": settings.kv_budget_mib << 20,
-        "shared_openings": settings.shared_openings,
-    }
-    engine = make(settings, loaded, threads, common)
+    options = LocalEngineOptions(
+        context_tokens=settings.context_tokens,
+        max_images=settings.max_images,
+        kv_budget_bytes=settings.kv_budget_mib << 20,
+        shared_openings=settings.shared_openings,
+        prompt_format=settings.prompt_format,
+        width=settings.max_concurrent,  # None: auto (engine/local/batch_width.py)
+        prefill_tokens=settings.prefill_chunk_tokens,
+    )
+    engine = make(loaded, options, threads)
     info = engine.info
     log.info(
         "engine %s: %s on %s (%s), %d generations at once, prompt format %s",
@@ -169,48 +171,16 @@ def _load_local(settings: Settings, make: LocalMaker) -> Engine:
     return engine
 
 
-def _batched(settings: Settings, loaded: Any, threads: Any, common: dict[str, Any]) -> Engine:
+def _batched(loaded: Any, options: Any, threads: Any) -> Engine:
     from ..engine.local.batched import BatchedEngine
 
-    return BatchedEngine(
-        loaded,
-        width=_batch_width(settings, loaded),
-        prefill_tokens=settings.prefill_chunk_tokens,
-        threads=threads,
-        **common,
-    )
+    return BatchedEngine(loaded, options, threads=threads)
 
 
-def _generate(settings: Settings, loaded: Any, threads: Any, common: dict[str, Any]) -> Engine:
+def _generate(loaded: Any, options: Any, threads: Any) -> Engine:
     from ..engine.local.hf import HFEngine
 
-    return HFEngine(loaded, threads=threads, **common)
-
-
-def _batch_width(settings: Settings, loaded: Any) -> int:
-    """``--max-concurrent`` when given; else the default for the device and the memory left
-    (runtime/batch_width.py), from the loaded model's shape."""
-    if settings.max_concurrent is not None:
-        return settings.max_concurrent
-    from ..engine.local.memory import free_bytes
-    from .batch_width import KVShape, default_width
-
-    text = getattr(loaded.model.config, "text_config", loaded.model.config)
-    layers = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
-    context = min(settings.context_tokens, int(getattr(text, "max_position_embeddings", 8192)))
-    shape = KVShape.of(
-        layers,
-        int(getattr(text, "sliding_window", None) or context),
-        int(text.num_key_value_heads),
-        int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads),
-        loaded.dtype.itemsize,
-    )
-    reserved = settings.kv_budget_mib << 20  # the idle sessions' KV state, on the same device
-    chosen = default_width(
-        loaded.device, shape.row_bytes(context), free_bytes(loaded.device), reserved
-    )
-    log.info("batch width (--max-concurrent auto): %s", chosen.reason)
-    return chosen.width
+    return HFEngine(loaded, options, threads=threads)
 
 
 # The one table of engine kinds (docs/architecture.md "A new engine"); a test keeps each kind's

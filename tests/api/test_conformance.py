@@ -27,10 +27,11 @@ async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, str
         engine = request.getfixturevalue("connected_openai")
     else:
         from wschat.server.engine.local.batched import BatchedEngine
+        from wschat.server.engine.local.options import LocalEngineOptions
         from wschat.server.engine.local.threads import ThreadPolicy
 
         loaded = request.getfixturevalue("tiny_text_loaded")
-        engine = BatchedEngine(loaded, width=2, threads=ThreadPolicy(1))
+        engine = BatchedEngine(loaded, LocalEngineOptions(width=2), threads=ThreadPolicy(1))
     try:
         async with running_server(engine) as url:
             yield url, request.param

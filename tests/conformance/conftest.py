@@ -28,8 +28,9 @@ def _engine(name: str, request: pytest.FixtureRequest) -> Engine:
     loaded = request.getfixturevalue("tiny_text_loaded")
     if name == "batched":
         from wschat.server.engine.local.batched import BatchedEngine
+        from wschat.server.engine.local.options import LocalEngineOptions
 
-        return BatchedEngine(loaded, width=2)
+        return BatchedEngine(loaded, LocalEngineOptions(width=2))
     from wschat.server.engine.local.hf import HFEngine
 
     return HFEngine(loaded)

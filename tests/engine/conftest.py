@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.engine.batch_runs import WIDTH
 
@@ -16,6 +17,6 @@ from tests.engine.batch_runs import WIDTH
 async def batched(tiny_text_loaded: LoadedModel) -> AsyncIterator[BatchedEngine]:
     """The batched engine over the tiny text model, ``WIDTH`` rows wide, prefilling in chunks of
     32 tokens."""
-    engine = BatchedEngine(tiny_text_loaded, width=WIDTH, prefill_tokens=32)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=WIDTH, prefill_tokens=32))
     yield engine
     await engine.aclose()

@@ -15,6 +15,7 @@ from wschat.server.engine.base import Finished, Generation, GenerationRequest, S
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel, load_model
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.support import RawPeer, collect
 
@@ -25,8 +26,8 @@ WINDOW = 16  # the tiny model's sliding window
 def make_engine(loaded: LoadedModel, kind: str, **options: Any) -> Engine:
     """The ``generate`` or the batched engine over ``loaded`` (prefills in chunks of 32)."""
     if kind == "generate":
-        return HFEngine(loaded, **options)
-    return BatchedEngine(loaded, prefill_tokens=32, **options)
+        return HFEngine(loaded, LocalEngineOptions(**options))
+    return BatchedEngine(loaded, LocalEngineOptions(prefill_tokens=32, **options))
 
 
 def engine_fixture(loaded: str) -> Any:

@@ -23,6 +23,7 @@ from wschat.server.engine.local.attention import FULL, SLIDING
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 from wschat.server.engine.local.sequence_kv import LayerLayout
 from wschat.server.engine.local.slotkv import SlotKV
 
@@ -162,7 +163,7 @@ async def test_batched_greedy_replies_equal_generate_with_each_cuda_kernel_behin
 async def replies_equal_generate(loaded: LoadedModel, calls: fake.Calls) -> BatchedEngine:
     """Eight prompts at once in the batched engine reply as ``generate`` does alone; the
     engine, for its counts of forwards."""
-    batched = BatchedEngine(loaded, width=WIDTH, prefill_tokens=32)
+    batched = BatchedEngine(loaded, LocalEngineOptions(width=WIDTH, prefill_tokens=32))
     single = HFEngine(loaded)
     try:
         asks = prompts(batched, WIDTH)

@@ -22,6 +22,7 @@ from wschat.server.engine.base import (
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 from wschat.server.engine.local.output import OutputProcessor
 from wschat.server.engine.local.rows import BatchRow
 from wschat.server.engine.local.sampling import RowSampler
@@ -53,7 +54,7 @@ async def test_greedy_replies_equal_generate_with_the_same_packed_weights(
     # rounds a row's sums otherwise as the batch's row count changes (plain bf16 as much as
     # packed), so there each reply has the batch to itself
     together = tiny_text_packed.dtype == torch.float32
-    batched = BatchedEngine(tiny_text_packed, width=WIDTH, prefill_tokens=32)
+    batched = BatchedEngine(tiny_text_packed, LocalEngineOptions(width=WIDTH, prefill_tokens=32))
     single = HFEngine(tiny_text_packed)
     try:
         asks = prompts(batched, WIDTH)
@@ -76,7 +77,7 @@ async def test_prompts_arriving_over_several_loop_iterations_share_one_prefill_f
     # A window far longer than the gaps between the arrivals, in which the loop sits idle (as
     # between frames on different sockets): the burst is admitted together, not its first
     # prompt alone with the others waiting for its forward.
-    engine = BatchedEngine(tiny_text_loaded, width=WIDTH, gather_s=2.0)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=WIDTH, gather_s=2.0))
     try:
         asks = prompts(engine, 4)
         expected = [await alone(tiny_text_engine, ids, greedy(16)) for ids in asks]
@@ -97,7 +98,7 @@ async def test_a_burst_stays_whole_when_the_loop_is_held_up_between_two_of_its_p
     # The loop blocked far past the quiet gap after the first prompt (as by a thread start or a
     # collection, with the second frame already read): the worker waits for the loop to turn
     # before it takes the first prompt alone.
-    engine = BatchedEngine(tiny_text_loaded, width=WIDTH)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=WIDTH))
     engine.scheduler.idle_gather_cap_s = 5.0  # the wait for the loop decides, not the cap
     try:
         asks = prompts(engine, 2)
@@ -325,7 +326,7 @@ def test_generates_kv_state_taken_into_the_batch_continues_as_one_full_forward(
 ) -> None:
     """``KVState.of_cache``: a prefill of 5 tokens, then two decode steps, on the state of a
     transformers cache give the logits of one forward over everything."""
-    engine = BatchedEngine(tiny_text_loaded, width=1)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=1))
     model = tiny_text_loaded.model
     ids = [2, *engine.tokenize_text("hello world " * 30)][: cached + 7]
     with torch.inference_mode():

@@ -9,6 +9,7 @@ from typing import Any
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.engine.local_turns import ask
 from tests.images import samples
@@ -21,8 +22,8 @@ async def test_an_image_conversations_text_only_turns_run_in_the_batch_and_equal
     """Turns with new images run in generate; the turns after them without images come back to
     the batch on generate's KV state (image tokens included), and every reply equals that of an
     engine that re-encodes every image and prefills everything each turn."""
-    engine = BatchedEngine(tiny_vision_loaded, prefill_tokens=32)
-    twin = HFEngine(tiny_vision_loaded, kv_budget_bytes=0)
+    engine = BatchedEngine(tiny_vision_loaded, LocalEngineOptions(prefill_tokens=32))
+    twin = HFEngine(tiny_vision_loaded, LocalEngineOptions(kv_budget_bytes=0))
     turns = [
         ("What is this?", [samples.png()]),
         ("And now? " * 6, None),  # a tail longer than the sliding window (16)
@@ -68,7 +69,8 @@ async def test_an_image_conversations_text_only_turns_run_in_the_batch_and_equal
 async def test_a_text_turn_whose_image_state_was_evicted_re_encodes_in_generate(
     tiny_vision_loaded: LoadedModel,
 ) -> None:
-    engine = BatchedEngine(tiny_vision_loaded, kv_budget_bytes=0)  # keeps nothing
+    # keeps nothing
+    engine = BatchedEngine(tiny_vision_loaded, LocalEngineOptions(kv_budget_bytes=0))
     try:
         async with running_server(engine) as url, raw_peer(url) as (peer, _):
             frame = {

@@ -10,6 +10,7 @@ from typing import Any
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.engine.batch_runs import WIDTH
 from tests.engine.hostile import HOSTILE_PARAMS
@@ -42,7 +43,7 @@ async def test_eight_sessions_over_a_server_get_the_replies_they_get_alone(
 async def test_prompts_beyond_the_batch_width_are_queued_with_their_positions(
     tiny_text_loaded: LoadedModel,
 ) -> None:
-    engine = BatchedEngine(tiny_text_loaded, width=2)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=2))
     try:
         async with (
             running_server(engine, max_concurrent=2, max_queue=4) as url,

@@ -16,6 +16,7 @@ from wschat.server.engine.history import Conversation
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.engine.local_turns import (
     Engine,
@@ -130,7 +131,9 @@ async def test_kv_budget_in_bytes_evicts_the_least_recently_used_idle_session(
 async def test_a_session_bigger_than_the_whole_budget_is_not_kept(
     tiny_text_loaded: LoadedModel,
 ) -> None:
-    engine = HFEngine(tiny_text_loaded, kv_budget_bytes=kv_bytes(tiny_text_loaded, 4))
+    engine = HFEngine(
+        tiny_text_loaded, LocalEngineOptions(kv_budget_bytes=kv_bytes(tiny_text_loaded, 4))
+    )
     try:
         await run(engine, [2, *user_turn(engine, "hi")], "a")
         assert sessions_cached(engine) == set() and engine.kv.bytes == 0
@@ -226,7 +229,7 @@ async def test_cancelled_reply_stays_in_history_and_cache_and_reset_drops_both(
 async def test_stats_report_the_kv_bytes_held_and_the_budget(
     tiny_text_loaded: LoadedModel,
 ) -> None:
-    engine = BatchedEngine(tiny_text_loaded, kv_budget_bytes=3 << 20)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(kv_budget_bytes=3 << 20))
     try:
         async with running_server(engine) as url, stats_socket(url) as ws:
             first = await next_stats(ws)

@@ -27,6 +27,7 @@ from wschat.server.engine import (
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.support import TIMEOUT, RawPeer, collect, raw_peer, running_server
 
@@ -53,7 +54,7 @@ async def engine(
     if request.param == "generate":
         built = HFEngine(tiny_text_loaded)
     else:
-        built = BatchedEngine(tiny_text_loaded, width=4, prefill_tokens=32)
+        built = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=4, prefill_tokens=32))
     yield built
     await built.aclose()
 
@@ -114,7 +115,8 @@ async def test_out_of_memory_in_a_forward_is_overloaded_and_the_next_prompt_work
 async def test_a_batched_pass_out_of_memory_ends_its_rows_and_the_waiting_ones_go_on(
     tiny_text_loaded: LoadedModel,
 ) -> None:
-    engine = BatchedEngine(tiny_text_loaded, width=1, prefill_tokens=32)  # one row at a time
+    # one row at a time
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=1, prefill_tokens=32))
     try:
         ids = [2, *engine.tokenize_text("hello there")]
         params = SamplingParams(max_new_tokens=8)
@@ -158,7 +160,7 @@ async def decoding(generation: Generation) -> str:
 async def test_a_prefill_out_of_memory_ends_its_prompt_and_the_decoding_rows_go_on(
     tiny_text_loaded: LoadedModel,
 ) -> None:
-    engine = BatchedEngine(tiny_text_loaded, width=2, prefill_tokens=32)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=2, prefill_tokens=32))
     try:
         story = GenerationRequest([2, *engine.tokenize_text("tell me a story")], LONG)
         unharmed = await collect(engine.generate(story))
@@ -180,7 +182,7 @@ async def test_a_decode_out_of_memory_ends_the_decoding_rows_and_a_prompt_being_
     tiny_text_loaded: LoadedModel,
 ) -> None:
     # a prompt of 3 chunks of 16: still being fed when the step after its first chunk fails
-    engine = BatchedEngine(tiny_text_loaded, width=2, prefill_tokens=16)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=2, prefill_tokens=16))
     try:
         story = GenerationRequest([2, *engine.tokenize_text("tell me a story")], LONG)
         fed = GenerationRequest([2, *range(300, 340)], SHORT)
@@ -200,7 +202,7 @@ async def test_a_decode_out_of_memory_ends_the_decoding_rows_and_a_prompt_being_
 async def test_a_decode_out_of_memory_ends_the_reply_with_least_done_and_runs_again(
     tiny_text_loaded: LoadedModel,
 ) -> None:
-    engine = BatchedEngine(tiny_text_loaded, width=2, prefill_tokens=32)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=2, prefill_tokens=32))
     try:
         story = GenerationRequest([2, *engine.tokenize_text("tell me a story")], LONG)
         later = GenerationRequest([2, *engine.tokenize_text("hello there")], LONG)

@@ -17,6 +17,7 @@ from wschat.server.engine.formats import TokenizerCodec, Transcript, newline_ids
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel, load_model
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.engine.bigram import build_bigram_model
 from tests.support import RawPeer, raw_peer, running_server
@@ -49,7 +50,7 @@ async def engine(
     request: pytest.FixtureRequest, scripted_loaded: LoadedModel
 ) -> AsyncIterator[Any]:
     kind = HFEngine if request.param == "generate" else BatchedEngine
-    built: Engine = kind(scripted_loaded, prompt_format="transcript")
+    built: Engine = kind(scripted_loaded, LocalEngineOptions(prompt_format="transcript"))
     yield built
     await built.aclose()
 

@@ -10,6 +10,7 @@ import pytest
 import websockets
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import TIMEOUT, closed_before_ready, raw_peer, running_server
@@ -106,7 +107,7 @@ async def test_a_tiny_frame_cannot_expand_into_a_huge_object() -> None:
 async def test_max_new_tokens_is_capped_by_what_the_context_leaves(
     tiny_text_loaded: LoadedModel,
 ) -> None:
-    engine = HFEngine(tiny_text_loaded, context_tokens=40)
+    engine = HFEngine(tiny_text_loaded, LocalEngineOptions(context_tokens=40))
     try:
         async with running_server(engine) as url, raw_peer(url) as (peer, _):
             await peer.send(

@@ -74,8 +74,9 @@ def foreign_kept_reply(state: dict[str, Any], _: dict[str, Any]) -> None:
 @pytest.fixture
 async def batched3(tiny_text_loaded: LoadedModel) -> AsyncIterator[BatchedEngine]:
     from wschat.server.engine.local.batched import BatchedEngine
+    from wschat.server.engine.local.options import LocalEngineOptions
 
-    engine = BatchedEngine(tiny_text_loaded, width=3, prefill_tokens=64)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=3, prefill_tokens=64))
     yield engine
     await engine.aclose()
 

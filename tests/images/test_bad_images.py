@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.images import samples
 from tests.support import RawPeer, raw_peer, running_server
@@ -97,7 +98,7 @@ async def test_accepted_images_report_the_size_the_model_sees(
 
 
 async def test_more_images_than_max_images_is_too_large(tiny_vision_loaded: LoadedModel) -> None:
-    engine = HFEngine(tiny_vision_loaded, max_images=2)
+    engine = HFEngine(tiny_vision_loaded, LocalEngineOptions(max_images=2))
     picture = samples.png()
     async with running_server(engine) as url, raw_peer(url) as (peer, ready):
         assert ready["capabilities"] == {"images": True, "max_images": 2}

@@ -7,6 +7,7 @@ from typing import Any
 
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.images import samples
 from tests.support import RawPeer, raw_peer, running_server
@@ -69,7 +70,7 @@ async def test_follow_up_keeps_the_image_and_matches_a_full_reprefill(
     """The second and third turns reuse the KV state of the first (image included); a twin
     engine that keeps no KV state re-encodes every image and must reply the same."""
     reusing = HFEngine(tiny_vision_loaded)
-    reprefilling = HFEngine(tiny_vision_loaded, kv_budget_bytes=0)
+    reprefilling = HFEngine(tiny_vision_loaded, LocalEngineOptions(kv_budget_bytes=0))
     turns = [
         ("Look at this.", [samples.jpeg(64, 64)]),
         ("What was in the picture above?", None),

@@ -32,8 +32,9 @@ ENDLESS = 100_000  # a scripted reply that only a cancel ends
 @pytest.fixture
 async def batched(tiny_text_loaded: LoadedModel) -> AsyncIterator[BatchedEngine]:
     from wschat.server.engine.local.batched import BatchedEngine
+    from wschat.server.engine.local.options import LocalEngineOptions
 
-    engine = BatchedEngine(tiny_text_loaded, width=2, prefill_tokens=64)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=2, prefill_tokens=64))
     yield engine
     await engine.aclose()
 

@@ -63,16 +63,18 @@ from wschat.protocol import FinishReason
 
 from ..base import Generation, GenerationRequest, KVUsage, LoopBridge, SamplingParams
 from ..stopping import token_budget
+from .batch_width import width_for
 from .hf import HFEngine
-from .kvstore import SHARED_OPENINGS, CachedPrefix, KVStore, cached_prefix, latest_mark
+from .kvstore import CachedPrefix, KVStore, cached_prefix, latest_mark
 from .loader import LoadedModel
 from .memory import give_back, out_of_memory
+from .options import DEFAULT_OPTIONS, LocalEngineOptions
 from .output import OutputProcessor
 from .rows import BatchRow
 from .runner import ModelRunner
 from .sampling import RowSampler
-from .scheduler import GATHER_S, RowState, Scheduler
-from .sequence_kv import KVState
+from .scheduler import RowState, Scheduler
+from .sequence_kv import KVState, LayerLayout, layer_layout
 from .siblings import Siblings
 from .threads import ThreadPolicy
 
@@ -96,38 +98,25 @@ class BatchedEngine:
     def __init__(
         self,
         loaded: LoadedModel,
+        options: LocalEngineOptions = DEFAULT_OPTIONS,
         *,
-        width: int = 8,
-        context_tokens: int = 8192,
-        max_images: int = 4,
-        kv_budget_bytes: int = 1 << 30,
-        shared_openings: int = SHARED_OPENINGS,
-        prefill_tokens: int = 512,
-        prompt_format: str = "auto",
         threads: ThreadPolicy | None = None,
-        gather_s: float = GATHER_S,
     ) -> None:
         # one budget: the image path keeps its state here too
-        self.kv = KVStore(kv_budget_bytes, shared_openings)
+        self.kv = KVStore(options.kv_budget_bytes, options.shared_openings)
         self.threads = threads or ThreadPolicy()
-        self.single = HFEngine(
-            loaded,
-            context_tokens=context_tokens,
-            max_images=max_images,
-            kv=self.kv,
-            prompt_format=prompt_format,
-            threads=self.threads,
-            fills_openings=False,
-        )
+        self.single = HFEngine(loaded, options, threads=self.threads, kv=self.kv)
+        layout = layer_layout(loaded)
+        width = options.width or self._auto_width(loaded, layout, options)
         self.info = replace(self.single.info, name=self.name, batch_width=width)
         self.prompt_format = self.single.prompt_format
         self.text_tokenizer = self.single.text_tokenizer
         self.model = loaded.model
         self.width = width
         loaded.prepare(width)
-        self.runner = ModelRunner(loaded, width)
+        self.runner = ModelRunner(loaded, layout, width)
         self.scheduler: Scheduler[BatchRow] = Scheduler(
-            self.runner, width, prefill_tokens=prefill_tokens, gather_s=gather_s
+            self.runner, width, prefill_tokens=options.prefill_tokens, gather_s=options.gather_s
         )
         self.output = OutputProcessor(self.kv)
         self._worker: threading.Thread | None = None  # the latest worker (aclose joins it)
@@ -140,6 +129,16 @@ class BatchedEngine:
         # replies to one prompt prefill it once (siblings.py); the loop rows are submitted on
         self.siblings = Siblings()
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _auto_width(
+        self, loaded: LoadedModel, layout: LayerLayout, options: LocalEngineOptions
+    ) -> int:
+        """The width where none was given: the device's, as the memory holds it
+        (``batch_width.py``) at the engine's context, less the idle sessions' KV budget."""
+        context = self.single.info.context_tokens
+        chosen = width_for(loaded, layout, context, options.kv_budget_bytes)
+        log.info("batch width (--max-concurrent auto): %s", chosen.reason)
+        return chosen.width
 
     # -- the Engine interface ------------------------------------------------------------
 

@@ -55,7 +55,6 @@ from .dynamic_cache import OpeningCopy, cache_tensors, copied_cache, crop_cache,
 from .image_layout import ImageLayout
 from .kvstore import (
     MIN_OPENING_TOKENS,
-    SHARED_OPENINGS,
     CachedPrefix,
     KVStore,
     cached_prefix,
@@ -66,6 +65,7 @@ from .loader import LoadedModel
 from .logits_processors import Constrain, sampling_kwargs
 from .logprobs import LogprobRecorder
 from .memory import give_back, out_of_memory
+from .options import DEFAULT_OPTIONS, LocalEngineOptions
 from .streamer import StopWhen, TokenStreamer, cancel_or_stop
 from .threads import ThreadPolicy
 
@@ -80,19 +80,12 @@ class HFEngine:
     def __init__(
         self,
         loaded: LoadedModel,
+        options: LocalEngineOptions = DEFAULT_OPTIONS,
         *,
-        context_tokens: int = 8192,
-        max_images: int = 4,
-        kv_budget_bytes: int = 1 << 30,
-        kv: KVStore | None = None,
-        shared_openings: int = SHARED_OPENINGS,
-        prompt_format: str = "auto",
         threads: ThreadPolicy | None = None,
-        fills_openings: bool = True,
+        kv: KVStore | None = None,
     ) -> None:
-        """``shared_openings``: openings its own store keeps (``kv``: a store of the caller's,
-        with its own); ``fills_openings``: whether its generations keep their prompt's opening
-        there (the batched engine's image path does not: its openings are the batch's form)."""
+        """``kv``: a store of the caller's (else one of its own, of ``options``' budget)."""
         self.loaded = loaded
         loaded.prepare(1)  # generate's forwards take the head one row at a time
         self.threads = threads or ThreadPolicy()
@@ -103,16 +96,16 @@ class HFEngine:
         images = ImageLayout.of(loaded) if loaded.has_vision else None
         eos = frozenset(_eos_ids(self.model.generation_config, self.tokenizer))
         self.prompt_format = build_format(
-            prompt_format, self.tokenizer, eos, instruction_tuned=loaded.instruction_tuned
+            options.prompt_format, self.tokenizer, eos, instruction_tuned=loaded.instruction_tuned
         )
         self.info = EngineInfo(
             name=self.name,
             model=loaded.name,
             runs_on=loaded.device,
             backend=loaded.precision_name,
-            context_tokens=min(context_tokens, limit),
+            context_tokens=min(options.context_tokens, limit),
             images=loaded.has_vision,
-            max_images=max_images if loaded.has_vision else 0,
+            max_images=options.max_images if loaded.has_vision else 0,
             prompt_format=self.prompt_format.name,
             vocab_size=int(self.model.get_input_embeddings().num_embeddings),
             fingerprint=fingerprint(
@@ -122,8 +115,9 @@ class HFEngine:
             ),
             image_size=images.input_size if images is not None else None,
         )
-        self.kv = kv if kv is not None else KVStore(kv_budget_bytes, shared_openings)
-        self.fills_openings = fills_openings
+        self.kv = (
+            kv if kv is not None else KVStore(options.kv_budget_bytes, options.shared_openings)
+        )
         text_config = self.model.config.get_text_config()
         self._window: int | None = getattr(text_config, "sliding_window", None)
         self.text_tokenizer = TextTokenizer()

@@ -27,7 +27,7 @@ from .slotkv import SlotKV
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, width: int) -> None:
+    def __init__(self, loaded: LoadedModel, layout: LayerLayout, width: int) -> None:
         self.model = loaded.model
         inner = self.model.model
         self._text = getattr(inner, "language_model", inner)  # the decoder stack, text only
@@ -35,7 +35,7 @@ class ModelRunner:
         text_config = getattr(self.model.config, "text_config", self.model.config)
         self._softcap = getattr(text_config, "final_logit_softcapping", None)
         self._pad_id = int(loaded.tokenizer.pad_token_id or 0)
-        self.layout = LayerLayout.of(text_config, loaded.dtype, self.model.device)
+        self.layout = layout
         # One set of buffers: the decoding rows first, then the prefilling ones, so a row whose
         # prompt is done starts decoding where it is (no copy of its cache) and the rows of a
         # width need one row of KV buffers each (worker thread only, like the scheduler's slots)

@@ -11,12 +11,15 @@ A sliding-window layer keeps a ring of ``window`` columns where position ``p`` l
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .attention import FULL, SLIDING
 from .kvstore import RingMark, held_bytes, window_holds
+
+if TYPE_CHECKING:
+    from .loader import LoadedModel
 
 
 @dataclass(slots=True)
@@ -133,3 +136,9 @@ class LayerLayout:
             dtype,
             device,
         )
+
+
+def layer_layout(loaded: LoadedModel) -> LayerLayout:
+    """The layout of the loaded model's text decoder."""
+    config = loaded.model.config
+    return LayerLayout.of(getattr(config, "text_config", config), loaded.dtype, loaded.model.device)
