@@ -156,9 +156,9 @@ def _use_variant(engine: Any, name: str) -> None:
     if name == "default":
         return
     variant = VARIANTS[name]
-    tokenizer = engine.single.tokenizer
+    tokenizer = engine.tokenizer
     lines = newline_ids(tokenizer)
-    eos = engine.single.prompt_format.end_ids - lines
+    eos = engine.prompt_format.end_ids - lines
     fmt = Transcript(
         TokenizerCodec(tokenizer),
         eos,
@@ -168,7 +168,7 @@ def _use_variant(engine: Any, name: str) -> None:
         examples=variant.examples,
         labels=variant.labels,
     )
-    engine.prompt_format = engine.single.prompt_format = fmt
+    engine.prompt_format = fmt
 
 
 async def _converse(engine: Any, key: str, turns: Sequence[str], limit: int) -> list[str]:
@@ -209,7 +209,7 @@ async def measure(
     out: dict[str, Any] = {}
     try:
         for variant in variants:
-            engine.prompt_format = engine.single.prompt_format = original
+            engine.prompt_format = original
             _use_variant(engine, variant)
             result: dict[str, Any] = {}
             for set_name in sets:

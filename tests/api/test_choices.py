@@ -13,6 +13,7 @@ import httpx
 import pytest
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.api.support import async_client, user
 from tests.support import TIMEOUT, http_base, running_server
@@ -20,7 +21,7 @@ from tests.support import TIMEOUT, http_base, running_server
 
 @pytest.fixture
 async def batched(tiny_text_loaded: LoadedModel) -> AsyncIterator[BatchedEngine]:
-    engine = BatchedEngine(tiny_text_loaded, width=4, prefill_tokens=64)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=4, prefill_tokens=64))
     yield engine
     await engine.aclose()
 

@@ -11,6 +11,7 @@ import pytest
 from wschat.server.engine.base import GenerationRequest, SamplingParams
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.support import collect
 
@@ -19,7 +20,7 @@ SEEDS = (11, 12, 13, 14)
 
 @pytest.fixture
 async def batched(tiny_text_loaded: LoadedModel) -> AsyncIterator[BatchedEngine]:
-    engine = BatchedEngine(tiny_text_loaded, width=4, prefill_tokens=32)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=4, prefill_tokens=32))
     yield engine
     await engine.aclose()
 

@@ -28,6 +28,7 @@ from wschat.server.engine.grammar import ResponseFormat
 from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.options import LocalEngineOptions
 
 from tests.support import TIMEOUT, collect
 
@@ -47,7 +48,7 @@ FORMAT = ResponseFormat(SCHEMA, strict=True)
 
 @pytest.fixture
 async def batched(tiny_text_loaded: LoadedModel) -> AsyncIterator[BatchedEngine]:
-    engine = BatchedEngine(tiny_text_loaded, width=4, prefill_tokens=32)
+    engine = BatchedEngine(tiny_text_loaded, LocalEngineOptions(width=4, prefill_tokens=32))
     yield engine
     await engine.aclose()
 

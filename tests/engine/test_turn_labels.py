@@ -34,15 +34,13 @@ def scripted_loaded(tiny_text_dir: Path, tmp_path_factory: pytest.TempPathFactor
 
 
 def with_labels(engine: Any, labels: tuple[str, str]) -> None:
-    """Render the engine's prompts with other turn labels (the batched engine and its
-    ``generate`` share one format)."""
-    tokenizer = engine.tokenizer if isinstance(engine, HFEngine) else engine.single.tokenizer
+    """Render the engine's prompts with other turn labels (the batched engine's image path
+    reads the same ``LocalModel.prompt_format``)."""
+    tokenizer = engine.tokenizer
     fmt = Transcript(
         TokenizerCodec(tokenizer), frozenset({1}), newline_ids(tokenizer), labels=labels
     )
     engine.prompt_format = fmt
-    if isinstance(engine, BatchedEngine):
-        engine.single.prompt_format = fmt
 
 
 @pytest.fixture(params=["generate", "batched"])

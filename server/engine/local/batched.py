@@ -29,15 +29,16 @@ own work (its token pick, its text, its finish) ends that row alone with an erro
 the prefilling ones or the decoding ones, and the others go on (a decode step out of memory
 ends only the row that has generated least, and runs again without it); any other failure
 of a pass ends every row in a slot, and the loop goes on with the rows that come next. KV
-state is kept per session across turns in a ``KVStore`` (the same contract as
-``HFEngine``): a prompt that extends a session's cached tokens prefills only the new ones.
+state is kept per session across turns in the ``LocalModel``'s ``KVStore`` (the same contract
+as ``generate``'s): a prompt that extends a session's cached tokens prefills only the new ones.
 
-Turns with new images go to an ``HFEngine`` over the same model (one ``generate`` each), which
-encodes them. A later turn of that conversation without new images comes back to the batch: the
-``generate`` path's KV state (a transformers ``Cache``, in the same ``KVStore``) holds every
-earlier image's tokens, and is taken over as a ``KVState`` (``KVState.of_cache``) when the row
-joins, so the text-only tail is prefilled by the text decoder alone. Where that state is gone
-(evicted), the turn goes to ``generate`` again, which re-encodes the conversation's images.
+Turns with new images go to the ``generate`` path over the same model (``GeneratePath``: one
+``generate`` each), which encodes them. A later turn of that conversation without new images
+comes back to the batch: the ``generate`` path's KV state (a transformers ``Cache``, in the same
+``KVStore``) holds every earlier image's tokens, and is taken over as a ``KVState``
+(``KVState.of_cache``) when the row joins, so the text-only tail is prefilled by the text
+decoder alone. Where that state is gone (evicted), the turn goes to ``generate`` again, which
+re-encodes the conversation's images.
 
 Why not transformers' continuous batching manager (``model.init_continuous_batching()``), which
 also streams, cancels and batches per request: ``python -m bench`` measures both against the
@@ -53,21 +54,19 @@ import asyncio
 import logging
 import threading
 from dataclasses import replace
-from typing import Any
 
-import numpy as np
 import torch
-from PIL.Image import Image
 from transformers import Cache
 from wschat.protocol import FinishReason
 
-from ..base import Generation, GenerationRequest, KVUsage, LoopBridge, SamplingParams
+from ..base import Generation, GenerationRequest, LoopBridge
 from ..stopping import token_budget
 from .batch_width import width_for
-from .hf import HFEngine
-from .kvstore import CachedPrefix, KVStore, cached_prefix, latest_mark
+from .generate_path import GeneratePath
+from .kvstore import CachedPrefix, cached_prefix, latest_mark
 from .loader import LoadedModel
 from .memory import give_back, out_of_memory
+from .model import LocalModel
 from .options import DEFAULT_OPTIONS, LocalEngineOptions
 from .output import OutputProcessor
 from .rows import BatchRow
@@ -92,7 +91,7 @@ class ForwardFailed(Exception):
         self.retries = retries
 
 
-class BatchedEngine:
+class BatchedEngine(LocalModel):
     name = "batched"
 
     def __init__(
@@ -102,16 +101,11 @@ class BatchedEngine:
         *,
         threads: ThreadPolicy | None = None,
     ) -> None:
-        # one budget: the image path keeps its state here too
-        self.kv = KVStore(options.kv_budget_bytes, options.shared_openings)
-        self.threads = threads or ThreadPolicy()
-        self.single = HFEngine(loaded, options, threads=self.threads, kv=self.kv)
+        super().__init__(loaded, options, threads)
+        self.path = GeneratePath(self)  # the turns with new images
         layout = layer_layout(loaded)
         width = options.width or self._auto_width(loaded, layout, options)
-        self.info = replace(self.single.info, name=self.name, batch_width=width)
-        self.prompt_format = self.single.prompt_format
-        self.text_tokenizer = self.single.text_tokenizer
-        self.model = loaded.model
+        self.info = replace(self.info, batch_width=width)
         self.width = width
         loaded.prepare(width)
         self.runner = ModelRunner(loaded, layout, width)
@@ -135,49 +129,18 @@ class BatchedEngine:
     ) -> int:
         """The width where none was given: the device's, as the memory holds it
         (``batch_width.py``) at the engine's context, less the idle sessions' KV budget."""
-        context = self.single.info.context_tokens
-        chosen = width_for(loaded, layout, context, options.kv_budget_bytes)
+        chosen = width_for(loaded, layout, self.info.context_tokens, options.kv_budget_bytes)
         log.info("batch width (--max-concurrent auto): %s", chosen.reason)
         return chosen.width
 
-    # -- the Engine interface ------------------------------------------------------------
-
-    def kv_usage(self) -> KVUsage:
-        return self.kv.usage()  # the generate path's state too: one store, one budget
-
-    def worker_threads(self) -> int | None:
-        return self.threads.in_worker
-
-    # -- what Chat uses --------------------------------------------------------------------
-
-    def tokenize_text(self, text: str) -> list[int]:
-        return self.single.tokenize_text(text)
-
-    def token_id(self, token: str) -> int:
-        return self.single.token_id(token)
-
-    def image_placeholder_ids(self) -> list[int]:
-        return self.single.image_placeholder_ids()
-
-    def prepare_image(self, image: Image) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        return self.single.prepare_image(image)
-
-    def forget(self, session_key: str) -> None:
-        self.kv.forget(session_key)  # the image path's state too: one store
-
-    async def prepare_reply(self, params: SamplingParams) -> None:
-        await self.single.prepare_reply(params)  # one grammar side for both paths
-
     def generate(self, request: GenerationRequest) -> Generation:
-        key = request.session_key
         kinds = (KVState, Cache) if request.images else KVState
-        taken = self.kv.take(key, request.prompt_ids, kinds, request.opening_scope) if key else None
-        prefix = self._reusable(taken, request)
+        prefix = self._reusable(self.taken(request, kinds), request)
         if request.images:
             if request.fresh_images or not self._holds_every_image(request, prefix):
                 self.image_turns["generate"] += 1
                 usable = prefix if prefix and isinstance(prefix.cache, Cache) else None
-                return self.single.generate_from(request, usable)
+                return self.path.start(request, usable)
             self.image_turns["batch"] += 1
         generation = Generation(prompt_tokens=len(request.prompt_ids))
         generation.cached_tokens = len(prefix.ids) if prefix else 0
@@ -187,16 +150,16 @@ class BatchedEngine:
             request,
             generation,
             bridge,
-            self.single.streamer(bridge, request),
+            self.streamer(bridge, request),
             RowSampler(request.params, request.prompt_ids, self.model.device),
             prefix,
             token_budget(
                 request.params.max_new_tokens, self.info.context_tokens, len(request.prompt_ids)
             ),
             self.prompt_format.end_ids,
-            opening=self.single.opening_to_fill(request),
+            opening=self.opening_to_fill(request),
         )
-        row.grammar = self.single.matcher(request)
+        row.grammar = self.matcher(request)
         self._loop = loop
         if self.siblings.join(row):  # a sibling prefills the same prompt: this one waits
             generation.cached_tokens = len(request.prompt_ids)
@@ -209,11 +172,11 @@ class BatchedEngine:
     def _reusable(
         self, prefix: CachedPrefix | None, request: GenerationRequest
     ) -> CachedPrefix | None:
-        """``prefix`` cut back to what the request reuses (``HFEngine.reusable_length``), in
+        """``prefix`` cut back to what the request reuses (``LocalModel.reusable_length``), in
         the form it is in, or None where nothing is."""
         if prefix is None or not isinstance(prefix.cache, KVState):
-            return self.single.reusable(prefix, request)
-        n = self.single.reusable_length(prefix.ids, request)
+            return self.reusable(prefix, request)
+        n = self.reusable_length(prefix.ids, request)
         if n == len(prefix.ids):
             return prefix
         window = self.runner.layout.window
@@ -234,7 +197,7 @@ class BatchedEngine:
         rest of the prompt is text, which the batch prefills."""
         if prefix is None:
             return False
-        return self.single.image_layout.images_in(prefix.ids) == len(request.images)
+        return self.image_layout.images_in(prefix.ids) == len(request.images)
 
     def _wake(self) -> None:
         if self.scheduler.start_worker():
@@ -243,14 +206,11 @@ class BatchedEngine:
             )
             self._worker.start()
 
-    async def reachable(self) -> bool:
-        return True
-
     async def aclose(self) -> None:
         worker = self._worker
         if worker is not None:
             await asyncio.to_thread(worker.join, 30)
-        await self.single.aclose()
+        await self.path.aclose()
 
     # -- the worker thread ---------------------------------------------------------------
 
