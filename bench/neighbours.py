@@ -38,29 +38,31 @@ class PassClock:
 
     def __init__(self, engine: Any) -> None:
         from wschat.server.engine.local import runner
+        from wschat.server.engine.local.steps import StepKind
 
         self.passes: list[float] = []
         self.picks: list[float] = []
         # the runner module's names: ``pick_tokens`` is patched where the runner looks it up
         self._runner_names = vars(runner)
         self._runner = engine.runner
-        self._decode, self._pick = engine.runner.decode, self._runner_names["pick_tokens"]
+        self._execute, self._pick = engine.runner.execute, self._runner_names["pick_tokens"]
+        self._decode = StepKind.DECODE
         self._in_full_pass = False
 
     def __enter__(self) -> PassClock:
-        self._runner.decode = self._timed_decode
+        self._runner.execute = self._timed_execute
         self._runner_names["pick_tokens"] = self._timed_pick
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._runner.decode = self._decode
+        self._runner.execute = self._execute
         self._runner_names["pick_tokens"] = self._pick
 
-    def _timed_decode(self, rows: Any) -> Any:
-        self._in_full_pass = len(rows) == WIDTH
+    def _timed_execute(self, plan: Any) -> Any:
+        self._in_full_pass = plan.kind is self._decode and len(plan.rows) == WIDTH
         started = time.perf_counter()
         try:
-            return self._decode(rows)
+            return self._execute(plan)
         finally:
             if self._in_full_pass:
                 self.passes.append(time.perf_counter() - started)

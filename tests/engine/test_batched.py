@@ -27,6 +27,7 @@ from wschat.server.engine.local.output import OutputProcessor
 from wschat.server.engine.local.rows import BatchRow
 from wschat.server.engine.local.sampling import RowSampler
 from wschat.server.engine.local.sequence_kv import KVState
+from wschat.server.engine.local.steps import StepKind, StepPlan
 
 from tests.engine.batch_runs import WIDTH, alone, greedy, prompts
 from tests.engine.hostile import HOSTILE_PARAMS
@@ -163,7 +164,7 @@ async def test_cancel_in_a_batch_leaves_the_others_unchanged_and_ends_within_one
     events: list[str] = []
     original_set, original_step, original_finish = (
         CancelFlag.set,
-        BatchedEngine._decode_step,
+        BatchedEngine._step,
         OutputProcessor.finish,
     )
 
@@ -171,16 +172,17 @@ async def test_cancel_in_a_batch_leaves_the_others_unchanged_and_ends_within_one
         original_set(self)
         events.append("cancel")
 
-    def step_and_log(self: BatchedEngine) -> None:
-        events.append("step")
-        original_step(self)
+    def step_and_log(self: BatchedEngine, plan: StepPlan[BatchRow]) -> None:
+        if plan.kind is StepKind.DECODE:
+            events.append("step")
+        original_step(self, plan)
 
     def finish_and_log(self: OutputProcessor, row: BatchRow, *args: Any, **kwargs: Any) -> None:
         events.append(f"finish {row.request.prompt_ids is asks[1]}")
         original_finish(self, row, *args, **kwargs)
 
     monkeypatch.setattr(CancelFlag, "set", set_and_log)
-    monkeypatch.setattr(BatchedEngine, "_decode_step", step_and_log)
+    monkeypatch.setattr(BatchedEngine, "_step", step_and_log)
     monkeypatch.setattr(OutputProcessor, "finish", finish_and_log)
     generations = [batched.generate(GenerationRequest(ids, greedy(40))) for ids in asks]
     async with asyncio.timeout(TIMEOUT):

@@ -22,6 +22,7 @@ from wschat.server.engine.local.kvstore import CachedPrefix, KVStore
 from wschat.server.engine.local.output import OutputProcessor
 from wschat.server.engine.local.rows import BatchRow
 from wschat.server.engine.local.sampling import RowSampler
+from wschat.server.engine.local.scheduler import RowState
 from wschat.server.engine.local.sequence_kv import KVState
 
 from tests.support import collect
@@ -79,7 +80,7 @@ async def test_a_row_ends_at_max_new_tokens_or_at_an_end_token(
     words = tiny_text_engine.tokenize_text("one two three")
     row = make_row(tiny_text_engine, prompt, max_new_tokens=3)
     assert [output.stream(row, t) for t in words[:3]] == [None, None, FinishReason.LENGTH]
-    assert row.streamer.generated == words[:3] and row.next_token == words[2]
+    assert row.streamer.generated == words[:3] and row.last_token == words[2]
     (end, *_) = sorted(tiny_text_engine.prompt_format.end_ids)
     stopped = make_row(tiny_text_engine, prompt)
     assert [output.stream(stopped, t) for t in (words[0], end)] == [None, FinishReason.STOP]
@@ -109,6 +110,7 @@ async def test_a_finished_row_delivers_one_finished_and_keeps_its_state_for_the_
     assert reason is FinishReason.LENGTH
     # the state holds the prompt and the first reply token (the last one is never fed)
     output.finish(row, reason, state_of(len(prompt) + 1))
+    assert row.state is RowState.FINISHED
     output.finish(row, FinishReason.STOP, state_of(1))  # ignored: it has ended
     text, finished = await collect(row.generation)
     assert (finished.reason, finished.completion_ids, finished.error) == (
@@ -130,10 +132,10 @@ async def test_a_rows_failure_ends_it_alone_and_leaves_no_state(
     mate = make_row(tiny_text_engine, prompt, key="b")
     boom = RuntimeError("its streamer broke")
 
-    def broken(value: torch.Tensor) -> None:
+    def broken(token: int) -> None:
         raise boom
 
-    monkeypatch.setattr(failing.streamer, "put", broken)
+    monkeypatch.setattr(failing.streamer, "push", broken)
     word = tiny_text_engine.tokenize_text("one")[0]
     assert output.take(failing, word) is FinishReason.ERROR
     assert output.take(mate, word) is None

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from wschat.server.engine.local.scheduler import GATHER_S, RowState, Scheduler
+from wschat.server.engine.local.steps import StepKind
 
 from tests.support import modules_loaded_by
 
@@ -23,6 +24,14 @@ class Row:
     fed: int = 0
     cancelled: bool = False
     state: RowState = field(default=RowState.WAITING, init=False)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return list(range(100, 100 + self.prompt))
+
+    @property
+    def last_token(self) -> int:
+        return 7
 
     @property
     def unfed(self) -> int:
@@ -95,29 +104,43 @@ async def test_rows_are_admitted_in_arrival_order_up_to_the_width() -> None:
     assert names(s.slots) == ["r0", "r1", "r2"] and len(s.waiting) == 2
 
 
-async def test_a_row_cancelled_while_waiting_finishes_without_a_slot() -> None:
+async def test_a_row_cancelled_while_waiting_is_handed_back_without_a_slot() -> None:
     s, buffers = scheduler(width=2)
     first, cancelled, third = Row("a", 5), Row("b", 5, cancelled=True), Row("c", 5)
     await submitted(s, first, cancelled, third)
     assert s.admit() == [cancelled]
-    assert cancelled.state is RowState.FINISHED
+    assert cancelled.state is RowState.WAITING  # the output finishes it
     assert names(s.slots) == ["a", "c"] and follows(s, buffers)
 
 
-async def test_a_row_goes_from_waiting_through_prefill_and_decode_to_finished() -> None:
+async def test_a_row_goes_from_waiting_through_prefill_plans_to_decode_steps() -> None:
     s, buffers = scheduler(width=2, prefill_tokens=32)
     row = Row("a", 40)
     await submitted(s, row)
     s.admit()
     assert row.state is RowState.PREFILLING
-    counts = s.chunk()
-    assert counts == [32]
-    assert s.fed(counts) == [] and row.unfed == 8
-    assert s.fed(s.chunk()) == [0] and row.unfed == 0
+    first = s.plan_prefill()
+    assert (first.kind, first.rows, first.first) == (StepKind.PREFILL, (row,), 0)
+    assert first.inputs == (tuple(range(100, 132)),) and first.picks == ()
+    s.ran(first)
+    assert row.unfed == 8
+    last = s.plan_prefill()
+    assert last.inputs == (tuple(range(132, 140)),) and last.picks == (0,)
+    s.ran(last)
+    assert row.unfed == 0
     s.start_decoding(row)
     assert row.state is RowState.DECODING and s.decoding == [row] and s.prefilling == []
+    step = s.plan_decode()
+    assert (step.kind, step.rows, step.inputs, step.picks) == (
+        StepKind.DECODE,
+        (row,),
+        ((7,),),
+        (0,),
+    )
+    s.ran(step)
+    assert row.fed == 40  # a decode step feeds no prompt
     s.retire(row)
-    assert row.state is RowState.FINISHED and s.slots == [] and buffers.held == []
+    assert s.slots == [] and buffers.held == []
 
 
 async def test_prefill_chunks_share_the_tokens_and_give_each_row_at_least_sixteen() -> None:
@@ -135,8 +158,9 @@ async def test_a_prompt_done_behind_one_still_prefilling_swaps_ahead_of_it() -> 
     long, short = Row("long", 100), Row("short", 4)
     await submitted(s, long, short)
     s.admit()
-    done = s.fed(s.chunk())
-    assert done == [1]
+    plan = s.plan_prefill()
+    s.ran(plan)
+    assert plan.picks == (1,) and plan.picking == [short]
     s.start_decoding(short)
     assert names(s.decoding) == ["short"] and names(s.prefilling) == ["long"]
     assert follows(s, buffers)
@@ -148,7 +172,7 @@ async def three_decoding_two_prefilling() -> tuple[Scheduler[Row], Buffers, list
     rows = [Row(name, 1) for name in "abc"] + [Row("p", 100), Row("q", 100)]
     await submitted(s, *rows)
     s.admit()
-    s.fed(s.chunk())
+    s.ran(s.plan_prefill())
     for row in rows[:3]:
         s.start_decoding(row)
     return s, buffers, rows
@@ -163,7 +187,6 @@ async def test_retiring_keeps_the_decoding_and_prefilling_runs_contiguous() -> N
     s.retire(rows[3])  # a prefilling row: the last row takes its place
     assert names(s.decoding) == ["c", "b"] and names(s.prefilling) == ["q"]
     assert follows(s, buffers)
-    assert (rows[0].state, rows[3].state) == (RowState.FINISHED, RowState.FINISHED)
 
 
 async def test_cancelled_rows_are_listed_by_state_last_slot_first() -> None:
@@ -174,13 +197,12 @@ async def test_cancelled_rows_are_listed_by_state_last_slot_first() -> None:
     assert names(s.cancelled(RowState.PREFILLING)) == ["q", "p"]
 
 
-async def test_clearing_finishes_every_row_in_a_slot_and_keeps_the_waiting_ones() -> None:
+async def test_clearing_empties_every_slot_and_keeps_the_waiting_ones() -> None:
     s, buffers = scheduler(width=2)
     rows = [Row(name, 3) for name in "abc"]
     await submitted(s, *rows)
     s.admit()
     assert names(s.clear()) == ["a", "b"]
-    assert [row.state for row in rows] == [RowState.FINISHED] * 2 + [RowState.WAITING]
     assert s.slots == [] and buffers.held == [] and names(list(s.waiting)) == ["c"]
 
 

@@ -75,6 +75,7 @@ from .sampling import RowSampler
 from .scheduler import RowState, Scheduler
 from .sequence_kv import KVState, LayerLayout, layer_layout
 from .siblings import Siblings
+from .steps import StepKind, StepPlan, StepResult
 from .threads import ThreadPolicy
 
 log = logging.getLogger("wschat.engine.batched")
@@ -292,40 +293,46 @@ class BatchedEngine(LocalModel):
             self._orphans(row)
         self._first_picks()
         if self.scheduler.prefilling:
-            self._prefill_chunk()
+            self._step(self.scheduler.plan_prefill())
             self._end_cancelled()
         if self.scheduler.decoding_count:
-            self._decode_step()
+            self._step(self.scheduler.plan_decode())
 
     def _end_cancelled(self) -> None:
         for state in (RowState.DECODING, RowState.PREFILLING):
             for row in self.scheduler.cancelled(state):
                 self._retire(row, FinishReason.CANCELLED)
 
-    def _prefill_chunk(self) -> None:
-        scheduler = self.scheduler
-        rows, counts = scheduler.prefilling, scheduler.chunk()
+    def _step(self, plan: StepPlan[BatchRow]) -> None:
+        """One forward: the scheduler's plan run by the runner, its result streamed by the
+        output; a row that ends leaves its slot, a row whose prompt is done starts decoding."""
+        decode = plan.kind is StepKind.DECODE
         try:
-            hidden = self.runner.prefill(rows, counts, first=scheduler.decoding_count)
+            result = self.runner.execute(plan)
         except Exception as error:
-            raise ForwardFailed(rows, retries=False) from error
-        self.prefill_forwards += 1
-        self.prefilled_tokens += sum(counts)
-        done = scheduler.fed(counts)
-        for j, row in enumerate(rows):
-            if row.opening and row.fed >= row.opening:
-                self._keep_opening(row, scheduler.decoding_count + j)
-        if not done:
-            return
-        picked, raw = self.runner.pick_after_prefill(hidden, rows, done, counts)
-        for j in done:  # before a first token may end a row and move the slots
-            self._start_siblings(rows[j], scheduler.decoding_count + j, raw.get(j))
-        for row, token in [(rows[j], token) for j, token in zip(done, picked, strict=True)]:
-            reason = self.output.take(row, token)
+            raise ForwardFailed(list(plan.rows), retries=decode) from error
+        self.scheduler.ran(plan)
+        if decode:
+            self.decode_steps += 1
+            self.decoded_tokens += len(plan.rows)
+        else:
+            self._prefilled(plan, result)
+        for row, reason in self.output.update(plan, result):
             if reason is not None:
                 self._retire(row, reason)
-            else:
-                scheduler.start_decoding(row)
+            elif not decode:
+                self.scheduler.start_decoding(row)
+
+    def _prefilled(self, plan: StepPlan[BatchRow], result: StepResult) -> None:
+        """After a prefill forward: the openings it fed kept, and the siblings of the rows whose
+        prompt it finished started (before a first token may end a row and move the slots)."""
+        self.prefill_forwards += 1
+        self.prefilled_tokens += sum(plan.counts)
+        for j, row in enumerate(plan.rows):
+            if row.opening and row.fed >= row.opening:
+                self._keep_opening(row, plan.first + j)
+        for j in plan.picks:
+            self._start_siblings(plan.rows[j], plan.first + j, result.leaders.get(j))
 
     def _keep_opening(self, row: BatchRow, slot: int) -> None:
         """A copy of the row's opening, now fed, for the sessions that start with it; none
@@ -336,22 +343,6 @@ class BatchedEngine(LocalModel):
         state = self.runner.kv.save(slot, n)
         opening = cached_prefix(state, row.prompt_ids[:n], state.tensors())
         self.kv.put_opening(opening, row.request.opening_scope)
-
-    def _decode_step(self) -> None:
-        rows = self.scheduler.decoding
-        try:
-            picked = self.runner.decode(rows)
-        except Exception as error:
-            raise ForwardFailed(rows, retries=True) from error
-        self.decode_steps += 1
-        self.decoded_tokens += len(rows)
-        ended: list[tuple[BatchRow, FinishReason]] = []
-        for row, token in zip(rows, picked, strict=True):
-            reason = self.output.take(row, token)
-            if reason is not None:
-                ended.append((row, reason))
-        for row, reason in ended:
-            self._retire(row, reason)
 
     def _start_siblings(self, row: BatchRow, slot: int, logits: torch.Tensor | None) -> None:
         """The rows that waited for ``row``'s prompt, fed now, each from a copy of its state

@@ -1,24 +1,26 @@
 """``OutputProcessor``: a batch row's picked tokens to its client.
 
-Each pick goes through the row's ``TokenStreamer`` (detokenized pieces, stop strings) to its
-``LoopBridge``; the pick that ends the row says why (``stopping.finish_reason``), and the row's
-end delivers its one ``Finished`` after leaving its KV state in the ``KVStore`` (so the
-session's next prompt finds it). A failure of the row's own work (its pick, its text, its
-finish) ends that row alone with an error: its batch mates never see it.
+A step's picks (``steps.StepResult``) go each through its row's ``TokenStreamer`` (detokenized
+pieces, stop strings) to its ``LoopBridge``; the pick that ends the row says why
+(``stopping.finish_reason``), and the row's end delivers its one ``Finished`` after leaving its
+KV state in the ``KVStore`` (so the session's next prompt finds it), and makes it FINISHED. A
+failure of the row's own work (its pick, its text, its finish) ends that row alone with an
+error: its batch mates never see it.
 """
 
 from __future__ import annotations
 
 import logging
 
-import torch
 from wschat.protocol import FinishReason
 
 from ..base import Finished
 from ..stopping import finish_reason
 from .kvstore import KVStore, cached_prefix
 from .rows import BatchRow
+from .scheduler import RowState
 from .sequence_kv import KVState
+from .steps import StepPlan, StepResult
 
 log = logging.getLogger("wschat.engine.batched")
 
@@ -26,6 +28,14 @@ log = logging.getLogger("wschat.engine.batched")
 class OutputProcessor:
     def __init__(self, store: KVStore) -> None:
         self.store = store
+
+    def update(
+        self, plan: StepPlan[BatchRow], result: StepResult
+    ) -> list[tuple[BatchRow, FinishReason | None]]:
+        """Stream each pick of a step; each picking row, in order, with the reason it ends
+        now, if it does."""
+        rows = plan.picking
+        return [(row, self.take(row, p)) for row, p in zip(rows, result.picked, strict=True)]
 
     def take(self, row: BatchRow, picked: int | Exception) -> FinishReason | None:
         """Stream the row's pick; the reason it ends now, if it does."""
@@ -43,11 +53,10 @@ class OutputProcessor:
 
     def stream(self, row: BatchRow, token: int) -> FinishReason | None:
         """Stream a picked token; the reason the row ends with it, if it does."""
-        row.next_token = token
         row.sampler.observe(token)
         if row.grammar is not None:
             row.grammar.advance(token)
-        row.streamer.put(torch.tensor([token]))
+        row.streamer.push(token)
         return finish_reason(
             cancelled=False,
             stopped=token in row.end_ids or row.streamer.stop_string_hit,
@@ -62,11 +71,11 @@ class OutputProcessor:
         state: KVState | None,
         error: BaseException | None = None,
     ) -> None:
-        """Deliver the row's terminal item (once), keeping ``state`` for its session's next
-        turn."""
-        if row.finished:
+        """Deliver the row's terminal item (once: it is FINISHED then), keeping ``state`` for
+        its session's next turn."""
+        if row.state is RowState.FINISHED:
             return
-        row.finished = True
+        row.state = RowState.FINISHED
         try:
             row.streamer.end()
             key = row.request.session_key

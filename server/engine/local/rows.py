@@ -36,7 +36,6 @@ class BatchRow:
     fed: int = 0  # prompt tokens whose KV state the row holds
     # the prompt's opening to keep for other sessions once it is fed (0: none, or kept)
     opening: int = 0
-    next_token: int = 0  # the last token picked: the input of the next decode pass
     # its response format's place (None: unconstrained): masks its picks, takes each one
     grammar: GrammarMatcher | None = None
     # siblings.py: the rows waiting for this one's prefill, and what it leads them under; a
@@ -44,13 +43,12 @@ class BatchRow:
     followers: list[BatchRow] = field(default_factory=list, init=False)
     sibling_key: SiblingKey | None = field(default=None, init=False)
     first_logits: torch.Tensor | None = field(default=None, init=False)
-    state: RowState = field(default=RowState.WAITING, init=False)  # the scheduler's
-    finished: bool = field(default=False, init=False)  # its terminal item is delivered
+    # the scheduler's up to DECODING; FINISHED the output's, once its terminal item is delivered
+    state: RowState = field(default=RowState.WAITING, init=False)
     error: BaseException | None = field(default=None, init=False)  # why it ends, if it failed
 
     def __post_init__(self) -> None:
         self.fed = len(self.prefix.ids) if self.prefix else 0
-        self.streamer.put(torch.tensor(self.request.prompt_ids))  # its first put is the prompt
 
     @property
     def logprobs(self) -> LogprobRecorder | None:
@@ -59,6 +57,11 @@ class BatchRow:
     @property
     def prompt_ids(self) -> list[int]:
         return self.request.prompt_ids
+
+    @property
+    def last_token(self) -> int:
+        """The token it picked last (``streamer.generated``, which every pick goes through)."""
+        return self.streamer.generated[-1]
 
     @property
     def unfed(self) -> int:

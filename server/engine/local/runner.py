@@ -1,9 +1,10 @@
 """``ModelRunner``: the batched engine's torch side, its forward passes and their tokens.
 
 It owns the text decoder, the LM head and the one ``SlotKV`` every row of the batch lives in:
-it runs a prefill chunk or a decode step over a contiguous run of rows (each row at its own
-position), turns the last hidden states into float32 logits (Gemma's final soft-capping
-included) and picks each row's token with its own sampler (``sampling.pick_tokens``). It moves
+it runs the forward a ``steps.StepPlan`` says, a prefill chunk or a decode step over a
+contiguous run of rows (each row at its own position), turns the last hidden states into
+float32 logits (Gemma's final soft-capping included) and picks each picking row's token
+(``pick``): a ``StepResult``. It moves
 KV rows only when the scheduler says so (``scheduler.SlotRows``), and takes a ``generate``
 path's transformers ``Cache`` over as a ``KVState`` when its row is admitted.
 """
@@ -24,6 +25,7 @@ from .rows import BatchRow
 from .sampling import pick_tokens
 from .sequence_kv import KVState, LayerLayout, ring_of_cache
 from .slotkv import SlotKV
+from .steps import StepKind, StepPlan, StepResult
 
 
 class ModelRunner:
@@ -83,30 +85,23 @@ class ModelRunner:
 
     # -- passes ----------------------------------------------------------------------------
 
-    def prefill(self, rows: Sequence[BatchRow], counts: list[int], first: int) -> torch.Tensor:
-        """Feed ``counts[j]`` more prompt tokens of ``rows[j]`` (slots from ``first`` on) in one
-        forward; its hidden states."""
-        ids = torch.full((len(rows), max(counts)), self._pad_id, dtype=torch.long)
-        for b, (row, n) in enumerate(zip(rows, counts, strict=True)):
-            ids[b, :n] = torch.tensor(row.prompt_ids[row.fed : row.fed + n])
-        return self.forward(ids, counts, first)
-
-    def pick_after_prefill(
-        self, hidden: torch.Tensor, rows: Sequence[BatchRow], done: list[int], counts: list[int]
-    ) -> tuple[list[int | Exception], dict[int, torch.Tensor]]:
-        """The first token of each row ``rows[j]`` for ``j`` in ``done`` (whose prompt is
-        done), from the hidden state of its last prompt token; and, for each of those rows that
-        siblings wait for, those logits as the model gave them."""
-        last = torch.tensor([counts[j] - 1 for j in done])
-        logits = self.logits(hidden[torch.tensor(done), last])
-        raw = {j: logits[k].clone() for k, j in enumerate(done) if rows[j].followers}
-        return self.pick([rows[j] for j in done], logits), raw
-
-    def decode(self, rows: Sequence[BatchRow]) -> list[int | Exception]:
-        """One decode step of the decoding rows (slots from 0 on): each row's next token."""
-        ids = torch.tensor([[row.next_token] for row in rows], dtype=torch.long)
-        hidden = self.forward(ids, [1] * len(rows), first=0)
-        return self.pick(rows, self.logits(hidden[:, -1]))
+    def execute(self, plan: StepPlan[BatchRow]) -> StepResult:
+        """Run ``plan``'s forward over its rows and pick the tokens of its picking rows, each
+        from the hidden state of the last id it fed."""
+        counts = plan.counts
+        width = max(counts)
+        padded = [[*ids, *[self._pad_id] * (width - len(ids))] for ids in plan.inputs]
+        hidden = self.forward(torch.tensor(padded, dtype=torch.long), counts, plan.first)
+        if plan.kind is StepKind.DECODE:  # every row picks, from its one id
+            return StepResult(tuple(self.pick(plan.rows, self.logits(hidden[:, -1]))))
+        if not plan.picks:
+            return StepResult(())
+        picks = list(plan.picks)
+        logits = self.logits(
+            hidden[torch.tensor(picks), torch.tensor([counts[j] - 1 for j in picks])]
+        )
+        leaders = {j: logits[k].clone() for k, j in enumerate(picks) if plan.rows[j].followers}
+        return StepResult(tuple(self.pick(plan.picking, logits)), leaders)
 
     def pick(self, rows: Sequence[BatchRow], logits: torch.Tensor) -> list[int | Exception]:
         """Each row's token from its row of ``logits``: its logprobs read first (the rows that

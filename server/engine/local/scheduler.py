@@ -2,12 +2,16 @@
 
 It holds no tensor and imports no torch (tests run it alone): it admits generations in the order
 they came, at most ``width`` at once, gathers the prompts of a burst so they start together,
-sizes each prefill chunk, and keeps the slot layout that the KV buffers follow. Each row is in one
+plans each forward (``steps.StepPlan``: a prefill chunk, sized so the decoding rows never wait
+long, or a decode step), and keeps the slot layout that the KV buffers follow. Each row is in one
 ``RowState``, as a slot of llama.cpp's server is:
 
     WAITING -> PREFILLING -> DECODING -> FINISHED
        |            |_______________________^
        |____________________________________^  (cancelled while it waited)
+
+The scheduler moves a row up to DECODING; FINISHED is the output's (``output.py``), set once when
+the row's terminal item is delivered, whether or not the row still has a slot.
 
 The slots are one list in the order of the KV buffers' rows: the decoding rows first, then the
 prefilling ones, so each forward runs over one contiguous run of rows. A row whose prompt is done
@@ -34,6 +38,8 @@ import time
 from collections import deque
 from typing import Generic, Protocol, TypeVar
 
+from .steps import StepKind, StepPlan
+
 # A burst of prompts is admitted once none came for GATHER_S and the event loop then turned
 # SETTLE_TURNS times without one: a frame takes a few turns from its socket to the engine, and
 # when a batch ends the loop hands its freed slots to queued sessions a few at a time. At most
@@ -52,7 +58,7 @@ class RowState(enum.Enum):
     WAITING = "waiting"  # submitted, no slot yet
     PREFILLING = "prefilling"  # in a slot, feeding its prompt
     DECODING = "decoding"  # in a slot, one token a step
-    FINISHED = "finished"  # out of the slots; its terminal item is delivered
+    FINISHED = "finished"  # its terminal item is delivered (the output's)
 
 
 class Row(Protocol):
@@ -60,6 +66,13 @@ class Row(Protocol):
 
     state: RowState
     fed: int  # prompt tokens whose KV state the row holds
+
+    @property
+    def prompt_ids(self) -> list[int]: ...
+
+    @property
+    def last_token(self) -> int:
+        """The token it picked last: what it feeds in the next decode step."""
 
     @property
     def unfed(self) -> int: ...
@@ -202,12 +215,11 @@ class Scheduler(Generic[R]):
 
     def admit(self) -> list[R]:
         """Waiting rows in the order they came, while a slot is free: each PREFILLING in the
-        last slot. Returns the rows cancelled while they waited (FINISHED, no slot)."""
+        last slot. Returns the rows cancelled while they waited (no slot, to be finished)."""
         cancelled: list[R] = []
         while self.waiting and len(self.slots) < self.width:
             row = self.waiting.popleft()
             if row.cancelled:
-                row.state = RowState.FINISHED
                 cancelled.append(row)
                 continue
             self._kv.add(row)
@@ -222,13 +234,30 @@ class Scheduler(Generic[R]):
         share = max(MIN_CHUNK_TOKENS, self.prefill_tokens // len(rows))
         return [min(row.unfed, share) for row in rows]
 
-    def fed(self, counts: list[int]) -> list[int]:
-        """The prefilling rows fed ``counts`` tokens each; the places (in ``prefilling``) of
-        those whose prompt is now done."""
-        rows = self.prefilling
-        for row, n in zip(rows, counts, strict=True):
-            row.fed += n
-        return [j for j, row in enumerate(rows) if row.unfed == 0]
+    def plan_prefill(self) -> StepPlan[R]:
+        """The next prefill forward: each prefilling row feeds its next ``chunk()`` of prompt
+        ids; those whose prompt it finishes pick their first token."""
+        rows, counts = self.prefilling, self.chunk()
+        inputs = tuple(
+            tuple(row.prompt_ids[row.fed : row.fed + n])
+            for row, n in zip(rows, counts, strict=True)
+        )
+        done = tuple(
+            j for j, (row, n) in enumerate(zip(rows, counts, strict=True)) if row.unfed == n
+        )
+        return StepPlan(StepKind.PREFILL, tuple(rows), self.decoding_count, inputs, done)
+
+    def plan_decode(self) -> StepPlan[R]:
+        """The next decode step: every decoding row feeds its last token and picks the next."""
+        rows = tuple(self.decoding)
+        inputs = tuple((row.last_token,) for row in rows)
+        return StepPlan(StepKind.DECODE, rows, 0, inputs, tuple(range(len(rows))))
+
+    def ran(self, plan: StepPlan[R]) -> None:
+        """``plan``'s forward ran: its prefilling rows hold the KV state of what they fed."""
+        if plan.kind is StepKind.PREFILL:
+            for row, ids in zip(plan.rows, plan.inputs, strict=True):
+                row.fed += len(ids)
 
     def start_decoding(self, row: R) -> None:
         """A PREFILLING row joins the decoding rows: first in line of the prefilling ones (a
@@ -249,11 +278,11 @@ class Scheduler(Generic[R]):
         return [row for row in reversed(run) if row.cancelled]
 
     def retire(self, row: R) -> None:
-        """Free ``row``'s slot (FINISHED): the last row of its run moves into it, and for a
-        decoding row the last prefilling one into the place that leaves, so both runs of rows
-        stay contiguous."""
+        """Free ``row``'s slot: the last row of its run moves into it, and for a decoding row
+        the last prefilling one into the place that leaves, so both runs of rows stay
+        contiguous."""
         s, slots, kv = self.slot_of(row), self.slots, self._kv
-        if row.state is RowState.DECODING:
+        if s < self.decoding_count:
             last = self.decoding_count - 1
             if s != last:
                 kv.move(last, s)
@@ -266,14 +295,11 @@ class Scheduler(Generic[R]):
         kv.remove(s)  # the last row moves into s, in the buffers and here
         slots[s] = slots[-1]
         slots.pop()
-        row.state = RowState.FINISHED
 
     def clear(self) -> list[R]:
-        """Every row in a slot leaves at once (FINISHED); they are returned."""
+        """Every row in a slot leaves at once (to be finished); they are returned."""
         rows, self.slots, self.decoding_count = self.slots, [], 0
         self._kv.clear()
-        for row in rows:
-            row.state = RowState.FINISHED
         return rows
 
 

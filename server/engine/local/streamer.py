@@ -24,7 +24,8 @@ from .logprobs import LogprobRecorder
 
 
 class TokenStreamer:
-    """``generate``'s streamer: the first ``put`` is the prompt, later ones one token each."""
+    """A reply's streamer: ``generate`` calls ``put`` (the prompt first, then one token a
+    step), the batched engine ``push`` (one picked token, an int)."""
 
     def __init__(
         self,
@@ -55,13 +56,15 @@ class TokenStreamer:
         return self._stops.hit
 
     def put(self, value: torch.Tensor) -> None:
+        """``generate``'s call: the prompt first, then each step's token."""
         if not self._seen_prompt:
             self._seen_prompt = True
             return
         for token_id in value.reshape(-1).tolist():
-            self._step(int(token_id))
+            self.push(int(token_id))
 
-    def _step(self, token_id: int) -> None:
+    def push(self, token_id: int) -> None:
+        """One picked token (the batched engine's, which never hands over the prompt)."""
         self.generated.append(token_id)
         if self._stops.hit:
             return  # generation stops at this step; nothing after the stop string is text
