@@ -4,6 +4,7 @@ request still runs as a session's prompt does, with its usage and the remote cac
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -73,9 +74,10 @@ async def test_a_continuation_on_the_responses_socket_through_the_gateway_reuses
                     store=False,
                     previous_response_id=responses[-1].id if responses else openai.omit,
                 )
-                async for event in connection:
-                    if event.type in ("response.completed", "response.incomplete", "error"):
-                        break
+                async with asyncio.timeout(TIMEOUT):
+                    async for event in connection:
+                        if event.type in ("response.completed", "response.incomplete", "error"):
+                            break
                 assert event.type != "error", event
                 responses.append(event.response)
     first, second = (r.usage for r in responses)
