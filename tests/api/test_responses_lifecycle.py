@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.fakes.scripted import Script, ScriptedEngine
 from tests.support import TIMEOUT, http_base, running_server, wait_until
@@ -125,3 +127,20 @@ async def test_a_client_that_leaves_a_whole_response_cancels_it() -> None:
         async with httpx.AsyncClient(base_url=http_base(url), timeout=TIMEOUT) as http:
             after = await http.post("/v1/responses", json={"model": "any", "input": "Hi"})
     assert after.json()["output"][0]["content"][0]["text"] == " w0 w1 w2 w3"
+
+
+async def test_a_refused_lookup_is_answered_and_logged_as_no_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with (
+        running_server(ScriptedEngine()) as url,
+        httpx.AsyncClient(base_url=http_base(url), timeout=TIMEOUT) as http,
+    ):
+        got = await http.get("/v1/responses/resp_unknown")
+        deleted = await http.delete("/v1/responses/resp_unknown")
+        cancelled = await http.post("/v1/responses/resp_unknown/cancel")
+    for answer in (got, deleted, cancelled):
+        assert answer.status_code == 404
+        assert answer.json()["error"]["message"] == "No response found with id 'resp_unknown'."
+    # a client's refusal is not a failure of ours: no error, no traceback in the log
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

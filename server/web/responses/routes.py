@@ -30,7 +30,7 @@ from ..access import owner_scope
 from ..openai_api import OpenAIApi
 from ..openai_api.bodies import json_body
 from ..openai_api.cors import cors_route
-from ..openai_api.errors import ApiError, guarded, invalid, unsupported
+from ..openai_api.errors import ApiError, Endpoint, guarded, invalid, unsupported
 from ..openai_api.in_flight import in_flight
 from ..openai_api.reply import CUT_SHORT
 from .request import create_body
@@ -56,10 +56,22 @@ class ResponsesApi:
         settings = self.hub.settings
         return [
             in_flight(self.hub, cors_route(PATH, guarded(self.create), "POST", settings)),
-            cors_route(f"{PATH}/{{id}}", guarded(self.one), ("GET", "DELETE"), settings),
-            cors_route(f"{PATH}/{{id}}/cancel", guarded(self.cancel), "POST", settings),
+            cors_route(f"{PATH}/{{id}}", self._answered(self.one), ("GET", "DELETE"), settings),
+            cors_route(f"{PATH}/{{id}}/cancel", self._answered(self.cancel), "POST", settings),
             WebSocketRoute(PATH, self.socket),
         ]
+
+    def _answered(self, endpoint: Endpoint) -> Endpoint:
+        """``endpoint`` guarded, its refusal (an ``ApiError``: not found, unauthorized) answered
+        as one, not logged as a failure of ours: a client must not fill the log."""
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except ApiError as e:
+                return self.api.refused(e)
+
+        return guarded(answer)
 
     async def socket(self, websocket: WebSocket) -> None:
         await serve_socket(websocket, self.hub, self.api, self.responses)
