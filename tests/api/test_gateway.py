@@ -84,3 +84,19 @@ async def test_a_continuation_on_the_responses_socket_through_the_gateway_reuses
     assert responses[0].output_text and responses[1].output_text
     assert second.input_tokens > first.input_tokens
     assert second.input_tokens_details.cached_tokens >= first.input_tokens - 1
+
+
+async def test_a_text_format_reply_through_the_gateway_parses_into_a_pydantic_model(
+    openai_engine: OpenAIEngine,
+) -> None:
+    """``text.format`` goes to llama.cpp as its schema (reply_fields.py), which holds the reply:
+    the SDK's ``responses.parse`` gives the model."""
+    from tests.api.test_responses_format import Choice
+
+    async with running_server(openai_engine) as url, async_client(url) as client:
+        # llama.cpp's schema-held sampling is slow on two busy cores (18 tokens took 21 s)
+        parsed = await client.with_options(timeout=300).responses.parse(
+            model="any", input="Pick a colour.", text_format=Choice, max_output_tokens=32
+        )
+    assert parsed.status == "completed", parsed.output_text
+    assert isinstance(parsed.output_parsed, Choice)
