@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from wschat.protocol.response_format import JSON_SCHEMA, OutputFormat
 
 from .errors import SchemaRefused
+from .grammar_close import Closers, reserve_for
 from .grammar_vocab import llg_tokenizer
 
 if TYPE_CHECKING:
@@ -103,11 +104,21 @@ class ResponseFormat:
 
 
 class GrammarMatcher:
-    """One reply's place in its grammar. Not thread-safe: one worker drives it."""
+    """One reply's place in its grammar. Not thread-safe: one worker drives it. With
+    ``closers``, its last tokens of ``budget`` are spent closing its JSON (grammar_close.py)."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, words: int) -> None:
+    def __init__(
+        self,
+        matcher: llguidance.LLMatcher,
+        words: int,
+        closers: Closers | None = None,
+        budget: int | None = None,
+    ) -> None:
         self._matcher = matcher
         self._bytes = words * _WORD_BYTES
+        self._closers = closers if budget is not None else None
+        # the tokens taken before the mask narrows to closing ones
+        self._open_for = 0 if budget is None else budget - reserve_for(budget)
 
     def allowed_mask(self, into: MaskBuffer) -> None:
         """The tokens allowed next, as bits, into ``into`` (int32, ``ceil(vocab / 32)`` words,
@@ -117,12 +128,15 @@ class GrammarMatcher:
         if into.numel() * _WORD_BYTES != self._bytes:
             raise ValueError(f"the mask must hold {self._bytes // _WORD_BYTES} words")
         self._matcher.unsafe_compute_mask_ptr(into.data_ptr(), self._bytes)
+        if self._closers is not None and self._open_for <= 0:
+            self._closers.narrow(into.data_ptr())
 
     def advance(self, token_id: int) -> None:
         """Take the token the row picked; ValueError if the grammar does not allow it (the mask
         was not applied), and the matcher allows nothing more."""
         if not self._matcher.consume_token(token_id):
             raise ValueError(f"token {token_id} breaks the grammar: {self._matcher.get_error()}")
+        self._open_for -= 1
 
     @property
     def is_complete(self) -> bool:
@@ -136,12 +150,14 @@ class GrammarMatcher:
 class CompiledGrammar:
     """A response format compiled for one vocabulary; shared by every reply that uses it."""
 
-    def __init__(self, template: llguidance.LLMatcher, words: int) -> None:
+    def __init__(self, template: llguidance.LLMatcher, words: int, closers: Closers | None) -> None:
         self._template = template  # never advanced: each reply's matcher is a copy
         self._words = words
+        self._closers = closers  # None: a grammar that allows text is not closed
 
-    def matcher(self) -> GrammarMatcher:
-        return GrammarMatcher(self._template.deep_copy(), self._words)
+    def matcher(self, budget: int | None = None) -> GrammarMatcher:
+        """A reply's matcher; with its ``budget`` of tokens, a JSON grammar's closes in time."""
+        return GrammarMatcher(self._template.deep_copy(), self._words, self._closers, budget)
 
 
 class GrammarCompiler:
@@ -160,6 +176,7 @@ class GrammarCompiler:
         not before. Seconds of work, much of it holding the GIL (grammar_vocab.py)."""
         self._tokenizer = llg_tokenizer(tokenizer, vocab_size, stop_ids)
         self.words = (vocab_size + 31) // 32
+        self._closers = Closers(self._tokenizer, vocab_size, self.words)
         self._cached = cached
         self._grammars: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()  # guards _grammars
@@ -203,7 +220,8 @@ class GrammarCompiler:
         template = LLMatcher(self._tokenizer, grammar, log_level=0)
         if template.is_error():
             raise SchemaRefused.because(template.get_error())
-        return CompiledGrammar(template, self.words)
+        closers = self._closers if response_format.lark is None else None
+        return CompiledGrammar(template, self.words, closers)
 
 
 class Grammars:
@@ -241,9 +259,10 @@ class Grammars:
             raise
         return self._compiler
 
-    def matcher(self, response_format: ResponseFormat) -> GrammarMatcher:
+    def matcher(self, response_format: ResponseFormat, budget: int | None = None) -> GrammarMatcher:
         """A reply's matcher (in the engine's worker): the prepared format's grammar from the
-        cache (compiled again if it was dropped since: milliseconds)."""
+        cache (compiled again if it was dropped since: milliseconds); ``budget``, the reply's
+        tokens at most, its JSON closed within it."""
         if self._compiler is None:
             raise RuntimeError("a response format was not prepared before its reply")
-        return self._compiler.compile(response_format).matcher()
+        return self._compiler.compile(response_format).matcher(budget)

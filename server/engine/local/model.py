@@ -154,8 +154,10 @@ class LocalModel:
 
     def matcher(self, request: GenerationRequest) -> GrammarMatcher | None:
         """The reply's place in its response format's grammar (prepared), or None."""
-        response_format = request.params.response_format
-        return None if response_format is None else self.grammars.matcher(response_format)
+        params = request.params
+        if params.response_format is None:
+            return None
+        return self.grammars.matcher(params.response_format, params.max_new_tokens)
 
     def taken(
         self, request: GenerationRequest, kinds: type | tuple[type, ...]
