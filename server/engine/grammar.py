@@ -46,7 +46,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from wschat.protocol.response_format import JSON_SCHEMA, OutputFormat
 
@@ -56,12 +56,19 @@ from .grammar_vocab import llg_tokenizer
 
 if TYPE_CHECKING:
     import llguidance
+    import llguidance._lib
 
 # Compiled grammars kept per compiler: a schema sent again (a client's fixed tools or format)
 # compiles once; the least recently used goes first.
 CACHED_GRAMMARS = 64
 _WORD_BYTES = 4
 _ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
+# llguidance's JSON options: JSON as json.dumps writes it (the module docstring)
+JSON_OPTIONS: Mapping[str, Any] = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 
 
 class MaskBuffer(Protocol):
@@ -208,12 +215,10 @@ class GrammarCompiler:
                 grammar = LLMatcher.grammar_from_json_schema(
                     dict(_ANY_OBJECT if schema is None else schema),
                     # JSON as json.dumps writes it (the module docstring)
-                    defaults={
-                        "whitespace_flexible": False,
-                        "item_separator": ", ",
-                        "key_separator": ": ",
-                        "lenient": not response_format.strict,
-                    },
+                    defaults=cast(
+                        "llguidance._lib.JsonCompileOptions",
+                        {**JSON_OPTIONS, "lenient": not response_format.strict},
+                    ),
                 )
             except ValueError as error:  # not a JSON object at all
                 raise SchemaRefused.because(str(error)) from error

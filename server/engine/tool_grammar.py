@@ -32,11 +32,9 @@ from dataclasses import replace
 from typing import Any
 
 from .base import SamplingParams
-from .grammar import ResponseFormat
+from .grammar import JSON_OPTIONS, ResponseFormat
 from .tools import CALLS_KEY, ToolUse, described
 
-# json.dumps's separators, no other whitespace (grammar.py)
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 OPEN = r'OPEN: /[ \n]?\{"' + CALLS_KEY + r'": \[/'
 NOT_A_CALL = r'TEXT: /(?s:.*)/ & ~/[ \n]?\{"' + CALLS_KEY + r'"(?s:.*)/'
 

@@ -281,7 +281,21 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
                 }
             },
         ),
-        (LLAMA, {"json_schema": SCHEMA}),
+        # llguidance's options ride along: JSON as json.dumps writes it, no free whitespace
+        (
+            LLAMA,
+            {
+                "json_schema": SCHEMA
+                | {
+                    "x-guidance": {
+                        "whitespace_flexible": False,
+                        "item_separator": ", ",
+                        "key_separator": ": ",
+                        "lenient": False,
+                    }
+                }
+            },
+        ),
         (
             SGL,
             {

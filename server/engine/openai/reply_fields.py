@@ -19,7 +19,7 @@ from typing import Any
 
 from ..base import SamplingParams
 from ..errors import FeatureUnsupported
-from ..grammar import ResponseFormat
+from ..grammar import JSON_OPTIONS, ResponseFormat
 from . import chunk_values as checked
 from .errors import bad_answer
 
@@ -91,7 +91,12 @@ class LlamaCppFields(ReplyFields):
     """llama.cpp's native ``/completion``: the schema itself, and ``n_probs``."""
 
     def text_format(self, response_format: ResponseFormat) -> dict[str, Any]:
-        return {"json_schema": schema_of(response_format)}
+        """The schema with llguidance's JSON options (``x-guidance``): a llama.cpp built with
+        llguidance (xllamacpp's) compiles ``json_schema`` with it, and by default allows any
+        whitespace between values, which a small model fills its budget with; JSON as
+        json.dumps writes it, as in process (grammar.py). A build without it ignores the key."""
+        options = {**JSON_OPTIONS, "lenient": not response_format.strict}
+        return {"json_schema": {**schema_of(response_format), "x-guidance": options}}
 
     def logprob_fields(self, top: int | None) -> dict[str, Any]:
         """Each token's probabilities before sampling, as logprobs."""
