@@ -8,11 +8,11 @@
 COVERAGE_FLOOR=94
 COVERAGE_TESTS=(tests/protocol tests/sessions)
 # The pytest options that measure it into .coverage.
-# -p msgpack -p numpy: imported before coverage starts. Coverage finds a measured module by
-# importing its parent packages and then drops them from sys.modules (engine/__init__ pulls in
-# msgpack and numpy). msgpack's C extension would go on raising the first import's exception
-# classes (ExtraData would escape codec.py's ``except msgpack.ExtraData`` as a generic decoding
-# failure), and numpy refuses a second load of its own ("cannot load module more than once").
+# -p msgpack: imported before coverage starts. Coverage finds a measured module by importing its
+# parent packages and then drops them from sys.modules (engine/__init__ pulls in msgpack), and
+# msgpack's C extension would go on raising the first import's exception classes: ExtraData
+# would then escape codec.py's ``except msgpack.ExtraData`` as a generic decoding failure. A C
+# extension such as numpy's refuses a second load outright, so none may be imported there.
 # --coverage-only-in (tests/conftest.py): coverage pauses for the tests outside those folders, so
 # that a run of the whole suite measures what a run of COVERAGE_TESTS alone does.
-COVERAGE_OPTIONS=(-p msgpack -p numpy --cov --cov-report= "${COVERAGE_TESTS[@]/#/--coverage-only-in=}")
+COVERAGE_OPTIONS=(-p msgpack --cov --cov-report= "${COVERAGE_TESTS[@]/#/--coverage-only-in=}")

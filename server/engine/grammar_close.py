@@ -20,10 +20,11 @@ from __future__ import annotations
 import ctypes
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 if TYPE_CHECKING:
     import llguidance
+
+# numpy is imported where it is used: the engine package is imported by the server without its
+# local extra (`wschat-server --help`), where numpy may be absent.
 
 CLOSING_RESERVE = 64
 _QUOTE, _COMMA = ord('"'), ord(",")
@@ -42,6 +43,8 @@ class Closers:
     are preferred."""
 
     def __init__(self, tokenizer: llguidance.LLTokenizer, vocab_size: int, words: int) -> None:
+        import numpy as np
+
         self.words = words
         tiers = np.zeros((3, words * 32), dtype=bool)
         for token in range(vocab_size):
@@ -71,10 +74,14 @@ class Closers:
 
 def _packed(allowed: Any) -> Any:
     """A bool per token as int32 words, bit ``i % 32`` of word ``i // 32`` for token ``i``."""
+    import numpy as np
+
     return np.packbits(allowed, bitorder="little").view(np.int32).copy()
 
 
 def _view(address: int, words: int) -> Any:
     """The int32 words at ``address`` as a numpy array over the same memory."""
+    import numpy as np
+
     array = (ctypes.c_int32 * words).from_address(address)
     return np.ctypeslib.as_array(array)
