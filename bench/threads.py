@@ -116,7 +116,8 @@ def run(work: ThreadsWork, logs: Path, engine: str = "batched") -> dict[str, Any
                     for config, server in servers.items():
                         log.info("round %d, %s, %s", r + 1, state, config)
                         for n in SESSIONS:
-                            rounds[config][state][n].append(_measure(server, n, work.tokens))
+                            texts = _unseen(n, f"{r + 1}{state[0]}")
+                            rounds[config][state][n].append(_measure(server, texts, work.tokens))
                         if config == "default":
                             seen[state].append(_engine_threads(server))
     figures = {
@@ -148,11 +149,17 @@ def _server(config: str, engine: str, logs: Path) -> contextlib.AbstractContextM
     )
 
 
-def _measure(server: Running, sessions: int, tokens: int) -> list[StreamTimes]:
-    texts = [story(i) for i in range(sessions)]
+def _unseen(sessions: int, cell: str) -> list[str]:
+    """The prompts of one cell, new to every server: a server kept across cells has the earlier
+    cells' prompts in its prompt cache and one started afresh has not, so repeating them would
+    hand the kept ones a cached prefill. Each config of a cell gets the same texts."""
+    return [f"Request {cell}{i}. {story(i)}" for i in range(sessions)]
+
+
+def _measure(server: Running, texts: list[str], tokens: int) -> list[StreamTimes]:
     streams = asyncio.run(wsload.concurrent(server.ws_url, texts, tokens))
     figures = Concurrent.of(streams)
-    log.info("  %d sessions: %.1f tokens/s in all", sessions, figures.aggregate)
+    log.info("  %d sessions: %.1f tokens/s in all", len(texts), figures.aggregate)
     return streams
 
 
