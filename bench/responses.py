@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from . import procs, wsload
-from .figures import Column, Section, Target, at_least, at_most
+from .figures import Column, Section, Target, at_least
 from .openai_api import (
     LABELS,
     RATIOS,
     OpenAIWork,
     Streamer,
+    conversation_targets,
     merged_tokens,
     paired_rounds,
     round_ratio,
@@ -162,29 +163,8 @@ def targets(result: dict[str, Any]) -> list[Target]:
                     unit=unit,
                 )
             )
-    turns = result["conversation"]
-    last, first = turns[-1], turns[0]
-    rows.append(
-        Target.judged(
-            f"turn {len(turns)} continued on one socket: cached share of its input",
-            value=last["cached_tokens"],
-            against=last["input_tokens"],
-            ratio=last["cached_tokens"] / last["input_tokens"] if last["input_tokens"] else None,
-            limit=at_least(0.9),
-            unit="tok",
-        )
-    )
-    rows.append(
-        Target.judged(
-            f"turn {len(turns)} continued on one socket: TTFT vs turn 1",
-            value=last["ttft"],
-            against=first["ttft"],
-            ratio=last["ttft"] / first["ttft"] if first["ttft"] else None,
-            limit=at_most(1.3),
-            unit="s",
-        )
-    )
-    return rows
+    how = "continued on one socket"
+    return [*rows, *conversation_targets(result["conversation"], how, "input_tokens")]
 
 
 TABLE = (
