@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, Protocol, Self
 
 from . import (
     chart,
@@ -86,13 +86,15 @@ class Work(Protocol):
     def quick(cls) -> Self: ...
 
 
-W = TypeVar("W", bound=Work)
 Measure = Callable[[bool, Path, str], dict[str, Any]]  # (quick, logs, engine): the figures
 
 
-def measured(work: type[W], run: Callable[[W, Path, str], dict[str, Any]]) -> Measure:
-    """``run`` of the full workload, or of the short one where ``quick``."""
-    return lambda quick, logs, engine: run(work.quick() if quick else work(), logs, engine)
+class ScenarioModule(Protocol):
+    """A scenario's module (bench/figures.py): what runs it, and its report of what it ran."""
+
+    def run(self, work: Any, logs: Path, engine: str) -> dict[str, Any]: ...
+
+    def report(self, result: dict[str, Any]) -> Section: ...
 
 
 def _runs_anywhere() -> str | None:
@@ -109,74 +111,79 @@ class Scenario:
     available: Callable[[], str | None] = _runs_anywhere  # why it cannot run here, if it cannot
     in_full_run: bool = True
 
+    @classmethod
+    def of(
+        cls,
+        module: ScenarioModule,
+        work: type[Work],
+        help: str,
+        *,
+        available: Callable[[], str | None] = _runs_anywhere,
+        in_full_run: bool = True,
+    ) -> Scenario:
+        """The scenario ``module`` runs over ``work``: the full workload, or the short one
+        where ``quick``."""
+
+        def measure(quick: bool, logs: Path, engine: str) -> dict[str, Any]:
+            return module.run(work.quick() if quick else work(), logs, engine)
+
+        return cls(measure, module.report, help, available, in_full_run)
+
 
 SCENARIOS = {
-    "threads": Scenario(
-        measured(threads.ThreadsWork, threads.run), threads.report, "a busy neighbour"
+    "threads": Scenario.of(threads, threads.ThreadsWork, "a busy neighbour"),
+    "widths": Scenario.of(widths, widths.WidthsWork, "8/16/32 sessions at batch widths 8/16/32"),
+    "images": Scenario.of(
+        images, images.ImagesWork, "8 conversations, half with an image in turn 1"
     ),
-    "widths": Scenario(
-        measured(widths.WidthsWork, widths.run),
-        widths.report,
-        "8/16/32 sessions at batch widths 8/16/32",
-    ),
-    "images": Scenario(
-        measured(images.ImagesWork, images.run),
-        images.report,
-        "8 conversations, half with an image in turn 1",
-    ),
-    "llamacpp": Scenario(
-        measured(llamacpp.LlamaWork, llamacpp.run),
-        llamacpp.report,
+    "llamacpp": Scenario.of(
+        llamacpp,
+        llamacpp.LlamaWork,
         "llama.cpp's server direct and with wschat --engine openai in front",
         available=llamacpp.available,
     ),
-    "resume": Scenario(
-        measured(resume.ResumeWork, resume.run),
-        resume.report,
-        "replies dropped mid-stream and resumed",
-        in_full_run=False,
+    "resume": Scenario.of(
+        resume, resume.ResumeWork, "replies dropped mid-stream and resumed", in_full_run=False
     ),
-    "openai": Scenario(
-        measured(openai_api.OpenAIWork, openai_api.run),
-        openai_api.report,
+    "openai": Scenario.of(
+        openai_api,
+        openai_api.OpenAIWork,
         "streams through the openai SDK against the WebSocket; a conversation resent whole",
         available=openai_api.available,
         in_full_run=False,
     ),
-    "responses": Scenario(
-        measured(responses.ResponsesWork, responses.run),
-        responses.report,
+    "responses": Scenario.of(
+        responses,
+        responses.ResponsesWork,
         "streams through the SDK's Responses WebSocket mode against the msgpack WebSocket; "
         "a conversation continued on one socket",
         available=responses.available,
         in_full_run=False,
     ),
-    "openings": Scenario(
-        measured(openings.OpeningsWork, openings.run),
-        openings.report,
+    "openings": Scenario.of(
+        openings,
+        openings.OpeningsWork,
         "first prompts on fresh sessions with the shared opening and without",
         in_full_run=False,
     ),
-    "choices": Scenario(
-        measured(choices.ChoicesWork, choices.run),
-        choices.report,
-        "n = 4 choices on the HTTP API against four requests",
+    "choices": Scenario.of(
+        choices, choices.ChoicesWork, "n = 4 choices on the HTTP API against four requests"
     ),
-    "structured": Scenario(
-        measured(structured.StructuredWork, structured.run),
-        structured.report,
+    "structured": Scenario.of(
+        structured,
+        structured.StructuredWork,
         "structured output (10 schemas x 5) and logprobs, against plain decoding",
     ),
-    "tools": Scenario(
-        measured(tool_calls.ToolsWork, tool_calls.run),
-        tool_calls.report,
+    "tools": Scenario.of(
+        tool_calls,
+        tool_calls.ToolsWork,
         "tool calls through the openai SDK: required, and auto",
         available=tool_calls.available,
         in_full_run=False,
     ),
-    "classes": Scenario(
-        measured(classes.ClassesWork, classes.run),
-        classes.report,
+    "classes": Scenario.of(
+        classes,
+        classes.ClassesWork,
         "our engine under each x86 class this host can stand in for, beside llama.cpp's server",
         available=llamacpp.available,
         in_full_run=False,

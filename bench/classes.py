@@ -194,39 +194,28 @@ def targets(result: dict[str, Any]) -> list[Target]:
         sampled = run["figures"].get(auto + SAMPLED, {})
         if 1 in sampled and 1 in mine:
             rows.append(
-                Target.judged(
+                Target.over(
                     f"{host_class}, 1 stream: default sampling >= {SAMPLED_X} x greedy",
                     value=sampled[1]["stream_tps"],
                     against=mine[1]["stream_tps"],
-                    ratio=sampled[1]["stream_tps"] / mine[1]["stream_tps"],
                     limit=at_least(SAMPLED_X),
                 )
             )
         static = run["figures"].get(STATIC, {})
         for n, f in static.items():
             rows.append(
-                Target.judged(
+                Target.over(
                     f"{host_class}, {n} sessions: auto TTFT p95 <= {STATIC_P95_X} x the "
                     "static batch's",
                     value=mine[n]["ttft_p95_s"],
                     against=f["ttft_p95_s"],
-                    ratio=mine[n]["ttft_p95_s"] / f["ttft_p95_s"],
                     limit=at_most(STATIC_P95_X),
                     unit="ms",
                 )
             )
-        rss = run["rss_mb"]
         if before != auto:
-            rows.append(
-                Target.judged(
-                    f"{host_class}: auto RSS <= {RSS_X} x {run['dtype'][before]}'s (same streams)",
-                    value=rss[auto],
-                    against=rss[before],
-                    ratio=rss[auto] / rss[before],
-                    limit=at_most(RSS_X),
-                    unit="MB",
-                )
-            )
+            target = f"{host_class}: auto RSS <= {RSS_X} x {run['dtype'][before]}'s (same streams)"
+            rows.append(llamacpp.rss_target(target, run["rss_mb"], auto, before, RSS_X))
     return rows
 
 
@@ -261,22 +250,20 @@ def report(result: dict[str, Any]) -> Section:
         out.parts.append(f"{host_class}: {run.get('auto_said') or 'no dtype line in its log'}")
     table = Table(TABLE)
     for host_class, run in result["classes"].items():
-        for system, by_n in run["figures"].items():
+        for system, n, f, c in llamacpp.compared_rows(run):
             dtype = run["dtype"].get(system.removesuffix(SAMPLED), "Q4_K_M")
             dtype = run["dtype"][run["auto"]] if system == STATIC else dtype
-            for n, f in sorted(by_n.items()):
-                c = run["compared"][system][n]
-                table.add(
-                    host_class,
-                    system,
-                    dtype,
-                    n,
-                    f["aggregate_tps"],
-                    f["ttft_median_s"],
-                    f["ttft_p95_s"],
-                    c["aggregate_x"],
-                    c["ttft_x"],
-                    run["rss_mb"].get(system),
-                )
+            table.add(
+                host_class,
+                system,
+                dtype,
+                n,
+                f["aggregate_tps"],
+                f["ttft_median_s"],
+                f["ttft_p95_s"],
+                c["aggregate_x"],
+                c["ttft_x"],
+                run["rss_mb"].get(system),
+            )
     out.parts.append(table)
     return out

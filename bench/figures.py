@@ -4,7 +4,8 @@ missed). Every scenario builds a ``Section``; bench/render.py prints every one t
 A scenario module has ``run(work, logs, engine) -> dict`` (its figures, as its results file
 holds them), ``targets(result) -> list[Target]`` and ``report(result) -> Section`` (its text,
 tables and those targets); bench/__main__.py names it in ``SCENARIOS`` with
-``measured(WorkClass, run)``, and writes the targets' rows (``Target.as_json``) to the results.
+``Scenario.of(module, WorkClass, help)``, and writes the targets' rows (``Target.as_json``) to
+the results.
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ class Target:
             limit.op,
             limit.judge(ratio),
         )
+
+    @classmethod
+    def over(
+        cls, target: str, *, value: float, against: float, limit: Limit, unit: Unit = ""
+    ) -> Target:
+        """The target judged on ``value / against``."""
+        ratio = value / against
+        return cls.judged(target, value=value, against=against, ratio=ratio, limit=limit, unit=unit)
 
     def as_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)

@@ -240,19 +240,11 @@ def _in_process_targets(layout: str, run: dict[str, Any]) -> list[Target]:
             unit="ms",
         )
     )
-    before = run.get("before")
+    before: str = run.get("before", "")  # "": no row before ran
     rss = run.get("rss_mb", {})
     if before in rss:
-        rows.append(
-            Target.judged(
-                f"{layout}: in process RSS <= {run['before_dtype']}'s (same streams)",
-                value=rss[local],
-                against=rss[before],
-                ratio=rss[local] / rss[before],
-                limit=at_most(1.0),
-                unit="MB",
-            )
-        )
+        target = f"{layout}: in process RSS <= {run['before_dtype']}'s (same streams)"
+        rows.append(rss_target(target, rss, local, before, 1.0))
     if before in figures:
         now, then = figures[local][1], figures[before][1]
         rows.append(
@@ -265,6 +257,20 @@ def _in_process_targets(layout: str, run: dict[str, Any]) -> list[Target]:
             )
         )
     return rows
+
+
+def rss_target(target: str, rss: dict[str, float], now: str, before: str, limit: float) -> Target:
+    """The RSS of the server ``now`` over that of the one ``before`` it, which served the same
+    streams: at most ``limit``."""
+    return Target.over(target, value=rss[now], against=rss[before], limit=at_most(limit), unit="MB")
+
+
+def compared_rows(run: dict[str, Any]) -> Iterator[tuple[str, int, dict[str, Any], Any]]:
+    """Each system of a run at each stream count, fewest first: its figures and how they
+    compare (``compare``)."""
+    for system, by_n in run["figures"].items():
+        for n, f in sorted(by_n.items()):
+            yield system, n, f, run["compared"][system][n]
 
 
 TABLE = (
@@ -292,19 +298,17 @@ def report(result: dict[str, Any]) -> Section:
     )
     for layout, run in result["layouts"].items():
         table = Table(TABLE)
-        for system, by_n in run["figures"].items():
-            for n, f in sorted(by_n.items()):
-                c = run["compared"][system][n]
-                table.add(
-                    system,
-                    n,
-                    f["aggregate_tps"],
-                    f["stream_tps"],
-                    f["ttft_median_s"],
-                    f["ttft_p95_s"],
-                    c["aggregate_x"],
-                    c["ttft_diff_s"],
-                )
+        for system, n, f, c in compared_rows(run):
+            table.add(
+                system,
+                n,
+                f["aggregate_tps"],
+                f["stream_tps"],
+                f["ttft_median_s"],
+                f["ttft_p95_s"],
+                c["aggregate_x"],
+                c["ttft_diff_s"],
+            )
         out.parts += [
             "",
             f"{layout}: llama.cpp {run['threads']} threads on cores {run['engine_cores']}; "
