@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -53,15 +53,20 @@ CUT_SHORT = ApiError.of(Overloaded("the reply was cut short: the server is shutt
 class FrameChannel:
     """A session's ``send`` for one HTTP request: each frame waits until the request has taken
     it, so while the client reads slowly the generation merges its tokens, as for a slow socket.
-    Once closed (the client is gone) frames are dropped."""
+    Once closed (the client is gone) frames are dropped. A reader that sends each frame on
+    itself may have them pushed to it instead (``push_to``)."""
 
     def __init__(self) -> None:
         self._frames: deque[Frame] = deque()
         self._changed = asyncio.Event()
+        self._push: Callable[[Frame], Awaitable[None]] | None = None
         self.closed = False
 
     async def __call__(self, frame: Frame) -> None:
         if self.closed:
+            return
+        if self._push is not None:
+            await self._push(frame)
             return
         self._frames.append(frame)
         self._changed.set()
@@ -79,6 +84,15 @@ class FrameChannel:
         frame = self._frames.popleft()
         self._changed.set()
         return frame
+
+    async def push_to(self, push: Callable[[Frame], Awaitable[None]]) -> None:
+        """Those frames that waited, then every frame as it is sent, awaited by its sender
+        (the generation: a slow ``push`` makes it merge tokens, as a slow reader does)."""
+        while self._frames and not self.closed:
+            frame = self._frames.popleft()
+            self._changed.set()
+            await push(frame)
+        self._push = push  # none waits now: the next frame comes after this
 
     def close(self) -> None:
         self.closed = True

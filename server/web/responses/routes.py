@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -35,6 +33,7 @@ from ..openai_api.in_flight import in_flight
 from ..openai_api.reply import CUT_SHORT
 from .request import create_body
 from .run import ResponseRun, Responses, not_found
+from .shapes import Event, encoded
 from .socket import serve_socket
 
 log = logging.getLogger("wschat.responses")
@@ -175,7 +174,7 @@ class ResponsesApi:
         return JSONResponse(kept.body)
 
 
-async def _server_sent(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[bytes]:
+async def _server_sent(events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
     """Each event as OpenAI sends it: its type as the SSE event, its JSON as the data; a failure
     of ours mid-stream an ``error`` event (generic: the traceback goes to the log only)."""
     try:
@@ -183,9 +182,9 @@ async def _server_sent(events: AsyncIterator[dict[str, Any]]) -> AsyncIterator[b
             yield _event(event)
     except Exception as error:
         log.exception("a response's stream failed")
-        yield _event({"type": "error", **ApiError.of(error).body()["error"]})
+        failed = {"type": "error", **ApiError.of(error).body()["error"]}
+        yield _event(Event("error", encoded(failed)))
 
 
-def _event(event: dict[str, Any]) -> bytes:
-    data = json.dumps(event, separators=(",", ":"))
-    return f"event: {event['type']}\ndata: {data}\n\n".encode()
+def _event(event: Event) -> bytes:
+    return f"event: {event.kind}\ndata: {event.data}\n\n".encode()

@@ -10,12 +10,12 @@ kept (kept.py) for ``GET`` and ``previous_response_id``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
-from wschat.protocol import Done, Error, Start, ToolCall
+from wschat.protocol import Done, Error, Frame, Start, ToolCall
 from wschat.protocol import Token as TokenFrame
 
 from ...engine import FunctionCall
@@ -27,7 +27,7 @@ from ..openai_api.reply import Reply
 from .conversation import converse_of
 from .kept import Kept, KeptResponses
 from .request import CreateBody
-from .shapes import ResponseShape, new_id
+from .shapes import Event, ResponseShape, new_id
 
 log = logging.getLogger("wschat.responses")
 
@@ -135,28 +135,67 @@ class ResponseRun:
         self.started = isinstance(first, Start)
         return first
 
-    async def events(self) -> AsyncIterator[dict[str, Any]]:
+    def events_of(self, frame: Frame) -> list[Event]:
+        """The events a frame of its reply makes, once ``first`` gave ``start`` (``done``'s:
+        its end, kept as it became)."""
+        if isinstance(frame, TokenFrame):
+            return self.shape.delta(frame.text)
+        if isinstance(frame, ToolCall):
+            return self.shape.call(frame.call_id, frame.name, frame.arguments)
+        if isinstance(frame, Error):
+            self.error = ApiError.of_frame(frame)
+        elif isinstance(frame, Done):
+            self._end(frame)
+            return self.shape.closing()
+        return []
+
+    async def events(self) -> AsyncIterator[Event]:
         """Its stream's events, from ``response.created`` to its end, once ``first`` gave
         ``start``; a consumer that stops early cancels it."""
         try:
             for event in self.shape.opening():
                 yield event
-            while (frame := await self.reply.frames.next()) is not None:
-                if isinstance(frame, TokenFrame):
-                    for event in self.shape.delta(frame.text):
-                        yield event
-                elif isinstance(frame, ToolCall):
-                    for event in self.shape.call(frame.call_id, frame.name, frame.arguments):
-                        yield event
-                elif isinstance(frame, Error):
-                    self.error = ApiError.of_frame(frame)
-                elif isinstance(frame, Done):
-                    self._end(frame)
-                    for event in self.shape.closing():
-                        yield event
-                    return
+            while not self.ended and (frame := await self.reply.frames.next()) is not None:
+                for event in self.events_of(frame):
+                    yield event
         finally:
             self.reply.cancel()  # nothing if it ended; else its reader is gone
+
+    async def send_events(self, send: Callable[[Event], Awaitable[bool]]) -> None:
+        """``events`` each sent by ``send`` (False: the peer is gone, and it is cancelled), from
+        the task that sends its reply's frames, as a chat socket's frames are sent: no hand-off
+        to another task per token. Returns once it ended; a failure of ours is raised here."""
+        over: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def push(frame: Frame) -> None:
+            if over.done():
+                return
+            try:
+                for event in self.events_of(frame):
+                    if not await send(event):
+                        break
+                else:
+                    if not self.ended:
+                        return
+                over.set_result(None)
+            except Exception as error:  # told where it is awaited, not to the generation
+                over.set_exception(error)
+
+        def run_ended(_: object) -> None:  # without its done (a run always sends one): over
+            if not over.done():
+                over.set_result(None)
+
+        task = self.reply.session.generation_task
+        if task is not None:
+            task.add_done_callback(run_ended)
+        try:
+            for event in self.shape.opening():
+                if not await send(event):
+                    return
+            await self.reply.frames.push_to(push)
+            await over
+        finally:
+            self.reply.cancel()  # nothing if it ended; else its peer is gone
 
     def cancel(self) -> None:
         """Cancel it; its stream, if read, still ends with its terminal event."""

@@ -14,13 +14,19 @@ its arguments whole in one ``response.function_call_arguments.delta``,
 ``max_output_tokens``, or status ``cancelled``: the SDK knows no event of its own for it);
 ``response.failed`` (with its ``error``). A response with neither text nor calls still has its
 message, empty.
+
+Each event is made as the JSON text it is sent as (``Event``), once: a text delta from its
+message's template (the only event per token), the response object encoded once for
+``response.created`` and ``response.in_progress`` alike.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
-from typing import Any
+from json.encoder import encode_basestring_ascii
+from typing import Any, NamedTuple
 
 from wschat.protocol import Done, FinishReason
 
@@ -41,6 +47,18 @@ _ERROR_CODES = {"overloaded": "rate_limit_exceeded"}
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
+
+
+class Event(NamedTuple):
+    """An event of a response's stream: its type, and its JSON text as sent."""
+
+    kind: str
+    data: str
+
+
+def encoded(value: Any) -> str:
+    """JSON as every event is sent: compact, ASCII (as ``json.dumps`` writes it by default)."""
+    return json.dumps(value, separators=(",", ":"))
 
 
 class ResponseShape:
@@ -70,6 +88,10 @@ class ResponseShape:
         self.items: list[dict[str, Any] | None] = []
         self.message_at: int | None = None
         self.sequence = 0
+        # a text delta's JSON around its text and its sequence number, once its message opened
+        self._delta_head = ""
+        self._delta_tail = ',"logprobs":[],"sequence_number":'
+        self._lane = "}" if stream_id is None else f',"stream_id":{encoded(stream_id)}}}'
 
     def object(self) -> dict[str, Any]:
         body = self.body
@@ -119,21 +141,28 @@ class ResponseShape:
         text = "".join(self.text) if text is None else text
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
-    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def event(self, kind: str, **fields: Any) -> Event:
         event = {"type": kind, **fields, "sequence_number": self.sequence}
         self.sequence += 1
         if self.stream_id is not None:
             event["stream_id"] = self.stream_id
-        return event
+        return Event(kind, encoded(event))
 
-    def opening(self) -> list[dict[str, Any]]:
+    def _with_response(self, kind: str, response: str) -> Event:
+        """``event(kind, response=...)`` around the response object already encoded."""
+        data = f'{{"type":"{kind}","response":{response},"sequence_number":{self.sequence}'
+        self.sequence += 1
+        return Event(kind, data + self._lane)
+
+    def opening(self) -> list[Event]:
         """``response.created`` and ``response.in_progress``."""
+        response = encoded(self.object())
         return [
-            self.event("response.created", response=self.object()),
-            self.event("response.in_progress", response=self.object()),
+            self._with_response("response.created", response),
+            self._with_response("response.in_progress", response),
         ]
 
-    def _open_message(self) -> list[dict[str, Any]]:
+    def _open_message(self) -> list[Event]:
         """The message's item and its text part added, where they are not yet."""
         if self.message_at is not None:
             return []
@@ -141,19 +170,30 @@ class ResponseShape:
         self.items.append(None)
         item = {**self._message(), "content": []}
         where = {"item_id": self.item_id, "output_index": self.message_at, "content_index": 0}
+        self._delta_head = (
+            f'{{"type":"response.output_text.delta","item_id":"{self.item_id}",'
+            f'"output_index":{self.message_at},"content_index":0,"delta":'
+        )
         return [
             self.event("response.output_item.added", output_index=self.message_at, item=item),
             self.event("response.content_part.added", **where, part=self._part("")),
         ]
 
-    def delta(self, text: str) -> list[dict[str, Any]]:
-        events = self._open_message()
+    def delta(self, text: str) -> list[Event]:
+        """A token frame's text: its ``response.output_text.delta`` (after its message's
+        opening, the first time), made from the message's template: what ``event`` would
+        encode, byte for byte."""
+        events = self._open_message() if self.message_at is None else []
         self.text.append(text)
-        where = {"item_id": self.item_id, "output_index": self.message_at, "content_index": 0}
-        events.append(self.event("response.output_text.delta", **where, delta=text, logprobs=[]))
+        data = (
+            f"{self._delta_head}{encode_basestring_ascii(text)}"
+            f"{self._delta_tail}{self.sequence}{self._lane}"
+        )
+        self.sequence += 1
+        events.append(Event("response.output_text.delta", data))
         return events
 
-    def call(self, call_id: str, name: str, arguments: str) -> list[dict[str, Any]]:
+    def call(self, call_id: str, name: str, arguments: str) -> list[Event]:
         """A tool call of the reply, whole: its item added, its arguments, its item done."""
         at = len(self.items)
         item = {"id": new_id("fc"), "type": "function_call", "call_id": call_id, "name": name}
@@ -187,7 +227,7 @@ class ResponseShape:
             "total_tokens": u.prompt_tokens + u.completion_tokens,
         }
 
-    def closing(self) -> list[dict[str, Any]]:
+    def closing(self) -> list[Event]:
         """The message's end (opened empty where neither text nor a call came), then the
         terminal event, once ``ended``."""
         events = [] if self.items else self._open_message()

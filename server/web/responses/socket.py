@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import secrets
@@ -53,6 +52,7 @@ from ..openai_api.requests import shown
 from .kept import Kept
 from .request import CreateBody, create_body
 from .run import Responses
+from .shapes import Event, encoded
 
 log = logging.getLogger("wschat.responses")
 
@@ -287,10 +287,7 @@ class ResponsesSocket:
             if isinstance(first, ApiError):
                 await self._error(first, lane.stream_id)
                 return
-            async for event in run.events():
-                await self.send(event)
-                if self.closed:
-                    break
+            await run.send_events(self._send_event)
         except Exception as error:  # a failure of ours: the lane is told, and goes on
             log.exception("response %s failed", run.id)
             await self._error(ApiError.of(error), lane.stream_id)
@@ -332,10 +329,17 @@ class ResponsesSocket:
         await self.send(event)
 
     async def send(self, event: dict[str, Any]) -> None:
+        await self._send_text(encoded(event))
+
+    async def _send_event(self, event: Event) -> bool:
+        """A response's event sent; False once the peer is gone."""
+        await self._send_text(event.data)
+        return not self.closed
+
+    async def _send_text(self, text: str) -> None:
         """Send, or do nothing once the peer is gone: senders never fail on a dead socket."""
         if self.closed:
             return
-        text = json.dumps(event, separators=(",", ":"))
         async with self._send_lock:
             try:
                 await self.ws.send_text(text)
