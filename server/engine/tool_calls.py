@@ -5,8 +5,10 @@ comes, and hands out each call of a calling reply once its JSON object is whole,
 
 A call is whole when its object parses (``json.JSONDecoder.raw_decode`` from where it starts)
 and names an offered tool; the whole reply's reading (``read_calls``) decides what it was.
-Whatever the reader held back that ends as no call (a reply cut
-short, or one that began like a call and was text) is shown when the reply ends (``finish``).
+Text the reader held back that never began a call is shown when the reply ends (``finish``); a
+reply that began a call and is no whole calls' object (cut by its budget or a cancel, or broken)
+shows none of it: a call's text is never reply text (PROTOCOL.md note 23). The calls whole
+before the cut were handed out; the reply ends with its own reason, not ``tool_calls``.
 """
 
 from __future__ import annotations
@@ -54,9 +56,9 @@ class CallReader:
             return shown, [], False
         try:
             calls = read_calls(self._held, self._use, self._seed) or ()
-        except CallsInvalid:  # cut short (its budget, a cancel), or broken: shown as it is
-            shown, self._held = self._held, ""
-            return shown, [], False
+        except CallsInvalid:  # cut short (its budget, a cancel), or broken: no text, no more calls
+            self._held = ""
+            return "", [], False
         rest = list(calls[len(self.calls) :])
         self.calls += rest
         return "", rest, True

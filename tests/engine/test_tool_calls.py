@@ -40,10 +40,17 @@ def test_each_call_is_handed_out_once_whole_with_the_whole_replys_id() -> None:
     assert [c.id for c in reader.calls] == ["call_s0", "call_s1"]
 
 
-def test_a_call_cut_short_is_shown_as_text_when_the_reply_ends() -> None:
+def test_a_call_cut_short_is_never_shown_as_text() -> None:
     reader = CallReader(TOOLS, "s")
     assert read(reader, [TWO[:40]]) == [("", [])]
-    assert reader.finish() == (TWO[:40], [], False)
+    assert reader.finish() == ("", [], False)
+
+
+def test_the_calls_whole_before_a_cut_are_handed_out_and_the_cut_one_is_not() -> None:
+    reader = CallReader(TOOLS, "s")
+    assert read(reader, [TWO[:75], TWO[75:90]]) == [("", ["get_weather"]), ("", [])]
+    assert reader.finish() == ("", [], False)
+    assert [c.name for c in reader.calls] == ["get_weather"]
 
 
 def test_without_tools_described_every_piece_is_text() -> None:

@@ -1,0 +1,100 @@
+"""A reply cut by its length while it writes its calls (PROTOCOL.md note 23): on every door the
+calls whole before the cut come as calls, the cut call is no call and never text, and the reply
+ends ``length``: the WebSocket's ``tool_call`` frames then ``done`` (``length``, no text), the
+chat API's ``tool_calls`` with ``finish_reason: "length"`` (whole and streamed), the Responses
+API's ``function_call`` items in an ``incomplete`` response. The scripted engine writes one
+whole call and the start of a second, then runs out of budget."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from wschat.server.engine import GenerationRequest
+
+from tests.fakes.scripted import Script, ScriptedEngine
+from tests.sessions.test_tool_loop import WEATHER
+from tests.support import raw_peer, running_server
+
+from .support import async_client, user
+
+WHOLE = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}'
+CUT = ', {"name": "get_weather", "arguments": {"ci'
+CHAT_TOOL: Any = {"type": "function", "function": WEATHER}
+RESPONSES_TOOL: Any = {"type": "function", **WEATHER, "strict": False}
+
+
+def cut_engine() -> ScriptedEngine:
+    """Writes a whole call and part of a second one, and ends at its length."""
+    engine = ScriptedEngine()
+
+    def script(request: GenerationRequest) -> Script:
+        return Script([WHOLE[:20], WHOLE[20:], CUT[:12], CUT[12:]], end_with_eos=False)
+
+    engine.script = script
+    return engine
+
+
+async def test_a_cut_call_on_the_websocket_is_no_token_and_the_done_has_no_text() -> None:
+    async with running_server(cut_engine()) as url, raw_peer(url) as (peer, _):
+        params = {"tools": [WEATHER], "tool_choice": "required"}
+        await peer.send({"type": "prompt", "id": "p1", "text": "Paris?", "params": params})
+        frames = await peer.recv_until("done")
+        assert [f["type"] for f in frames] == ["start", "tool_call", "done"]
+        call, done = frames[1], frames[2]
+        assert (call["index"], call["name"], json.loads(call["arguments"])) == (
+            0,
+            "get_weather",
+            {"city": "Paris"},
+        )
+        assert (done["reason"], done["text"], done["turn"]) == ("length", "", 1)
+        # no call awaits results: the reply did not end with its calls
+        results = [{"call_id": call["call_id"], "content": "sunny"}]
+        await peer.send({"type": "tool_results", "id": "r1", "results": results})
+        assert await peer.recv() == {
+            "type": "error",
+            "code": "invalid_params",
+            "message": "no tool calls await results",
+            "id": "r1",
+        }
+
+
+async def test_a_cut_call_on_the_chat_api_is_left_out_and_the_finish_is_length() -> None:
+    async with running_server(cut_engine()) as url, async_client(url) as client:
+        answer = await client.chat.completions.create(
+            model="m", messages=[user("Paris?")], tools=[CHAT_TOOL], tool_choice="required"
+        )
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=[user("Paris?")],
+            tools=[CHAT_TOOL],
+            tool_choice="required",
+            stream=True,
+        )
+        chunks = [chunk async for chunk in stream]
+    choice = answer.choices[0]
+    assert (choice.finish_reason, choice.message.content) == ("length", None)
+    (call,) = choice.message.tool_calls or []
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "get_weather",
+        {"city": "Paris"},
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert not "".join(d.content or "" for d in deltas)
+    (calls,) = [d.tool_calls for d in deltas if d.tool_calls]
+    assert [(c.index, c.function and c.function.arguments) for c in calls] == [
+        (0, '{"city": "Paris"}')
+    ]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+async def test_a_cut_call_on_the_responses_api_is_left_out_of_an_incomplete_response() -> None:
+    async with running_server(cut_engine()) as url, async_client(url) as client:
+        response = await client.responses.create(
+            model="m", input="Paris?", tools=[RESPONSES_TOOL], tool_choice="required"
+        )
+    assert response.status == "incomplete" and response.output_text == ""
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    (call,) = response.output
+    assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Paris"}
