@@ -3,14 +3,20 @@
 conversation continued by ``previous_response_id`` on one socket.
 
 Streams: in each round, N streams (1 and 8) of greedy prompts go once over the msgpack WebSocket
-(bench/wsload.py) and once through the SDK's WebSocket mode, a socket each, opened before the
-round's creates are sent at once (as wsload opens its sessions first), back to back, the order
-turning from round to round; the prompts are alike but each one new. The SDK's tokens are counted
-from ``usage.output_tokens`` and stamped by ``response.output_text.delta``, as the WebSocket's by
-frame. Per concurrency: the medians over rounds, and the median of each round's ratio to the
-msgpack WebSocket's (bench/openai_api.py's rules). Each API's client CPU time per round (this
-process's) says what the client costs: the SDK parses each event into its types (a
-``response.created`` several milliseconds), on the cores the server uses.
+(bench/wsload.py), once through the SDK's WebSocket mode and once through a raw client of the
+mode (``raw_streams``: websockets and ``json.loads``, as wsload is websockets and msgpack), a
+socket each, opened before the round's creates are sent at once (as wsload opens its sessions
+first), back to back, the order turning from round to round; the prompts are alike but each one
+new. The mode's tokens are counted from ``usage.output_tokens`` and stamped by
+``response.output_text.delta``, as the WebSocket's by frame. Per concurrency: the medians over
+rounds, and the median of each round's ratio to the msgpack WebSocket's (bench/openai_api.py's
+rules; the SDK's are the targets).
+
+The raw client puts the mode's server path beside the msgpack WebSocket with a client of about
+the same cost; the SDK's ratio adds the SDK's own: it validates each event into its pydantic
+types (about 0.2 ms of CPU an event, the first of each type in a process far more: the warm-up
+takes that), on the cores the server decodes on. Each API's client CPU time per round (this
+process's) says how much that is.
 
 Conversation: ``turns`` turns of CONVERSATION on one socket through the SDK, each
 ``response.create`` its new input and the ``previous_response_id`` it continues (``store:
@@ -23,10 +29,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
+
+import websockets
+from websockets.asyncio.client import ClientConnection
 
 from . import procs, wsload
 from .figures import Column, Section, Target, at_least
@@ -48,6 +58,8 @@ from .workload import CONVERSATION
 log = logging.getLogger("bench.responses")
 
 TIMEOUT = 300.0
+# the mode through the SDK (the targets') and through a raw client, each held to the WebSocket
+APIS = ("responses-ws", "responses-raw")
 ENDS = ("response.completed", "response.incomplete", "response.failed", "error")
 
 
@@ -80,12 +92,16 @@ async def measure(url: str, work: ResponsesWork) -> dict[str, Any]:
         streamers: dict[str, Streamer] = {
             "websocket": lambda texts, n: wsload.concurrent(url, texts, n),
             "responses-ws": lambda texts, n: socket_streams(client, texts, n),
+            "responses-raw": lambda texts, n: raw_streams(url, texts, n),
         }
         figures = await paired_rounds(streamers, work)
         log.info("%d turns on one socket, %d times", work.turns, work.conversations)
         runs = [await conversation(client, work) for _ in range(work.conversations)]
-    mode, ws = figures["responses-ws"], figures["websocket"]
-    ratios = {n: {k: round_ratio(mode[n], ws[n], k) for k in RATIOS} for n in work.concurrency}
+    ws = figures["websocket"]
+    ratios = {
+        api: {n: {k: round_ratio(figures[api][n], ws[n], k) for k in RATIOS} for n in ws}
+        for api in APIS
+    }
     turns = [
         {key: median([t[key] for t in turn]) for key in turn[0]} for turn in zip(*runs, strict=True)
     ]
@@ -126,6 +142,44 @@ async def socket_turn(
     return times, response
 
 
+async def raw_streams(url: str, texts: list[str], tokens: int) -> list[StreamTimes]:
+    """``socket_streams`` through a raw client: the events read with ``json.loads`` alone."""
+    async with contextlib.AsyncExitStack() as stack:
+        where = url.replace("/v1/chat", "/v1/responses")
+        async with asyncio.timeout(TIMEOUT):
+            sockets = [
+                await stack.enter_async_context(websockets.connect(where, max_size=None))
+                for _ in texts
+            ]
+        return list(
+            await asyncio.gather(
+                *(raw_turn(s, t, tokens) for s, t in zip(sockets, texts, strict=True))
+            )
+        )
+
+
+async def raw_turn(ws: ClientConnection, text: str, tokens: int) -> StreamTimes:
+    """``socket_turn``'s stamps, read off the socket as they came."""
+    create = {"type": "response.create", "model": "embedded", "input": text}
+    times = StreamTimes(time.perf_counter(), [])
+    await ws.send(
+        json.dumps({**create, "max_output_tokens": tokens, "temperature": 0, "store": False})
+    )
+    async with asyncio.timeout(TIMEOUT):
+        while True:
+            event = json.loads(await ws.recv())
+            if event["type"] == "response.output_text.delta" and event["delta"]:
+                times.tokens.append(time.perf_counter())
+            elif event["type"] in ENDS:
+                break
+    if event["type"] in ("error", "response.failed"):
+        raise RuntimeError(f"the server answered {event}")
+    response = event["response"]
+    finish = "stop" if response["status"] == "completed" else "length"
+    merged_tokens(times, response["usage"]["output_tokens"], finish)
+    return times
+
+
 async def conversation(client: Any, work: ResponsesWork) -> list[dict[str, float]]:
     out = []
     async with client.responses.connect() as connection:
@@ -158,7 +212,7 @@ def targets(result: dict[str, Any]) -> list[Target]:
                     f"SDK WebSocket mode {label} at {n} streams vs msgpack WebSocket",
                     value=mode[key],
                     against=ws[key],
-                    ratio=result["ratios"][n][key],
+                    ratio=result["ratios"]["responses-ws"][n][key],
                     limit=at_least(1 / 1.1 if key == "ttft_median_s" else 0.95),
                     unit=unit,
                 )
@@ -181,14 +235,13 @@ TABLE = (
 def report(result: dict[str, Any]) -> Section:
     work = result["workload"]
     ratios = result["ratios"]
-    table = stream_table(
-        TABLE, result["streams"], lambda api, n: ratios.get(n) if api != "websocket" else None
-    )
+    table = stream_table(TABLE, result["streams"], lambda api, n: ratios.get(api, {}).get(n))
     out = Section(
         [
             f"Responses API WebSocket mode: wschat --engine {result['engine']} on the embedded "
             f"model; {work['tokens']} greedy tokens per stream, {work['rounds']} rounds, our "
-            "msgpack WebSocket and the SDK's responses.connect() back to back",
+            "msgpack WebSocket, the SDK's responses.connect() and a raw client of the mode "
+            "back to back",
             table,
             "a conversation continued on one socket (median per turn):",
         ],

@@ -18,12 +18,16 @@ from tests.support import TIMEOUT, http_base, running_server
 
 
 def result() -> dict[str, Any]:
-    ws, mode = figures([10.0], [0.1]), figures([9.6], [0.105])
+    ws, mode, raw = figures([10.0], [0.1]), figures([9.6], [0.105]), figures([8.0], [0.2])
+    streams = {"websocket": {1: ws}, "responses-ws": {1: mode}, "responses-raw": {1: raw}}
     return {
         "workload": {"tokens": 64, "rounds": 1},
         "engine": "batched",
-        "streams": {"websocket": {1: ws}, "responses-ws": {1: mode}},
-        "ratios": {1: {key: round_ratio(mode, ws, key) for key in RATIOS}},
+        "streams": streams,
+        "ratios": {
+            api: {1: {key: round_ratio(streams[api][1], ws, key) for key in RATIOS}}
+            for api in responses.APIS
+        },
         "conversation": [
             {"ttft": 0.10, "input_tokens": 18, "cached_tokens": 0},
             {"ttft": 0.14, "input_tokens": 1000, "cached_tokens": 950},
@@ -42,6 +46,7 @@ def test_the_targets_are_095_for_tokens_11_for_ttft_and_the_last_turns_cache() -
     }
     text = render.text(responses.report(result()))
     assert "responses-ws         1       9.6" in text
+    assert "responses-raw        1       8.0" in text  # beside, judged by no target
     assert "turn  2: input  1000, cached   950, TTFT 140 ms" in text
 
 
@@ -55,9 +60,11 @@ async def test_the_sdks_socket_streams_count_the_tokens_the_msgpack_websocket_co
             openai.AsyncOpenAI(base_url=base, api_key="-") as client,
         ):
             mode = await responses.socket_streams(client, ["Hi", "Hello"], 16)
+            raw = await responses.raw_streams(url, ["Hi", "Hello"], 16)
             ws = await wsload.concurrent(url, ["Hi", "Hello"], 16)
             turns = await responses.conversation(client, ResponsesWork(turns=3, turn_tokens=8))
-    assert [len(t.tokens) for t in mode] == [len(t.tokens) for t in ws] == [5, 5]
-    assert all(t.ttft > 0 for t in mode)
+    counts = [len(t.tokens) for t in ws]
+    assert [len(t.tokens) for t in mode] == [len(t.tokens) for t in raw] == counts == [5, 5]
+    assert all(t.ttft > 0 for t in [*mode, *raw])
     inputs = [t["input_tokens"] for t in turns]
     assert len(inputs) == 3 and inputs[0] < inputs[1] < inputs[2]  # each turn goes on from the last
