@@ -21,6 +21,7 @@ from .base import Engine, Finished, Generation, GenerationRequest, Message, Samp
 from .conversation import Conversation, IdBudget
 from .errors import ConversationTooLong, PromptTooLong
 from .exchanges import ToolRound
+from .stopping import token_budget
 from .tools import CallsInvalid, FunctionCall, ToolUse, read_calls, results_text
 
 __all__ = ["Chat", "Conversation", "PreparedTurn"]
@@ -66,6 +67,9 @@ class Chat:
         self.conversation = Conversation(engine.prompt_format)
         self._running: tuple[Generation, PreparedTurn] | None = None
         self._tools: tuple[str, list[int]] = ("", [])  # the last tools described, and their ids
+        # a reply ended after the calls it wrote whole (``end_after_calls``), and those calls
+        self._after_calls: tuple[Generation, tuple[FunctionCall, ...]] | None = None
+        self._recorded: Generation | None = None  # the reply the last exchange holds
 
     @property
     def pending_calls(self) -> tuple[FunctionCall, ...]:
@@ -240,10 +244,12 @@ class Chat:
         self._running = None
         if finished.reason is FinishReason.ERROR:
             return
+        after, self._after_calls = self._after_calls, None
         try:
             calls = prepared.calls_in(finished.text) or ()
-        except CallsInvalid:  # a call cut short (its budget, a cancel): kept as the text it is
-            calls = ()
+        except CallsInvalid:  # cut short: by its budget or a cancel, no call (PROTOCOL.md)
+            calls = after[1] if after is not None and after[0] is generation else ()
+        self._recorded = generation
         del self.conversation.exchanges[prepared.history :]  # what a regenerate replaces
         self.conversation.add_exchange(
             prepared.user_ids,
@@ -253,6 +259,22 @@ class Chat:
             prepared.rounds,
             calls,
         )
+
+    def budget(self, prepared: PreparedTurn) -> int:
+        """The most tokens its reply may have (stopping.py ``token_budget``)."""
+        context = self._engine.info.context_tokens
+        return token_budget(prepared.turn.params.max_new_tokens, context, prepared.prompt_tokens)
+
+    def end_after_calls(self, generation: Generation, calls: Sequence[FunctionCall]) -> None:
+        """End the reply after ``calls``, those it wrote whole (``CallReader.full``): its
+        exchange keeps them as its calls, awaiting results, though their list never closed
+        (where its whole text makes calls, those are kept: the reader handed them all out).
+        The reply may have ended already, its exchange kept with no call."""
+        generation.cancel()
+        if self._running is not None and self._running[0] is generation:
+            self._after_calls = (generation, tuple(calls))
+        elif self._recorded is generation and not self.conversation.exchanges[-1].calls:
+            self.conversation.exchanges[-1].calls = tuple(calls)
 
     def rewind(self, keep: int) -> None:
         """Keep the first ``keep`` exchanges (0 .. ``turns``) and drop the rest; ``ValueError``

@@ -13,11 +13,8 @@ before the cut were handed out; the reply ends with its own reason, not ``tool_c
 
 from __future__ import annotations
 
-import json
-
-from .tools import CALLS_OPENING, CallsInvalid, FunctionCall, ToolUse, call_id, dumps, read_calls
-
-_DECODER = json.JSONDecoder()
+from .grammar_close import reserve_for
+from .tools import CALLS_OPENING, CallsInvalid, FunctionCall, ToolUse, next_call, read_calls
 
 
 class CallReader:
@@ -29,11 +26,30 @@ class CallReader:
         self._held = ""  # text not shown yet: it may begin a call, or it is one
         self._calling = False  # the reply began a call
         self._at = 0  # where the next call's object starts in ``_held``
-        self._names = {tool.name for tool in self._use.callable()} if self._use else set()
         self.calls: list[FunctionCall] = []  # handed out so far
+        self._budget: int | None = None  # the reply's tokens (``limit``)
+        self._ended_at = 0.0  # the reply's tokens when its last call was whole (estimated)
+        self._longest = 0.0  # the most tokens one call took, its separator included
 
-    def feed(self, text: str) -> tuple[str, list[FunctionCall]]:
-        """The text to show now, and the calls that are whole now."""
+    def limit(self, budget: int) -> None:
+        """The reply may have ``budget`` tokens: see ``full``."""
+        self._budget = budget
+
+    @property
+    def full(self) -> bool:
+        """Whether a reply that may write several calls has no room for one more as long as
+        its longest before its last ``reserve_for(budget)`` tokens (those a JSON reply in this
+        process spends closing itself: grammar_close.py). The reader then hands out no more
+        calls, and the reply ends after those it did (``Chat.end_after_calls``), on every
+        engine, rather than cut in its next call."""
+        budget = self._budget
+        if budget is None or self._use is None or not self._use.parallel or not self.calls:
+            return False
+        return self._ended_at + self._longest > budget - reserve_for(budget)
+
+    def feed(self, text: str, produced: int = 0) -> tuple[str, list[FunctionCall]]:
+        """The text to show now, and the calls that are whole now; ``produced``: the reply's
+        tokens so far, this text's included (what ``full`` weighs)."""
         if self._use is None:
             return text, []
         self._held += text
@@ -46,7 +62,7 @@ class CallReader:
                 return shown, []
             self._calling = True
             self._at = self._held.index(CALLS_OPENING) + len(CALLS_OPENING)
-        return "", self._whole_calls()
+        return "", self._whole_calls(produced)
 
     def finish(self) -> tuple[str, list[FunctionCall], bool]:
         """At the reply's end: the text still to show, the calls not handed out yet, and
@@ -63,23 +79,27 @@ class CallReader:
         self.calls += rest
         return "", rest, True
 
-    def _whole_calls(self) -> list[FunctionCall]:
-        """The calls whose object ended since the last look."""
-        found: list[FunctionCall] = []
-        text = self._held
+    def _whole_calls(self, produced: int) -> list[FunctionCall]:
+        """The calls whose object ended since the last look, until the reply is ``full``; the
+        tokens since the last look shared among them evenly (a piece may hold several)."""
+        assert self._use is not None
+        whole: list[tuple[FunctionCall, int]] = []
+        at = self._at
         while True:
-            at = self._at
-            while at < len(text) and text[at] in ", \n":
-                at += 1
-            try:
-                item, end = _DECODER.raw_decode(text, at)
-            except ValueError:
-                return found
-            name = item.get("name") if isinstance(item, dict) else None
-            arguments = item.get("arguments") if isinstance(item, dict) else None
-            if name not in self._names or not isinstance(arguments, dict):
-                return found  # not a call: ``finish`` says what the reply was
-            call = FunctionCall(call_id(self._seed, len(self.calls)), str(name), dumps(arguments))
+            index = len(self.calls) + len(whole)
+            try:  # not whole yet, or no call: ``finish`` says what it was
+                call, at = next_call(self._held, at, self._use, self._seed, index)
+            except CallsInvalid:
+                break
+            whole.append((call, at))
+        found: list[FunctionCall] = []
+        each = (produced - self._ended_at) / len(whole) if whole else 0.0
+        for call, end in whole:
+            if self.full:
+                break
+            self._longest = max(self._longest, each)
+            self._ended_at += each
+            self._at = end
             self.calls.append(call)
             found.append(call)
-            self._at = end
+        return found

@@ -163,6 +163,25 @@ def call_id(seed: str, index: int) -> str:
     return f"call_{seed}{index}"
 
 
+_DECODER = json.JSONDecoder()
+
+
+def next_call(text: str, at: int, use: ToolUse, seed: str, index: int) -> tuple[FunctionCall, int]:
+    """The call whose object starts at ``at`` (after the separators a calls' list may put
+    there) and where it ends; ``CallsInvalid`` where no whole call to a tool of ``use`` does."""
+    while at < len(text) and text[at] in ", \n":
+        at += 1
+    try:
+        item, end = _DECODER.raw_decode(text, at)
+    except ValueError:
+        raise CallsInvalid("no whole call") from None
+    name = item.get("name") if isinstance(item, dict) else None
+    arguments = item.get("arguments") if isinstance(item, dict) else None
+    if name not in {tool.name for tool in use.callable()} or not isinstance(arguments, dict):
+        raise CallsInvalid(f"the reply's call {index} names no offered tool with its arguments")
+    return FunctionCall(call_id(seed, index), str(name), dumps(arguments)), end
+
+
 def read_calls(text: str, use: ToolUse | None, seed: str) -> tuple[FunctionCall, ...] | None:
     """The calls a whole reply makes (None: it is text, not a call); ``CallsInvalid`` for one
     that begins a call it does not complete, or calls a tool ``use`` does not offer."""

@@ -106,7 +106,7 @@ class GenerationRun:
                 # the running turn, with nothing awaited in between
                 self._notify(RunStarted(self))
                 await send(self._start_frame())
-                reason = await self._stream(send)
+                reason = await self._stream(send, chat)
             elif (pushed_out := self.ticket.pushed_out) is not None:  # slots.py: fair share
                 await send(error_frame(pushed_out, self.id))
                 reason = FinishReason.ERROR
@@ -148,8 +148,10 @@ class GenerationRun:
         finally:
             cancel.cancel()
 
-    async def _stream(self, send: Send) -> FinishReason:
+    async def _stream(self, send: Send, chat: Chat) -> FinishReason:
         assert self.generation is not None
+        self.reader.limit(chat.budget(self.prepared))
+        after_calls = False  # ended after its whole calls (engine tool_calls.py ``full``)
         while True:
             try:
                 async with asyncio.timeout(self.stall_timeout_s):
@@ -165,8 +167,11 @@ class GenerationRun:
                 if text and self.first_token_at is None:
                     self.first_token_at = self.last_token_at
             self.completion_tokens += len(ids)  # ids without text too: the next index jumps
-            shown, calls = self.reader.feed(text)
+            shown, calls = self.reader.feed(text, self.completion_tokens)
             await self._sent(send, ids, shown, calls, piece.logprobs if piece else ())
+            if calls and self.reader.full and not after_calls:
+                after_calls = True
+                chat.end_after_calls(self.generation, self.reader.calls)
             if finished is not None:
                 self.finished = finished
                 rest, calls, calling = self.reader.finish()
@@ -178,7 +183,7 @@ class GenerationRun:
                     told = error if isinstance(error, EngineError) else None
                     await send(error_frame(told or Internal("generation failed"), self.id))
                 # whole calls are the reply's end, however it stopped (engine history.py)
-                if calling and finished.reason is not FinishReason.ERROR:
+                if (calling or after_calls) and finished.reason is not FinishReason.ERROR:
                     return FinishReason.TOOL_CALLS
                 return finished.reason
 

@@ -1,9 +1,11 @@
-"""A reply cut by its length while it writes its calls (PROTOCOL.md note 23): on every door the
-calls whole before the cut come as calls, the cut call is no call and never text, and the reply
-ends ``length``: the WebSocket's ``tool_call`` frames then ``done`` (``length``, no text), the
-chat API's ``tool_calls`` with ``finish_reason: "length"`` (whole and streamed), the Responses
-API's ``function_call`` items in an ``incomplete`` response. The scripted engine writes one
-whole call and the start of a second, then runs out of budget."""
+"""A reply's calls at its budget (PROTOCOL.md section 7 "Tool calls", note 23). Cut by its length
+while it writes its calls, on every door the calls whole before the cut come as calls, the cut
+call is no call and never text, and the reply ends ``length``: the WebSocket's ``tool_call``
+frames then ``done`` (``length``, no text), the chat API's ``tool_calls`` with ``finish_reason:
+"length"`` (whole and streamed), the Responses API's ``function_call`` items in an
+``incomplete`` response (the scripted engine writes one whole call and the start of a second,
+then runs out of budget). A reply that writes call after call ends after the last that leaves
+room for another before its closing reserve, with ``tool_calls``, and its calls await results."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 from wschat.server.engine import GenerationRequest
 
 from tests.fakes.scripted import Script, ScriptedEngine
-from tests.sessions.test_tool_loop import WEATHER
+from tests.sessions.test_tool_loop import ANSWER, WEATHER
 from tests.support import raw_peer, running_server
 
 from .support import async_client, user
@@ -98,3 +100,42 @@ async def test_a_cut_call_on_the_responses_api_is_left_out_of_an_incomplete_resp
     assert response.incomplete_details.reason == "max_output_tokens"
     (call,) = response.output
     assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Paris"}
+
+
+def repeating_engine() -> ScriptedEngine:
+    """Writes the same call again and again (five tokens each) until its budget is spent, as the
+    embedded base model does; answers once the results are the last turn."""
+    engine = ScriptedEngine()
+    one = ' {"name": "get_weather", "arguments": {"city": "Paris"}}'
+    pieces = [one[:8], one[8:24], one[24:40], one[40:], ","]
+
+    def script(request: GenerationRequest) -> Script:
+        if engine.decode(request.prompt_ids).rsplit("user\n", 1)[-1].startswith('{"tool_res'):
+            return Script([ANSWER])
+        tokens = ['{"tool_calls": [', *pieces * 20][: request.params.max_new_tokens]
+        return Script(tokens, end_with_eos=False)
+
+    engine.script = script
+    return engine
+
+
+async def test_calls_without_end_end_after_the_last_that_leaves_room_for_another() -> None:
+    engine = repeating_engine()
+    async with running_server(engine) as url, raw_peer(url) as (peer, _):
+        # 40 tokens, the last 10 the closing reserve; each call whole 5 tokens after the last
+        # (the first's count the opening): the 6th ends at 30, and a 7th would not fit
+        params = {"tools": [WEATHER], "tool_choice": "required", "max_new_tokens": 40}
+        await peer.send({"type": "prompt", "id": "p1", "text": "Paris?", "params": params})
+        frames = await peer.recv_until("done")
+        calls, done = frames[1:-1], frames[-1]
+        assert {f["type"] for f in calls} == {"tool_call"} and len(calls) == 6
+        assert (done["reason"], done["text"], done["turn"]) == ("tool_calls", "", 1)
+        assert all(json.loads(f["arguments"]) == {"city": "Paris"} for f in calls)
+        results = [{"call_id": f["call_id"], "content": "sunny"} for f in calls]
+        await peer.send({"type": "tool_results", "id": "r1", "results": results})
+        frames = await peer.recv_until("done")
+        assert (frames[-1]["reason"], frames[-1]["text"], frames[-1]["turn"]) == (
+            "stop",
+            ANSWER,
+            1,
+        )

@@ -76,3 +76,24 @@ def test_a_reply_that_begins_a_call_it_does_not_make_is_refused(text: str, why: 
 def test_several_calls_with_parallel_calls_off_are_refused() -> None:
     with pytest.raises(CallsInvalid, match="parallel_tool_calls is false"):
         read_calls(TWO, ToolUse(TOOLS.tools, parallel=False), "s")
+
+
+def test_a_reply_of_calls_is_full_once_another_would_reach_its_closing_reserve() -> None:
+    one = ' {"name": "now", "arguments": {}}'
+    each = ['{"tool_calls": [' + one, *[f",{one}"] * 9]
+    # five tokens a call, 40 in all, the last 10 the reserve: the 6th ends at 30, a 7th would not
+    # fit; the calls of one piece share its tokens
+    for pieces in ([("".join(each), 50)], [(text, 5 * (n + 1)) for n, text in enumerate(each)]):
+        reader = CallReader(TOOLS, "s")
+        reader.limit(40)
+        for text, produced in pieces:
+            reader.feed(text, produced)
+        assert reader.full and len(reader.calls) == 6
+        assert reader.finish() == ("", [], False)
+
+
+def test_a_reply_of_one_call_is_never_full() -> None:
+    reader = CallReader(ToolUse(TOOLS.tools, parallel=False), "s")
+    reader.limit(4)
+    assert read(reader, [TWO[:75]]) == [("", ["get_weather"])]
+    assert not reader.full
