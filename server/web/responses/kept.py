@@ -19,7 +19,7 @@ import json
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...engine import share_victim
@@ -42,14 +42,15 @@ class Kept:
     body: dict[str, Any]
     system: str | None
     said: tuple[Said, ...]
+    # the bytes it is counted as holding: counted once, though a socket sums its lanes' at
+    # every response's end and the store at every add
+    size: int = field(init=False, compare=False)
 
-    @property
-    def size(self) -> int:
-        """The bytes it is counted as holding."""
+    def __post_init__(self) -> None:
         said = sum(_said_bytes(s) for s in self.said)
         system = len((self.system or "").encode())
         shape = len(json.dumps(self.body, separators=(",", ":")))
-        return ENTRY_BYTES + system + said + shape
+        object.__setattr__(self, "size", ENTRY_BYTES + system + said + shape)
 
 
 def _said_bytes(said: Said) -> int:
