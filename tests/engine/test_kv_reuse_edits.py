@@ -10,9 +10,12 @@ from typing import Any
 
 import PIL.Image
 import pytest
+from transformers import Cache, DynamicCache
 from wschat.server.engine.base import Finished, GenerationRequest, SamplingParams
 from wschat.server.engine.history import Conversation
+from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.loader import LoadedModel
+from wschat.server.engine.local.sequence_kv import KVState
 
 from tests.engine.local_turns import (
     WINDOW,
@@ -72,6 +75,23 @@ async def test_a_prompt_diverging_from_the_cache_within_the_window_reuses_the_sh
     # layers of the 8 positions the reply started from stay, as its ring mark
     mark = kv_bytes(tiny_text_loaded, 8, full=False)
     assert engine.kv.bytes == kv_bytes(tiny_text_loaded, len(second) + 10 - 1) + mark
+
+
+async def test_each_engines_kept_state_is_cut_back_by_the_one_reusable_in_its_own_form(
+    engine: Engine,
+) -> None:
+    """``LocalModel.reusable`` serves both forms of kept state: the batch's ``KVState`` and
+    ``generate``'s transformers ``Cache``."""
+    first = [2, *words(engine, 5)]
+    replied = await run(engine, first, "s")
+    second = diverging(engine, [*first, *replied.completion_ids], 8)
+    request = GenerationRequest(second, SamplingParams(max_new_tokens=1), session_key="s")
+    kept = engine.taken(request, (KVState, Cache))
+    assert kept is not None and len(kept.ids) == len(first) + 10 - 1
+    form = type(kept.cache)
+    cut = engine.reusable(kept, request)
+    assert cut is not None and cut.ids == second[:8] and type(cut.cache) is form
+    assert form is (KVState if isinstance(engine, BatchedEngine) else DynamicCache)
 
 
 async def test_the_cached_prompt_sent_again_reuses_all_of_it_but_its_last_token(

@@ -63,7 +63,7 @@ from ..base import Generation, GenerationRequest, LoopBridge
 from ..stopping import token_budget
 from .batch_width import width_for
 from .generate_path import GeneratePath
-from .kvstore import CachedPrefix, cached_prefix, latest_mark
+from .kvstore import CachedPrefix, cached_prefix
 from .loader import LoadedModel
 from .memory import give_back, out_of_memory
 from .model import LocalModel
@@ -136,7 +136,7 @@ class BatchedEngine(LocalModel):
 
     def generate(self, request: GenerationRequest) -> Generation:
         kinds = (KVState, Cache) if request.images else KVState
-        prefix = self._reusable(self.taken(request, kinds), request)
+        prefix = self.reusable(self.taken(request, kinds), request)
         if request.images:
             if request.fresh_images or not self._holds_every_image(request, prefix):
                 self.image_turns["generate"] += 1
@@ -169,29 +169,6 @@ class BatchedEngine(LocalModel):
             # After the callbacks already due: prompts that arrived together start together.
             loop.call_soon(self._wake)
         return generation
-
-    def _reusable(
-        self, prefix: CachedPrefix | None, request: GenerationRequest
-    ) -> CachedPrefix | None:
-        """``prefix`` cut back to what the request reuses (``LocalModel.reusable_length``), in
-        the form it is in, or None where nothing is."""
-        if prefix is None or not isinstance(prefix.cache, KVState):
-            return self.reusable(prefix, request)
-        n = self.reusable_length(prefix.ids, request)
-        if n == len(prefix.ids):
-            return prefix
-        window = self.runner.layout.window
-        state = prefix.cache.cropped(n, window)
-        if state is None:  # past the window: back to a turn start whose ring was marked
-            found = latest_mark(prefix.marks, n, window)
-            state = (
-                None if found is None else prefix.cache.at_mark(found[0]).cropped(found[1], window)
-            )
-        if state is None:
-            return None
-        kept = [m for m in prefix.marks if m.length <= state.length]
-        ids = prefix.ids[: state.length]
-        return cached_prefix(state, ids, state.tensors(), kept, shared=prefix.shared)
 
     def _holds_every_image(self, request: GenerationRequest, prefix: CachedPrefix | None) -> bool:
         """Whether ``prefix`` holds the KV state of every image of the conversation: then the

@@ -38,6 +38,7 @@ from .kvstore import MIN_OPENING_TOKENS, CachedPrefix, KVStore, cached_prefix, s
 from .loader import LoadedModel
 from .logprobs import LogprobRecorder
 from .options import LocalEngineOptions
+from .sequence_kv import KVState
 from .streamer import TokenStreamer
 from .threads import ThreadPolicy
 
@@ -181,23 +182,33 @@ class LocalModel:
     def reusable(
         self, prefix: CachedPrefix | None, request: GenerationRequest
     ) -> CachedPrefix | None:
-        """``prefix`` (a transformers ``Cache``) cut back to what the request reuses, or None
-        where nothing is (``crop_cache``)."""
+        """``prefix`` cut back to what the request reuses (``reusable_length``), in the form it
+        is in (the batch's ``KVState`` or a transformers ``Cache``), or None where nothing is.
+        A pooled opening as a ``Cache`` becomes this generation's own copy, which it may write;
+        as a ``KVState`` it stays shared (the batch copies it into its slot)."""
         if prefix is None:
             return None
-        if prefix.shared:  # a pooled opening: this generation's own copy, which it may write
-            cache = copied_cache(prefix.cache, len(prefix.ids), self.model.config)
-            if cache is None:
+        if prefix.shared and not isinstance(prefix.cache, KVState):
+            copy = copied_cache(prefix.cache, len(prefix.ids), self.model.config)
+            if copy is None:
                 return None
-            prefix = cached_prefix(cache, list(prefix.ids), cache_tensors(cache))
+            prefix = cached_prefix(copy, list(prefix.ids), cache_tensors(copy))
         n = self.reusable_length(prefix.ids, request)
         if n == len(prefix.ids):
             return prefix
-        kept = crop_cache(prefix.cache, n, prefix.marks) if n else 0
-        if kept == 0:
-            return None
+        if isinstance(prefix.cache, KVState):
+            assert self.window is not None  # a KVState is made of a model with sliding layers
+            state = prefix.cache.cut(n, prefix.marks, self.window)
+            if state is None:
+                return None
+            cache, kept, tensors = state, state.length, state.tensors()
+        else:
+            kept = crop_cache(prefix.cache, n, prefix.marks) if n else 0
+            if kept == 0:
+                return None
+            cache, tensors = prefix.cache, cache_tensors(prefix.cache)
         marks = [m for m in prefix.marks if m.length <= kept]
-        return cached_prefix(prefix.cache, prefix.ids[:kept], cache_tensors(prefix.cache), marks)
+        return cached_prefix(cache, prefix.ids[:kept], tensors, marks, shared=prefix.shared)
 
     def opening_to_fill(self, request: GenerationRequest) -> int:
         """The length of the request's opening (``GenerationRequest.opening``) to keep for

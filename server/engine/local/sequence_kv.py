@@ -10,13 +10,14 @@ A sliding-window layer keeps a ring of ``window`` columns where position ``p`` l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .attention import FULL, SLIDING
-from .kvstore import RingMark, held_bytes, window_holds
+from .kvstore import RingMark, held_bytes, latest_mark, window_holds
 
 if TYPE_CHECKING:
     from .loader import LoadedModel
@@ -87,6 +88,16 @@ class KVState:
         # view would hold the columns cut off.
         ring = [(_columns(k, kept), _columns(v, kept)) for k, v in self.ring]
         return KVState(length, full, ring, self.ring_from)
+
+    def cut(self, length: int, marks: Sequence[RingMark], window: int) -> KVState | None:
+        """Its first ``length`` positions (``cropped``), or where its rings no longer hold what
+        position ``length`` reads, the longest length one of ``marks`` serves (``latest_mark``:
+        back to a turn start whose ring was marked); None where neither holds."""
+        state = self.cropped(length, window)
+        if state is None:
+            found = latest_mark(marks, length, window)
+            state = None if found is None else self.at_mark(found[0]).cropped(found[1], window)
+        return state
 
 
 def _columns(t: torch.Tensor, n: int) -> torch.Tensor:
