@@ -166,6 +166,28 @@ async def test_a_prompt_done_behind_one_still_prefilling_swaps_ahead_of_it() -> 
     assert follows(s, buffers)
 
 
+async def test_rows_admitted_with_their_prompt_fed_are_planned_a_pick_without_a_forward() -> None:
+    """Siblings start from a copy of the state their prompt was fed into (siblings.py): the
+    plan has them pick their first token, feeding nothing; the others prefill after."""
+    s, _ = scheduler(width=4, prefill_tokens=32)
+    sibling, other, twin = Row("sibling", 10, fed=10), Row("other", 10), Row("twin", 10, fed=10)
+    await submitted(s, sibling, other, twin)
+    s.admit()
+    first = s.plan_first()
+    assert (first.kind, first.rows, first.inputs, first.picks) == (
+        StepKind.FIRST,
+        (sibling, twin),
+        ((), ()),
+        (0, 1),
+    )
+    s.ran(first)
+    assert (sibling.fed, twin.fed) == (10, 10)
+    for row in first.picking:
+        s.start_decoding(row)
+    assert names(s.decoding) == ["sibling", "twin"] and names(s.prefilling) == ["other"]
+    assert s.plan_first().rows == () and s.plan_prefill().rows == (other,)
+
+
 async def three_decoding_two_prefilling() -> tuple[Scheduler[Row], Buffers, list[Row]]:
     """Rows a, b, c decoding in slots 0-2; p and q prefilling in 3 and 4."""
     s, buffers = scheduler(width=5)

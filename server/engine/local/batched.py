@@ -11,7 +11,8 @@ the callbacks already due have run). Each pass of its loop:
    (the scheduler's gather: prompts that clients sent together start together);
 2. prefills the prompts of the rows that joined (their uncached tails, all joiners in one
    forward, long prompts in chunks of ``prefill_tokens`` so the running rows never wait long);
-   a row whose prompt is done picks its first token and joins the decode batch;
+   a row whose prompt is done picks its first token and joins the decode batch (a row admitted
+   with a sibling's fed prompt, ``siblings.py``, picks it first, from that sibling's logits);
 3. runs one decode forward over every decoding row, each at its own position (``SlotKV``), picks
    each row's token with its own parameters and streams it.
 
@@ -268,7 +269,9 @@ class BatchedEngine(LocalModel):
             self.runner.adopt(row)
             self.output.finish(row, FinishReason.CANCELLED, row.own_prefix_state)
             self._orphans(row)
-        self._first_picks()
+        first = self.scheduler.plan_first()
+        if first.rows:
+            self._step(first)
         if self.scheduler.prefilling:
             self._step(self.scheduler.plan_prefill())
             self._end_cancelled()
@@ -281,7 +284,7 @@ class BatchedEngine(LocalModel):
                 self._retire(row, FinishReason.CANCELLED)
 
     def _step(self, plan: StepPlan[BatchRow]) -> None:
-        """One forward: the scheduler's plan run by the runner, its result streamed by the
+        """One step: the scheduler's plan run by the runner, its result streamed by the
         output; a row that ends leaves its slot, a row whose prompt is done starts decoding."""
         decode = plan.kind is StepKind.DECODE
         try:
@@ -292,7 +295,7 @@ class BatchedEngine(LocalModel):
         if decode:
             self.decode_steps += 1
             self.decoded_tokens += len(plan.rows)
-        else:
+        elif plan.kind is StepKind.PREFILL:
             self._prefilled(plan, result)
         for row, reason in self.output.update(plan, result):
             if reason is not None:
@@ -333,19 +336,6 @@ class BatchedEngine(LocalModel):
         for follower in followers:
             follower.prefix, follower.fed, follower.first_logits = prefix, len(prefix.ids), logits
             self.scheduler.submit(follower, self._loop or asyncio.get_event_loop())
-
-    def _first_picks(self) -> None:
-        """The first token of each row admitted with its sibling's state, from its logits; it
-        decodes from then on."""
-        for row in [r for r in self.scheduler.prefilling if r.first_logits is not None]:
-            logits, row.first_logits = row.first_logits, None
-            assert logits is not None
-            (token,) = self.runner.pick([row], logits[None].clone())
-            reason = self.output.take(row, token)
-            if reason is not None:
-                self._retire(row, reason)
-            else:
-                self.scheduler.start_decoding(row)
 
     def _orphans(self, row: BatchRow) -> None:
         """The rows that waited for ``row``, which ended before its prompt was fed."""

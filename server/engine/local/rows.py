@@ -50,6 +50,12 @@ class BatchRow:
     def __post_init__(self) -> None:
         self.fed = len(self.prefix.ids) if self.prefix else 0
 
+    def take_first_logits(self) -> torch.Tensor:
+        """The logits its first token is picked from (its sibling's), handed over once."""
+        logits, self.first_logits = self.first_logits, None
+        assert logits is not None, "only a row admitted with its sibling's logits picks first"
+        return logits
+
     @property
     def logprobs(self) -> LogprobRecorder | None:
         return self.streamer.recorder

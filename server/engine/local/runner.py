@@ -87,7 +87,11 @@ class ModelRunner:
 
     def execute(self, plan: StepPlan[BatchRow]) -> StepResult:
         """Run ``plan``'s forward over its rows and pick the tokens of its picking rows, each
-        from the hidden state of the last id it fed."""
+        from the hidden state of the last id it fed (a ``FIRST`` plan: from its sibling's
+        logits, no forward)."""
+        if plan.kind is StepKind.FIRST:
+            logits = torch.stack([row.take_first_logits() for row in plan.rows])
+            return StepResult(tuple(self.pick(plan.rows, logits)))
         counts = plan.counts
         width = max(counts)
         padded = [[*ids, *[self._pad_id] * (width - len(ids))] for ids in plan.inputs]

@@ -247,6 +247,13 @@ class Scheduler(Generic[R]):
         )
         return StepPlan(StepKind.PREFILL, tuple(rows), self.decoding_count, inputs, done)
 
+    def plan_first(self) -> StepPlan[R]:
+        """The prefilling rows whose prompt is fed already, those admitted with a sibling's
+        state (``siblings.py``): each picks its first token, with no forward."""
+        rows = tuple(row for row in self.prefilling if not row.unfed)
+        inputs = tuple(() for _ in rows)
+        return StepPlan(StepKind.FIRST, rows, self.decoding_count, inputs, tuple(range(len(rows))))
+
     def plan_decode(self) -> StepPlan[R]:
         """The next decode step: every decoding row feeds its last token and picks the next."""
         rows = tuple(self.decoding)

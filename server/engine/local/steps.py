@@ -20,13 +20,17 @@ R = TypeVar("R")
 class StepKind(enum.Enum):
     PREFILL = "prefill"  # the prefilling rows feed a chunk of their prompts
     DECODE = "decode"  # the decoding rows feed their last token each
+    # the rows that start from a sibling's fed prompt (siblings.py) pick their first token from
+    # the logits of its last prompt token: no forward, no ids fed
+    FIRST = "first"
 
 
 @dataclass(frozen=True, slots=True)
 class StepPlan(Generic[R]):
     """One forward over a contiguous run of rows, slots ``first`` on: the ids each row feeds,
     and which of the rows pick a token after it (places in ``rows``): the rows whose prompt it
-    finishes, or every decoding row."""
+    finishes, or every decoding row. A ``FIRST`` plan runs no forward: each of its rows picks,
+    from its sibling's logits, and feeds nothing."""
 
     kind: StepKind
     rows: tuple[R, ...]
@@ -46,7 +50,7 @@ class StepPlan(Generic[R]):
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """A plan's forward, run: the token each of its picking rows took, in order, or the
+    """A plan, run: the token each of its picking rows took, in order, or the
     exception its mask or sampler raised (that row fails alone); and, by place in the plan's
     rows, the logits of the prefilled rows that siblings wait for (``siblings.py``), as the
     model gave them."""
