@@ -24,6 +24,7 @@ from wschat.server.engine.local.rows import BatchRow
 from wschat.server.engine.local.sampling import RowSampler
 from wschat.server.engine.local.scheduler import RowState
 from wschat.server.engine.local.sequence_kv import KVState
+from wschat.server.engine.local.steps import RowEnd
 
 from tests.support import collect
 
@@ -137,10 +138,9 @@ async def test_a_rows_failure_ends_it_alone_and_leaves_no_state(
 
     monkeypatch.setattr(failing.streamer, "push", broken)
     word = tiny_text_engine.tokenize_text("one")[0]
-    assert output.take(failing, word) is FinishReason.ERROR
+    assert output.take(failing, word) == RowEnd(FinishReason.ERROR, boom)
     assert output.take(mate, word) is None
-    assert failing.error is boom and mate.error is None
-    output.finish(failing, FinishReason.ERROR, state_of(len(prompt)), failing.error)
+    output.finish(failing, FinishReason.ERROR, state_of(len(prompt)), boom)
     assert output.stream(mate, word) is None
     output.finish(mate, FinishReason.STOP, state_of(len(prompt) + 1))
     (_, failed), (_, ended) = [await collect(r.generation) for r in (failing, mate)]
@@ -163,7 +163,7 @@ async def test_a_cancelled_row_ends_cancelled_at_its_next_pick(
     assert output.take(row, word) is None
     row.generation.cancel()
     assert row.cancelled
-    assert output.take(row, word) is FinishReason.CANCELLED
+    assert output.take(row, word) == RowEnd(FinishReason.CANCELLED)
     assert row.streamer.generated == [word]  # the pick after the cancel is not streamed
 
 

@@ -76,7 +76,7 @@ from .sampling import RowSampler
 from .scheduler import RowState, Scheduler
 from .sequence_kv import KVState, LayerLayout, layer_layout
 from .siblings import Siblings
-from .steps import StepKind, StepPlan, StepResult
+from .steps import RowEnd, StepKind, StepPlan, StepResult
 from .threads import ThreadPolicy
 
 log = logging.getLogger("wschat.engine.batched")
@@ -160,8 +160,8 @@ class BatchedEngine(LocalModel):
             ),
             self.prompt_format.end_ids,
             opening=self.opening_to_fill(request),
+            grammar=self.matcher(request),
         )
-        row.grammar = self.matcher(request)
         self._loop = loop
         if self.siblings.join(row):  # a sibling prefills the same prompt: this one waits
             generation.cached_tokens = len(request.prompt_ids)
@@ -242,8 +242,7 @@ class BatchedEngine(LocalModel):
             exc_info=error,
         )
         for row in reversed(rows):  # the last slot first: no other row's state moves
-            row.error = ended or error
-            self._retire(row, FinishReason.ERROR)
+            self._retire(row, RowEnd(FinishReason.ERROR, ended or error))
 
     def _end_failed_pass(self, error: BaseException) -> None:
         """Every row in a slot ends with the pass's error (``overloaded`` when memory ran out),
@@ -281,7 +280,7 @@ class BatchedEngine(LocalModel):
     def _end_cancelled(self) -> None:
         for state in (RowState.DECODING, RowState.PREFILLING):
             for row in self.scheduler.cancelled(state):
-                self._retire(row, FinishReason.CANCELLED)
+                self._retire(row, RowEnd(FinishReason.CANCELLED))
 
     def _step(self, plan: StepPlan[BatchRow]) -> None:
         """One step: the scheduler's plan run by the runner, its result streamed by the
@@ -297,9 +296,9 @@ class BatchedEngine(LocalModel):
             self.decoded_tokens += len(plan.rows)
         elif plan.kind is StepKind.PREFILL:
             self._prefilled(plan, result)
-        for row, reason in self.output.update(plan, result):
-            if reason is not None:
-                self._retire(row, reason)
+        for row, end in self.output.update(plan, result):
+            if end is not None:
+                self._retire(row, end)
             elif not decode:
                 self.scheduler.start_decoding(row)
 
@@ -347,13 +346,13 @@ class BatchedEngine(LocalModel):
             follower.generation.cached_tokens = follower.fed
             self.scheduler.submit(follower, self._loop or asyncio.get_event_loop())
 
-    def _retire(self, row: BatchRow, reason: FinishReason) -> None:
-        """End ``row`` (decoding or prefilling), keeping its KV state unless it failed, and free
-        its slot."""
+    def _retire(self, row: BatchRow, end: RowEnd) -> None:
+        """End ``row`` (decoding or prefilling) as ``end`` says, keeping its KV state unless it
+        failed, and free its slot."""
         slot = self.scheduler.slot_of(row)
         try:
-            state = None if reason is FinishReason.ERROR else self.runner.save(slot)
-            self.output.finish(row, reason, state, row.error)
+            state = None if end.reason is FinishReason.ERROR else self.runner.save(slot)
+            self.output.finish(row, end.reason, state, end.error)
         except Exception as error:
             log.exception("ending a row failed; it ends alone")
             self.output.finish(row, FinishReason.ERROR, None, error)  # its done, unless sent

@@ -20,7 +20,7 @@ from .kvstore import KVStore, cached_prefix
 from .rows import BatchRow
 from .scheduler import RowState
 from .sequence_kv import KVState
-from .steps import StepPlan, StepResult
+from .steps import RowEnd, StepPlan, StepResult
 
 log = logging.getLogger("wschat.engine.batched")
 
@@ -31,25 +31,28 @@ class OutputProcessor:
 
     def update(
         self, plan: StepPlan[BatchRow], result: StepResult
-    ) -> list[tuple[BatchRow, FinishReason | None]]:
-        """Stream each pick of a step; each picking row, in order, with the reason it ends
-        now, if it does."""
+    ) -> list[tuple[BatchRow, RowEnd | None]]:
+        """Stream each pick of a step; each picking row, in order, with why it ends now, if it
+        does."""
         rows = plan.picking
         return [(row, self.take(row, p)) for row, p in zip(rows, result.picked, strict=True)]
 
-    def take(self, row: BatchRow, picked: int | Exception) -> FinishReason | None:
-        """Stream the row's pick; the reason it ends now, if it does."""
+    def take(self, row: BatchRow, picked: int | Exception) -> RowEnd | None:
+        """Stream the row's pick; why it ends now, if it does (its error, where it failed)."""
         if row.cancelled:  # cancel flags are read before a token is streamed
-            return FinishReason.CANCELLED
+            return RowEnd(FinishReason.CANCELLED)
+        error: Exception
         if isinstance(picked, Exception):
-            row.error = picked
+            error = picked
         else:
             try:
-                return self.stream(row, picked)
-            except Exception as error:
-                row.error = error
-        log.error("a row of the batch failed; it ends alone", exc_info=row.error)
-        return FinishReason.ERROR
+                reason = self.stream(row, picked)
+            except Exception as failed:
+                error = failed
+            else:
+                return None if reason is None else RowEnd(reason)
+        log.error("a row of the batch failed; it ends alone", exc_info=error)
+        return RowEnd(FinishReason.ERROR, error)
 
     def stream(self, row: BatchRow, token: int) -> FinishReason | None:
         """Stream a picked token; the reason the row ends with it, if it does."""

@@ -45,7 +45,6 @@ class BatchRow:
     first_logits: torch.Tensor | None = field(default=None, init=False)
     # the scheduler's up to DECODING; FINISHED the output's, once its terminal item is delivered
     state: RowState = field(default=RowState.WAITING, init=False)
-    error: BaseException | None = field(default=None, init=False)  # why it ends, if it failed
 
     def __post_init__(self) -> None:
         self.fed = len(self.prefix.ids) if self.prefix else 0

@@ -1,6 +1,6 @@
 """What one step of the batched engine hands along, as data: the ``Scheduler`` plans a forward
 (``StepPlan``), the ``ModelRunner`` runs it and returns its picks (``StepResult``), and the
-``OutputProcessor`` streams them and says which rows end (vLLM's engine core hands a
+``OutputProcessor`` streams them and says which rows end, ``RowEnd`` (vLLM's engine core hands a
 ``SchedulerOutput`` to its runner and a ``ModelRunnerOutput`` back the same way). No torch:
 the ids are ints until the runner makes its input tensor, and again from its picks on.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
+
+from wschat.protocol import FinishReason
 
 if TYPE_CHECKING:
     import torch
@@ -57,3 +59,12 @@ class StepResult:
 
     picked: tuple[int | Exception, ...]
     leaders: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RowEnd:
+    """Why a row ends (the output's answer to its pick, or a failed forward's): the reason, and
+    the error where it failed, which its ``Finished`` carries."""
+
+    reason: FinishReason
+    error: BaseException | None = None
