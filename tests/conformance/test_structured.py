@@ -10,6 +10,7 @@ from typing import Any
 
 import jsonschema
 
+from tests.structured import BOUNDED
 from tests.support import RawPeer, raw_peer
 
 from .test_protocol import of
@@ -23,16 +24,6 @@ async def prompt(peer: RawPeer, frame_id: str, text: str, **params: Any) -> list
     return await peer.recv_until("done", SLOW)
 
 
-BOUNDED: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "colour": {"enum": ["red", "green", "blue"]},
-        "count": {"type": "integer", "minimum": 0, "maximum": 9},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["colour", "count", "ok"],
-    "additionalProperties": False,
-}
 WEATHER: dict[str, Any] = {
     "name": "get_weather",
     "description": "The weather in a city",

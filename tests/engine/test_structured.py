@@ -10,7 +10,6 @@ import asyncio
 import json
 import math
 from collections.abc import AsyncIterator
-from typing import Any
 
 import jsonschema
 import pytest
@@ -30,20 +29,10 @@ from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
 from wschat.server.engine.local.options import LocalEngineOptions
 
+from tests.structured import BOUNDED
 from tests.support import TIMEOUT, collect
 
-# every value bounded: a random model's reply ends, and the schema says where
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "colour": {"enum": ["red", "green", "blue"]},
-        "count": {"type": "integer", "minimum": 0, "maximum": 99},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["colour", "count", "ok"],
-    "additionalProperties": False,
-}
-FORMAT = ResponseFormat(SCHEMA, strict=True)
+FORMAT = ResponseFormat(BOUNDED, strict=True)
 
 
 @pytest.fixture
@@ -82,7 +71,7 @@ async def test_a_constrained_reply_is_json_that_matches_its_schema_and_ends_at_a
             engine.generate(GenerationRequest(prompt(engine, 0), params))
         )
         assert finished.reason.value == "stop", text
-        jsonschema.validate(json.loads(text), SCHEMA)
+        jsonschema.validate(json.loads(text), BOUNDED)
         assert finished.completion_ids[-1] in engine.prompt_format.end_ids
 
 
@@ -110,7 +99,7 @@ async def test_unconstrained_rows_beside_a_constrained_one_get_their_replies_alo
         *(batched.generate(GenerationRequest(prompt(batched, n), plain)) for n in (1, 2, 3)),
     ]
     results = await asyncio.gather(*(collect(g) for g in together))
-    jsonschema.validate(json.loads(results[0][0]), SCHEMA)
+    jsonschema.validate(json.loads(results[0][0]), BOUNDED)
     assert [text for text, _ in results[1:]] == alone
 
 
