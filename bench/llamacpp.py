@@ -416,23 +416,12 @@ async def gateway_cancels(
 ) -> list[dict[str, float]]:
     """Cancel a reply through wschat mid-stream: seconds to its ``done`` and to an idle slot."""
     waits = []
-    params = {"max_new_tokens": 500, "temperature": 0}
     async with wsload.session(ws_url) as peer, httpx.AsyncClient(timeout=10) as http:
         for i in range(count):
-            frame_id = f"c{i}"
-            await peer.send({"type": "prompt", "id": frame_id, "text": text, "params": params})
-            while (frame := await peer.recv())["type"] != "token" or frame["index"] < after_tokens:
-                pass
-            sent = time.perf_counter()
-            await peer.send({"type": "cancel", "id": frame_id})
-            while (frame := await peer.recv())["type"] != "done":
-                pass
-            done = time.perf_counter() - sent
+            sent, done_s = await wsload.cancelled_mid_stream(peer, f"c{i}", text, 500, after_tokens)
             idle = await _idle_after(http, slots_url, sent)
-            waits.append({"done_s": done, "idle_s": idle})
-            await peer.send({"type": "reset", "id": f"r{i}"})  # keep the prompt short
-            while (await peer.recv())["type"] != "reset_ok":
-                pass
+            waits.append({"done_s": done_s, "idle_s": idle})
+            await wsload.reset(peer, f"r{i}")
     return waits
 
 

@@ -125,24 +125,37 @@ async def conversation(url: str, turns: list[str], max_new_tokens: int) -> list[
     return out
 
 
+async def cancelled_mid_stream(
+    peer: Peer, frame_id: str, text: str, max_new_tokens: int, after_tokens: int
+) -> tuple[float, float]:
+    """A greedy reply to ``text`` cancelled once its token ``after_tokens`` came: when the
+    cancel went (``time.perf_counter``) and the seconds from then to its ``done``."""
+    params = {"max_new_tokens": max_new_tokens, "temperature": 0}
+    await peer.send({"type": "prompt", "id": frame_id, "text": text, "params": params})
+    while (frame := await peer.recv())["type"] != "token" or frame["index"] < after_tokens:
+        pass
+    sent = time.perf_counter()
+    await peer.send({"type": "cancel", "id": frame_id})
+    while (await peer.recv())["type"] != "done":
+        pass
+    return sent, time.perf_counter() - sent
+
+
+async def reset(peer: Peer, frame_id: str) -> None:
+    """Empty the session's history (so the next prompt stays short)."""
+    await peer.send({"type": "reset", "id": frame_id})
+    while (await peer.recv())["type"] != "reset_ok":
+        pass
+
+
 async def cancels(url: str, text: str, count: int, after_tokens: int = 4) -> list[float]:
     """Seconds from sending ``cancel`` mid-stream to receiving ``done``, ``count`` times."""
     waits = []
     async with session(url) as peer:
         for i in range(count):
-            frame_id = f"c{i}"
-            params = {"max_new_tokens": 1000, "temperature": 0}
-            await peer.send({"type": "prompt", "id": frame_id, "text": text, "params": params})
-            while (frame := await peer.recv())["type"] != "token" or frame["index"] < after_tokens:
-                pass
-            sent = time.perf_counter()
-            await peer.send({"type": "cancel", "id": frame_id})
-            while (frame := await peer.recv())["type"] != "done":
-                pass
-            waits.append(time.perf_counter() - sent)
-            await peer.send({"type": "reset", "id": f"r{i}"})  # keep the prompt short
-            while (await peer.recv())["type"] != "reset_ok":
-                pass
+            _, done_s = await cancelled_mid_stream(peer, f"c{i}", text, 1000, after_tokens)
+            waits.append(done_s)
+            await reset(peer, f"r{i}")
     return waits
 
 
