@@ -239,3 +239,33 @@ async def test_tools_configured_as_the_sessions_default_serve_every_prompt_and_r
     assert (await done_of(rec, "r")).text == ANSWER
     first, second = (r.prompt_ids for r in engine.requests)
     assert second[: len(first)] == first  # the same tools described: the same prompt
+
+
+async def test_one_sessions_calls_and_tools_stay_its_own() -> None:
+    engine = tool_engine()
+    async with (
+        running_server(engine) as url,
+        raw_peer(url) as (first, _),
+        raw_peer(url) as (second, _),
+    ):
+        await first.send(
+            {"type": "configure", "params": {"tools": [WEATHER], "tool_choice": "required"}}
+        )
+        await first.send({"type": "prompt", "id": "p1", "text": "Paris?"})
+        (call,) = [f for f in await first.recv_until("done") if f["type"] == "tool_call"]
+        # the other session cannot answer the first one's call, nor is it offered its tools
+        results = [{"call_id": call["call_id"], "content": "sunny"}]
+        await second.send({"type": "tool_results", "id": "r1", "results": results})
+        assert await second.recv() == {
+            "type": "error",
+            "code": "invalid_params",
+            "message": "no tool calls await results",
+            "id": "r1",
+        }
+        await second.send({"type": "prompt", "id": "p2", "text": "Paris?"})
+        assert [f["type"] for f in await second.recv_until("done")][-1] == "done"
+        assert "get_weather" not in engine.decode(engine.requests[-1].prompt_ids)
+        # the first session's call still awaits its result there, and is answered
+        await first.send({"type": "tool_results", "id": "r2", "results": results})
+        frames = await first.recv_until("done")
+        assert (frames[-1]["reason"], frames[-1]["text"]) == ("stop", ANSWER)
