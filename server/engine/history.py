@@ -20,7 +20,7 @@ from wschat.protocol.tools import ToolResult
 from .base import Engine, Finished, Generation, GenerationRequest, Message, SamplingParams, Turn
 from .conversation import Conversation, IdBudget
 from .errors import ConversationTooLong, PromptTooLong
-from .exchanges import ToolRound
+from .exchanges import Exchange, ToolRound
 from .stopping import token_budget
 from .tools import CallsInvalid, FunctionCall, ToolUse, read_calls, results_text
 
@@ -69,7 +69,7 @@ class Chat:
         self._tools: tuple[str, list[int]] = ("", [])  # the last tools described, and their ids
         # a reply ended after the calls it wrote whole (``end_after_calls``), and those calls
         self._after_calls: tuple[Generation, tuple[FunctionCall, ...]] | None = None
-        self._recorded: Generation | None = None  # the reply the last exchange holds
+        self._recorded: tuple[Generation, Exchange] | None = None  # the last reply kept
 
     @property
     def pending_calls(self) -> tuple[FunctionCall, ...]:
@@ -249,7 +249,6 @@ class Chat:
             calls = prepared.calls_in(finished.text) or ()
         except CallsInvalid:  # cut short: by its budget or a cancel, no call (PROTOCOL.md)
             calls = after[1] if after is not None and after[0] is generation else ()
-        self._recorded = generation
         del self.conversation.exchanges[prepared.history :]  # what a regenerate replaces
         self.conversation.add_exchange(
             prepared.user_ids,
@@ -259,6 +258,7 @@ class Chat:
             prepared.rounds,
             calls,
         )
+        self._recorded = (generation, self.conversation.exchanges[-1])
 
     def budget(self, prepared: PreparedTurn) -> int:
         """The most tokens its reply may have (stopping.py ``token_budget``)."""
@@ -273,8 +273,11 @@ class Chat:
         generation.cancel()
         if self._running is not None and self._running[0] is generation:
             self._after_calls = (generation, tuple(calls))
-        elif self._recorded is generation and not self.conversation.exchanges[-1].calls:
-            self.conversation.exchanges[-1].calls = tuple(calls)
+        elif self._recorded is not None and self._recorded[0] is generation:
+            exchange = self._recorded[1]
+            exchanges = self.conversation.exchanges
+            if exchanges and exchanges[-1] is exchange and not exchange.calls:
+                exchange.calls = tuple(calls)
 
     def rewind(self, keep: int) -> None:
         """Keep the first ``keep`` exchanges (0 .. ``turns``) and drop the rest; ``ValueError``

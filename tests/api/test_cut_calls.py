@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from wschat.server.engine import GenerationRequest
 
 from tests.fakes.scripted import Script, ScriptedEngine
@@ -102,9 +103,10 @@ async def test_a_cut_call_on_the_responses_api_is_left_out_of_an_incomplete_resp
     assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Paris"}
 
 
-def repeating_engine() -> ScriptedEngine:
-    """Writes the same call again and again (five tokens each) until its budget is spent, as the
-    embedded base model does; answers once the results are the last turn."""
+def repeating_engine(delay_s: float) -> ScriptedEngine:
+    """Writes the same call again and again (five tokens each, ``delay_s`` apart) until its
+    budget is spent, as the embedded base model does; answers once the results are the last
+    turn."""
     engine = ScriptedEngine()
     one = ' {"name": "get_weather", "arguments": {"city": "Paris"}}'
     pieces = [one[:8], one[8:24], one[24:40], one[40:], ","]
@@ -113,14 +115,18 @@ def repeating_engine() -> ScriptedEngine:
         if engine.decode(request.prompt_ids).rsplit("user\n", 1)[-1].startswith('{"tool_res'):
             return Script([ANSWER])
         tokens = ['{"tool_calls": [', *pieces * 20][: request.params.max_new_tokens]
-        return Script(tokens, end_with_eos=False)
+        return Script(tokens, delay_s=delay_s, end_with_eos=False)
 
     engine.script = script
     return engine
 
 
-async def test_calls_without_end_end_after_the_last_that_leaves_room_for_another() -> None:
-    engine = repeating_engine()
+# 0: the reply has ended, its exchange kept, when its calls are read; 10 ms: it is running
+@pytest.mark.parametrize("delay_s", [0.0, 0.01])
+async def test_calls_without_end_end_after_the_last_that_leaves_room_for_another(
+    delay_s: float,
+) -> None:
+    engine = repeating_engine(delay_s)
     async with running_server(engine) as url, raw_peer(url) as (peer, _):
         # 40 tokens, the last 10 the closing reserve; each call whole 5 tokens after the last
         # (the first's count the opening): the 6th ends at 30, and a 7th would not fit
