@@ -22,11 +22,9 @@ Kernels (where the class runs them):
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -189,13 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "head.json")
     kernels = Path(tempfile.gettempdir()) / "wschat-bench-head"
     parser.add_argument("--compile-dir", default=str(kernels), help="the kernels' cache")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--hidden", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(child(args)))
+    args = hostclass.parse(parser, argv, child)
+    if args is None:
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     classes = args.classes or hostclass.available()
     result: dict[str, Any] = {

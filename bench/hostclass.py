@@ -12,10 +12,13 @@ variable caps, serve only multiplies of 16 rows and more.
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,23 @@ def available() -> list[str]:
     if has_amx and out[:1] == [AVX512_BF16]:
         out.insert(0, AMX)
     return out
+
+
+def parse(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    child: Callable[[argparse.Namespace], dict[str, Any]],
+) -> argparse.Namespace | None:
+    """``parser``'s arguments, with the hidden ``--child`` that ``run_child`` passes. In a child:
+    print ``child(args)``'s figures as JSON (the last line ``run_child`` reads), None; in the
+    parent: its log lines set up, the arguments."""
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)))
+        return None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    return args
 
 
 def run_child(host_class: str, module: str, args: list[str], timeout: float) -> dict[str, Any]:

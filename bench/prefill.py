@@ -22,11 +22,9 @@ Writes bench/results/prefill.json (``--json``).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -131,12 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=5, help="calls per kernel per round")
     parser.add_argument("--classes", nargs="+", choices=list(hostclass.CLASSES))
     parser.add_argument("--json", type=Path, default=ROOT / "bench" / "results" / "prefill.json")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(child(args)))
+    args = hostclass.parse(parser, argv, child)
+    if args is None:
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     classes = args.classes or hostclass.available()
     result: dict[str, Any] = {
         "rows": args.rows, "rounds": args.rounds, "calls": args.calls, "shapes": SHAPES,

@@ -213,12 +213,12 @@ class Int8Head(nn.Module):
             # one process compiles, the others wait and read its graphs from the cache
             with (
                 cache_lock(folder.with_name(folder.name + ".lock")),
-                _compiling(host),
+                compiling(host),
                 Ticker(log, "compiling the int8 head") as ticker,
             ):
                 for n in wanted:
                     ticker.step = f"compiling the int8 head for {what}"
-                    _cache_in(folder / ("1" if n == 1 else f"2-{n}"))
+                    cache_in(folder / ("1" if n == 1 else f"2-{n}"))
                     self._compile_one(n)
         except Exception as error:
             log.warning(
@@ -260,7 +260,7 @@ class Int8Head(nn.Module):
             self.many, self.widest = True, rows
 
 
-def _cache_in(folder: Path) -> None:
+def cache_in(folder: Path) -> None:
     """Inductor's cache in ``folder`` for the next graph: a folder per graph, as its own key
     leaves out a dynamic size's bounds, and a graph read back with other bounds than asked
     fails its guards (a head for 2 to 8 rows read where 2 to 32 are asked for)."""
@@ -288,7 +288,7 @@ def prepare(model: Any, rows: int, cache_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def _compiling(host: str) -> Iterator[None]:
+def compiling(host: str) -> Iterator[None]:
     """Inductor's settings while compiling: its config patched (``torch.compile``'s options
     come too late for freezing), one torch thread (see the top), its cache artifacts dropped
     after (it keeps each graph's bytes in memory, the reordered weight in them, for a caller
