@@ -129,8 +129,7 @@ def _compiled(weights: list[tuple[Any, Any]], dtype: Any, int8_rows: Any, host: 
         own.__code__.replace(), own.__globals__, None, None, own.__closure__
     )
     stack = Stack()
-    with int8head.compiling(host), tempfile.TemporaryDirectory() as cache:
-        int8head.cache_in(Path(cache))
+    with tempfile.TemporaryDirectory() as cache, int8head.compiling(host, Path(cache)):
         compiled = torch.compile(types.MethodType(forward, stack), fullgraph=True)
         widths = {int(q.shape[1]) for q, _ in weights}
         with torch.inference_mode():

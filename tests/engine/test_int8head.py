@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._inductor
 import torch.nn.functional as F
 from torch import nn
 from wschat.server.engine.local import precision
@@ -154,6 +155,34 @@ def test_a_graph_of_other_bounds_in_the_cache_is_not_read_back(
     assert caplog.records == []
 
 
+def test_a_head_whose_packages_are_in_the_cache_loads_them_without_tracing_or_compiling(
+    kernels: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later start loads the saved packages: nothing is traced (exported or run through
+    the compiler) and the graphs give the first head's outputs."""
+    plain = linear()
+    first = Int8Head(plain, torch.float32)
+    first.compile(4, kernels)
+
+    def refused(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("traced again")
+
+    monkeypatch.setattr(torch, "compile", refused)
+    monkeypatch.setattr(torch.export, "export", refused)
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", refused)
+    head = Int8Head(plain, torch.float32)
+    with caplog.at_level(logging.INFO, logger="wschat.engine.int8head"):
+        head.compile(4, kernels)
+    assert (head.one, head.many, head.eager) == (True, True, False)
+    assert re.search(r"in [\d.]+ s \(2 of 2 from the cache\)", caplog.text), caplog.text
+    assert "compiling" not in caplog.text
+    torch.manual_seed(4)
+    for rows in (1, 5):
+        x = torch.randn(rows, 64)
+        with torch.inference_mode():
+            assert torch.equal(head(x), first(x))
+
+
 def test_a_head_compiled_for_one_row_keeps_its_weight_for_more(kernels: Path) -> None:
     plain = linear()
     head, eager = Int8Head(plain, torch.float32), Int8Head(plain, torch.float32)
@@ -186,7 +215,7 @@ def test_a_call_the_compiled_head_fails_runs_eager_with_one_log_line(
     def refused(x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("Detected recompile")
 
-    head.compiled = refused
+    head.compiled_one = refused
     x = torch.randn(1, 64)
     with caplog.at_level(logging.WARNING, logger="wschat.engine.int8head"):
         outside = [head(x) for _ in range(3)]
@@ -200,13 +229,10 @@ def test_a_call_the_compiled_head_fails_runs_eager_with_one_log_line(
 def test_a_compile_that_fails_leaves_the_eager_kernel_with_one_log_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(*args: object, **kwargs: object) -> object:
-        def call(x: torch.Tensor) -> torch.Tensor:
-            raise RuntimeError("no C++ compiler")
+    def broken(*args: object, **kwargs: object) -> str:
+        raise RuntimeError("no C++ compiler")
 
-        return call
-
-    monkeypatch.setattr(torch, "compile", broken)
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", broken)
     head, eager = Int8Head(linear(), torch.float32), Int8Head(linear(), torch.float32)
     with caplog.at_level(logging.WARNING, logger="wschat.engine.int8head"):
         head.compile(4, tmp_path)
@@ -238,7 +264,7 @@ async def test_a_second_start_reads_the_compiled_head_from_the_cache(
     tiny_text_dir: Path, tmp_path: Path
 ) -> None:
     """Two starts of a real server with the same cache dir: the first compiles the head's
-    kernel, the second finds it in Inductor's FX graph cache (no time asserted)."""
+    kernel into a package, the second loads it and compiles nothing (no time asserted)."""
     port = free_port()
     command = [sys.executable, "-m", "wschat.server", "--model", str(tiny_text_dir)]
     command += ["--port", str(port), "--dtype", "fp16-int8head", "--engine", "generate"]
@@ -255,3 +281,5 @@ async def test_a_second_start_reads_the_compiled_head_from_the_cache(
         assert found, log.read_text()
         hits.append(int(found.group(1)))
     assert hits == [0, 1]
+    assert "compiling its kernel" not in log.read_text()  # the second start's
+    assert len(list((tmp_path / "cache" / "inductor").glob("*/*/torch-*/1.pt2"))) == 1

@@ -15,10 +15,11 @@ single row (a static shape: the small-M micro-kernel, a lone conversation's step
 any count from two on (a dynamic shape: batched steps). Each holds its own reordered copy, so
 once both exist the plain int8 weight is handed back: the head then costs the float16 head's
 bytes in all. Compiling happens when an engine is built (``prepare``), never while a reply
-waits: a call that would compile (outside inference mode, where the engines' forwards run)
-runs the eager kernel instead while the plain weight is there. The compiled code goes to
-``<cache dir>/inductor/<host class>/<the weight's digest>/<rows>``; a later start loads both graphs
-from there in seconds.
+waits: a call no graph covers runs the eager kernel while the plain weight is there. Each graph
+is compiled ahead of time into a package (``torch._inductor.aoti_compile_and_package``: the
+kernel, its wrapper and the reordered weight in one shared library), saved as
+``<cache dir>/inductor/<host class>/<the weight's digest>/torch-<version>/<rows>.pt2``; a later
+start loads both packages in a fraction of a second, with no tracing and no compiler.
 A compile that fails leaves the eager kernel, with one log line.
 
 It is compiled with one torch thread: the template then shares its loop over the output
@@ -32,8 +33,9 @@ import contextlib
 import hashlib
 import logging
 import os
+import tempfile
 import time
-import types
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,7 @@ import torch
 from torch import nn
 
 from ..embedded import cache_lock
+from .mapped_pages import drop_clean_pages, mapped_files
 from .precision import AMX, host_class
 from .ticker import Ticker
 
@@ -56,6 +59,10 @@ _COMPILE_CONFIG = {"freezing": True, "max_autotune": True, "max_autotune_gemm_ba
 # asked for: the bound is part of the graph's cache key, and engines of any width up to the
 # CPU's default (settings.PREFERRED) then share one compiled graph on disk
 MANY_ROWS = 32
+_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+_LEAF_SPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+# A compiled graph: Inductor's ahead-of-time package, loaded (``aoti_load_package``)
+Graph = Callable[[torch.Tensor], torch.Tensor]
 
 
 def quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -127,9 +134,8 @@ class Int8Head(nn.Module):
     matmul: _Matmul
     columns: torch.Tensor
     key: str  # of the compiled kernel in the cache
-    compiled: Callable[[torch.Tensor], torch.Tensor] | None
-    one: bool  # compiled: the one-row graph
-    many: bool  # compiled: the graph for two rows or more
+    compiled_one: Graph | None  # the one-row graph
+    compiled_many: Graph | None  # the graph for two rows or more
     widest: int  # the most rows the two-or-more graph takes in one call
     _failed_calls: int
 
@@ -143,9 +149,18 @@ class Int8Head(nn.Module):
         self.matmul = _Matmul(q, scales)
         self.register_buffer("columns", columns, persistent=False)
         self.key = tensor_digest(q, scales, columns)
-        self.compiled = None
-        self.one, self.many, self.widest = False, False, 0
+        self.compiled_one, self.compiled_many, self.widest = None, None, 0
         self._failed_calls = 0
+
+    @property
+    def one(self) -> bool:
+        """Compiled: the one-row graph."""
+        return self.compiled_one is not None
+
+    @property
+    def many(self) -> bool:
+        """Compiled: the graph for two rows or more."""
+        return self.compiled_many is not None
 
     @property
     def eager(self) -> bool:
@@ -154,32 +169,32 @@ class Int8Head(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = (x.reshape(-1, self.in_features).float() * self.columns).to(ACTIVATIONS)
-        count = rows.shape[0]
-        if count == 1 and self.one:
-            out = self._compiled(rows)
-        elif count > 1 and self.many:
-            parts = torch.split(rows, self.widest)
-            out = torch.cat([self._compiled(part) for part in parts])
+        if rows.shape[0] > 1 and self.compiled_many is not None:
+            out = torch.cat([self._product(part) for part in torch.split(rows, self.widest)])
         else:
-            out = self.matmul(rows)
+            out = self._product(rows)
         return out.to(self.dtype).reshape(*x.shape[:-1], self.out_features)
 
-    def _compiled(self, rows: torch.Tensor) -> torch.Tensor:
-        assert self.compiled is not None
+    def _product(self, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` (at most ``widest`` when more than one) through the graph compiled for
+        their count, or the eager kernel where none is."""
+        graph = self.compiled_one if rows.shape[0] == 1 else self.compiled_many
+        if graph is None:
+            eager: torch.Tensor = self.matmul(rows)
+            return eager
         try:
-            # as the graphs were compiled: inference mode and an inference tensor (a guard
-            # checks either; a mismatch would be another compile)
-            with torch.inference_mode(), torch.compiler.set_stance("fail_on_recompile"):
-                return self.compiled(rows if rows.is_inference() else rows.clone())
-        except Exception as error:  # a call the graphs do not cover: never compile now
+            with torch.inference_mode():
+                out: torch.Tensor = graph(rows)
+                return out
+        except Exception as error:  # never compile now: the eager kernel while it is there
             if not self.eager:
                 raise
             self._failed_calls += 1
             if self._failed_calls == 1:
                 reason = (str(error).splitlines() or [type(error).__name__])[0]
                 log.warning("int8 head: a call ran the eager kernel (%s)", reason)
-            out: torch.Tensor = self.matmul(rows)
-            return out
+            fallback: torch.Tensor = self.matmul(rows)
+            return fallback
 
     def extra_repr(self) -> str:
         compiled = (("1 row", self.one), (f"2-{self.widest} rows", self.many))
@@ -190,43 +205,41 @@ class Int8Head(nn.Module):
         )
 
     def compile(self, rows: int, cache_dir: Path) -> None:
-        """Compile the graphs calls of up to ``rows`` rows need (``prepare``), not compiled
-        yet; hand the plain weight back once both are there."""
+        """Load, or compile and save, the graphs calls of up to ``rows`` rows need
+        (``prepare``) and do not have yet; hand the plain weight back once both are there."""
         many = max(rows, MANY_ROWS)
         wanted = ([] if self.one else [1]) + ([many] if rows > 1 and not self.many else [])
         if not wanted or not self.eager:
             return
-        from torch._dynamo.utils import counters
-
         host = host_class()
         folder = cache_dir / "inductor" / host / self.key
+        packages = folder / f"torch-{torch.__version__}"  # a package runs on its own torch only
         started = time.perf_counter()
-        hits_before = counters["inductor"]["fxgraph_cache_hit"]
         what = " and ".join("1 row" if n == 1 else f"2 to {n} rows" for n in wanted)
-        log.info(
-            "int8 head: compiling its kernel for %s (the first start takes minutes; later "
-            "ones read %s)",
-            what,
-            folder,
-        )
+        hits = 0
         try:
-            # one process compiles, the others wait and read its graphs from the cache
-            with (
-                cache_lock(folder.with_name(folder.name + ".lock")),
-                compiling(host),
-                Ticker(log, "compiling the int8 head") as ticker,
-            ):
-                for n in wanted:
-                    ticker.step = f"compiling the int8 head for {what}"
-                    cache_in(folder / ("1" if n == 1 else f"2-{n}"))
-                    self._compile_one(n)
+            for n in wanted:
+                package = packages / ("1.pt2" if n == 1 else f"2-{n}.pt2")
+                # a package is renamed into place whole: loaded without the lock
+                graph = _loaded(package)
+                if graph is None:
+                    # one process compiles, the others wait and load its package
+                    with cache_lock(folder.with_name(folder.name + ".lock")):
+                        graph = _loaded(package)  # another process's, written meanwhile
+                        if graph is None:
+                            graph = self._build(n, package, what, host)
+                else:
+                    hits += 1
+                if n == 1:
+                    self.compiled_one = graph
+                else:
+                    self.compiled_many, self.widest = graph, n
         except Exception as error:
             log.warning(
                 "int8 head: compiling failed, its eager kernel runs instead (slower): %s",
                 (str(error).splitlines() or [type(error).__name__])[0],
             )
             return
-        hits = counters["inductor"]["fxgraph_cache_hit"] - hits_before
         log.info(
             "int8 head: compiled for %s in %.1f s (%d of %d from the cache)",
             what,
@@ -238,46 +251,66 @@ class Int8Head(nn.Module):
             # every call is the graphs' now, each with its own reordered copy of the weight
             self.matmul.weight.untyped_storage().resize_(0)
 
-    def _compile_one(self, rows: int) -> None:
-        """The graph for one row (``rows`` 1: a static shape) or for two to ``rows`` (a
-        dynamic one: Inductor needs its bound), under inference mode as the engines call it."""
-        if self.compiled is None:
-            self.compiled = torch.compile(  # a function, not another submodule
-                _own_forward(self.matmul),
-                fullgraph=True,
-                # the input's shape alone: a guard on the calling thread's torch thread count
-                # would make every other count another compile (see the top)
-                options={"guard_filter_fn": torch.compiler.keep_tensor_guards_unsafe},
-            )
-        with torch.inference_mode():
-            x = torch.zeros(1 if rows == 1 else min(rows, 4), self.in_features, dtype=ACTIVATIONS)
-            if rows > 1:
-                torch._dynamo.mark_dynamic(x, 0, min=2, max=rows)
-            self.compiled(x)
-        if rows == 1:
-            self.one = True
-        else:
-            self.many, self.widest = True, rows
+    def _build(self, rows: int, package: Path, what: str, host: str) -> Graph:
+        """Compile the graph for one row (``rows`` 1: a static shape) or for two to ``rows`` (a
+        dynamic one: the package needs its bound) into ``package``, whole or not at all; the
+        graph loaded from it."""
+        import torch._inductor  # here: the compiler's modules take seconds to import
+
+        log.info(
+            "int8 head: compiling its kernel for %s (the first start takes minutes; later "
+            "ones read %s)",
+            what,
+            package.parent,
+        )
+        package.parent.mkdir(parents=True, exist_ok=True)
+        x = torch.zeros(1 if rows == 1 else min(rows, 4), self.in_features, dtype=ACTIVATIONS)
+        shapes = None if rows == 1 else {"x": {0: torch.export.Dim("rows", min=2, max=rows)}}
+        with (
+            Ticker(log, f"compiling the int8 head for {what}"),
+            tempfile.TemporaryDirectory(dir=package.parent) as scratch,
+            compiling(host, Path(scratch)),
+            warnings.catch_warnings(),
+        ):
+            # torch.export checks its own tree specs with the LeafSpec it deprecated: torch's
+            # warning, nothing of ours, and no line for a user
+            warnings.filterwarnings("ignore", _LEAF_SPEC, FutureWarning)
+            exported = torch.export.export(self.matmul, (x,), dynamic_shapes=shapes)
+            partial = Path(scratch) / package.name
+            torch._inductor.aoti_compile_and_package(exported, package_path=str(partial))
+            partial.replace(package)  # atomic: a crash never leaves half a package in place
+        return _load(package)
 
 
-def cache_in(folder: Path) -> None:
-    """Inductor's cache in ``folder`` for the next graph: a folder per graph, as its own key
-    leaves out a dynamic size's bounds, and a graph read back with other bounds than asked
-    fails its guards (a head for 2 to 8 rows read where 2 to 32 are asked for)."""
-    from torch._inductor.utils import clear_caches
+def _loaded(package: Path) -> Graph | None:
+    """The graph saved in ``package``; None where there is none or it does not load (compiled
+    again)."""
+    if not package.exists():
+        return None
+    try:
+        return _load(package)
+    except Exception as error:
+        reason = (str(error).splitlines() or [type(error).__name__])[0]
+        log.info("int8 head: %s does not load, compiled again (%s)", package, reason)
+        return None
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
-    clear_caches()  # read the folder just set, not the one of an earlier graph
 
+def _load(package: Path) -> Graph:
+    """The graph in ``package``: its library loaded, the weight copied out of it into the
+    graph's buffer, and the library's pages read for that handed back (``mapped_pages.py``)."""
+    from torch.export.pt2_archive._package import AOTICompiledModel
 
-def _own_forward(matmul: _Matmul) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``matmul.forward`` on a code object of its own. The compiler keeps its graphs per code
-    object, and its guards tell modules apart by their buffers' shapes, never their values:
-    with frozen weights, another head of the same shape would run this one's graph."""
-    code = _Matmul.forward.__code__.replace()  # a copy
-    forward = types.FunctionType(code, _Matmul.forward.__globals__, "forward")
-    bound: Callable[[torch.Tensor], torch.Tensor] = types.MethodType(forward, matmul)
-    return bound
+    before = mapped_files()
+    # torch's loader as ``aoti_load_package`` makes it, less that function's check of the
+    # package's CPU against this one's: advice only (a log line), it probes each vector ISA
+    # with the C++ compiler (8 s on a busy 2-core host), and the cache's key has the host class.
+    # The probe also asks the kernel for the AMX tiles' state, which an AMX kernel needs
+    # (without it: SIGILL); asked here (a no-op without AMX)
+    torch.cpu._init_amx()
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
+    graph: Graph = AOTICompiledModel(loader)
+    drop_clean_pages(before)
+    return graph
 
 
 def prepare(model: Any, rows: int, cache_dir: Path) -> None:
@@ -288,23 +321,31 @@ def prepare(model: Any, rows: int, cache_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def compiling(host: str) -> Iterator[None]:
-    """Inductor's settings while compiling: its config patched (``torch.compile``'s options
-    come too late for freezing), one torch thread (see the top), its cache artifacts dropped
-    after (it keeps each graph's bytes in memory, the reordered weight in them, for a caller
-    that would ship them elsewhere), and off AMX where oneDNN is capped below it (so a cap
-    stands for a CPU without AMX, ``precision.host_class``)."""
+def compiling(host: str, scratch: Path) -> Iterator[None]:
+    """Inductor's settings while compiling: its config patched, one torch thread (see the top),
+    its cache in ``scratch`` (the build's files; the package is what is kept) and its cache
+    artifacts dropped after (it keeps each graph's bytes in memory, the reordered weight in
+    them, for a caller that would ship them elsewhere), and off AMX where oneDNN is capped below
+    it (so a cap stands for a CPU without AMX, ``precision.host_class``)."""
     import torch._inductor.config
     from torch._inductor import cpu_vec_isa
+    from torch._inductor.utils import clear_caches
     from torch.compiler._cache import CacheArtifactManager
 
     if host != AMX:
         isas = cpu_vec_isa.valid_vec_isa_list()  # cached: the list Inductor picks from
         isas[:] = [isa for isa in isas if not isinstance(isa, cpu_vec_isa.VecAMX)]
-    before = torch.get_num_threads()
+    before, cache = torch.get_num_threads(), os.environ.get(_CACHE_VARIABLE)
     torch.set_num_threads(1)
+    os.environ[_CACHE_VARIABLE] = str(scratch)
+    clear_caches()  # read the folder just set
     try:
         with torch._inductor.config.patch(_COMPILE_CONFIG), CacheArtifactManager.with_fresh_cache():
             yield
     finally:
         torch.set_num_threads(before)
+        if cache is None:
+            os.environ.pop(_CACHE_VARIABLE, None)
+        else:
+            os.environ[_CACHE_VARIABLE] = cache
+        clear_caches()
