@@ -282,4 +282,4 @@ async def test_a_second_start_reads_the_compiled_head_from_the_cache(
         hits.append(int(found.group(1)))
     assert hits == [0, 1]
     assert "compiling its kernel" not in log.read_text()  # the second start's
-    assert len(list((tmp_path / "cache" / "inductor").glob("*/*/torch-*/1.pt2"))) == 1
+    assert len(list((tmp_path / "cache" / "inductor").glob("*/*/torch-*/1.so"))) == 1

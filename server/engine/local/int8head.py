@@ -16,10 +16,10 @@ any count from two on (a dynamic shape: batched steps). Each holds its own reord
 once both exist the plain int8 weight is handed back: the head then costs the float16 head's
 bytes in all. Compiling happens when an engine is built (``prepare``), never while a reply
 waits: a call no graph covers runs the eager kernel while the plain weight is there. Each graph
-is compiled ahead of time into a package (``torch._inductor.aoti_compile_and_package``: the
-kernel, its wrapper and the reordered weight in one shared library), saved as
-``<cache dir>/inductor/<host class>/<the weight's digest>/torch-<version>/<rows>.pt2``; a later
-start loads both packages in a fraction of a second, with no tracing and no compiler.
+is compiled ahead of time (``torch._inductor.aoti_compile_and_package``: the kernel, its
+wrapper and the reordered weight in one shared library), and that library is saved as
+``<cache dir>/inductor/<host class>/<the weight's digest>/torch-<version>/<rows>.so``; a later
+start loads both in a fraction of a second, with no tracing and no compiler.
 A compile that fails leaves the eager kernel, with one log line.
 
 It is compiled with one torch thread: the template then shares its loop over the output
@@ -33,9 +33,11 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
 import time
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,7 @@ _COMPILE_CONFIG = {"freezing": True, "max_autotune": True, "max_autotune_gemm_ba
 MANY_ROWS = 32
 _CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 _LEAF_SPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
-# A compiled graph: Inductor's ahead-of-time package, loaded (``aoti_load_package``)
+# A compiled graph: the shared library of Inductor's ahead-of-time package, loaded (``_load``)
 Graph = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -219,7 +221,7 @@ class Int8Head(nn.Module):
         hits = 0
         try:
             for n in wanted:
-                package = packages / ("1.pt2" if n == 1 else f"2-{n}.pt2")
+                package = packages / ("1.so" if n == 1 else f"2-{n}.so")
                 # a package is renamed into place whole: loaded without the lock
                 graph = _loaded(package)
                 if graph is None:
@@ -276,9 +278,15 @@ class Int8Head(nn.Module):
             # warning, nothing of ours, and no line for a user
             warnings.filterwarnings("ignore", _LEAF_SPEC, FutureWarning)
             exported = torch.export.export(self.matmul, (x,), dynamic_shapes=shapes)
+            archive = torch._inductor.aoti_compile_and_package(
+                exported, package_path=str(Path(scratch) / "graph.pt2")
+            )
             partial = Path(scratch) / package.name
-            torch._inductor.aoti_compile_and_package(exported, package_path=str(partial))
-            partial.replace(package)  # atomic: a crash never leaves half a package in place
+            with zipfile.ZipFile(archive) as files:
+                (library,) = [name for name in files.namelist() if name.endswith(".wrapper.so")]
+                with files.open(library) as source, partial.open("wb") as target:
+                    shutil.copyfileobj(source, target)
+            partial.replace(package)  # atomic: a crash never leaves half a library in place
         return _load(package)
 
 
@@ -296,20 +304,24 @@ def _loaded(package: Path) -> Graph | None:
 
 
 def _load(package: Path) -> Graph:
-    """The graph in ``package``: its library loaded, the weight copied out of it into the
-    graph's buffer, and the library's pages read for that handed back (``mapped_pages.py``)."""
-    from torch.export.pt2_archive._package import AOTICompiledModel
+    """The graph in the library ``package``: loaded, the weight copied out of it into the
+    graph's buffer, and the library's pages read for that handed back (``mapped_pages.py``).
 
-    before = mapped_files()
-    # torch's loader as ``aoti_load_package`` makes it, less that function's check of the
-    # package's CPU against this one's: advice only (a log line), it probes each vector ISA
-    # with the C++ compiler (8 s on a busy 2-core host), and the cache's key has the host class.
-    # The probe also asks the kernel for the AMX tiles' state, which an AMX kernel needs
-    # (without it: SIGILL); asked here (a no-op without AMX)
+    The library alone, not the package ``aoti_load_package`` takes: that extracts it into a
+    new temporary folder at each start (160 MB, left behind by a process that is killed) and
+    checks the package's CPU against this one's, advice only (a log line), by probing each
+    vector ISA with the C++ compiler (8 s on a busy 2-core host); the cache's key has the host
+    class. The probe also asked the kernel for the AMX tiles' state, which an AMX kernel needs
+    (without it: SIGILL): asked here (a no-op without AMX)."""
     torch.cpu._init_amx()
-    loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
-    graph: Graph = AOTICompiledModel(loader)
+    before = mapped_files()
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(package), 1)
     drop_clean_pages(before)
+
+    def graph(rows: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = runner.run([rows])[0]
+        return out
+
     return graph
 
 
