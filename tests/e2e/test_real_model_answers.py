@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any
 
 import pytest
+from wschat.server.engine.local.batched import BatchedEngine
+from wschat.server.engine.local.loader import LoadedModel, load_model
 
 from bench.answers import MAX_NEW_TOKENS, Item, judge, load
 from tests.support import raw_peer, running_server
@@ -31,11 +32,16 @@ LISTS = [item for item in load()["shapes"] if item.kind == "list"]
 LIST_PASSES = 1  # the bench's figure: 1 of the 4 list requests answered as a list
 
 
-def embedded_engine() -> Any:
-    from wschat.server.engine.local.batched import BatchedEngine
-    from wschat.server.engine.local.loader import load_model
-
+def embedded_engine() -> BatchedEngine:
+    """An engine on a model of its own (other modules' tests, one engine each)."""
     return BatchedEngine(load_model("embedded"))
+
+
+@pytest.fixture(scope="module")
+def embedded() -> LoadedModel:
+    """Loaded once for the module's tests, each with an engine of its own: the model is not
+    what they change, and a load is the model read, packed and its head quantized again."""
+    return load_model("embedded")  # converts the GGUF on first use (about a minute)
 
 
 def loops(text: str) -> bool:
@@ -52,11 +58,11 @@ def test_loops_spots_a_repeated_line_and_a_repeated_four_word_run() -> None:
     assert not loops("The capital of France is Paris.")
 
 
-async def asked_alone(items: list[Item]) -> list[tuple[str, str, str]]:
+async def asked_alone(loaded: LoadedModel, items: list[Item]) -> list[tuple[str, str, str]]:
     """Each item's one turn on a fresh conversation, as a new user would ask it, through a real
     server: (the turn, the reply, its reason); its tokens' texts are the reply."""
-    async with asyncio.timeout(600):  # converts the GGUF on first use (about a minute)
-        engine = await asyncio.to_thread(embedded_engine)
+    async with asyncio.timeout(600):  # compiles the int8 head on first use (minutes)
+        engine = await asyncio.to_thread(BatchedEngine, loaded)
     replies: list[tuple[str, str, str]] = []
     try:
         async with running_server(engine) as url, raw_peer(url) as (peer, ready):
@@ -78,8 +84,10 @@ async def asked_alone(items: list[Item]) -> list[tuple[str, str, str]]:
     return replies
 
 
-async def test_embedded_model_answers_plain_questions_and_ends_its_replies() -> None:
-    replies = await asked_alone(ITEMS)
+async def test_embedded_model_answers_plain_questions_and_ends_its_replies(
+    embedded: LoadedModel,
+) -> None:
+    replies = await asked_alone(embedded, ITEMS)
     passed = [judge(item, reply) for item, (_, reply, _) in zip(ITEMS, replies, strict=True)]
     assert sum(passed[: len(OLD)]) >= OLD_PASSES, replies
     assert sum(passed[len(OLD) :]) >= STATEMENT_PASSES, replies
@@ -88,8 +96,10 @@ async def test_embedded_model_answers_plain_questions_and_ends_its_replies() -> 
     assert all(r[1] and r[1] == r[1].strip() for r in replies), replies
 
 
-async def test_embedded_model_writes_a_list_asked_for_over_several_lines() -> None:
-    replies = await asked_alone(LISTS)
+async def test_embedded_model_writes_a_list_asked_for_over_several_lines(
+    embedded: LoadedModel,
+) -> None:
+    replies = await asked_alone(embedded, LISTS)
     lists = [r for item, r in zip(LISTS, replies, strict=True) if judge(item, r[1])]
     assert len(lists) >= LIST_PASSES, replies
     assert all(len(r[1].splitlines()) >= 3 and "User:" not in r[1] for r in lists), lists
