@@ -37,13 +37,6 @@ def embedded_engine() -> BatchedEngine:
     return BatchedEngine(load_model("embedded"))
 
 
-@pytest.fixture(scope="module")
-def embedded() -> LoadedModel:
-    """Loaded once for the module's tests, each with an engine of its own: the model is not
-    what they change, and a load is the model read, packed and its head quantized again."""
-    return load_model("embedded")  # converts the GGUF on first use (about a minute)
-
-
 def loops(text: str) -> bool:
     """A repeated line, or any run of 4 words that comes back."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]

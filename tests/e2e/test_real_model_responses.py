@@ -11,9 +11,10 @@ from typing import Any
 
 import openai
 import pytest
+from wschat.server.engine.local.batched import BatchedEngine
+from wschat.server.engine.local.loader import LoadedModel
 
 from tests.api.support import async_client, websocket_replies
-from tests.e2e.test_real_model_answers import embedded_engine
 from tests.support import running_server
 
 pytestmark = pytest.mark.real_model
@@ -43,9 +44,11 @@ async def socket_replies(client: openai.AsyncOpenAI) -> list[Any]:
     return responses
 
 
-async def test_a_continuation_on_the_socket_is_the_msgpack_sessions_conversation() -> None:
-    async with asyncio.timeout(600):  # converts the GGUF on first use (about a minute)
-        engine = await asyncio.to_thread(embedded_engine)
+async def test_a_continuation_on_the_socket_is_the_msgpack_sessions_conversation(
+    embedded: LoadedModel,
+) -> None:
+    async with asyncio.timeout(600):  # compiles the int8 head on first use (minutes)
+        engine = await asyncio.to_thread(BatchedEngine, embedded)
     try:
         async with running_server(engine) as url, async_client(url) as client:
             dones = await websocket_replies(url, TURNS, max_new_tokens=TOKENS)
@@ -59,11 +62,13 @@ async def test_a_continuation_on_the_socket_is_the_msgpack_sessions_conversation
     assert second.input_tokens_details.cached_tokens >= first.input_tokens + first.output_tokens - 1
 
 
-async def test_a_strict_text_format_reply_parses_into_a_pydantic_model() -> None:
+async def test_a_strict_text_format_reply_parses_into_a_pydantic_model(
+    embedded: LoadedModel,
+) -> None:
     from tests.api.test_structured_output import Fruit
 
     async with asyncio.timeout(600):
-        engine = await asyncio.to_thread(embedded_engine)
+        engine = await asyncio.to_thread(BatchedEngine, embedded)
     try:
         async with running_server(engine) as url, async_client(url) as client:
             for text in ("Describe a banana.", "Describe a cherry."):

@@ -22,7 +22,7 @@ from agents import (
 )
 from wschat.client import connect
 from wschat.server.engine.local.batched import BatchedEngine
-from wschat.server.engine.local.loader import LoadedModel, load_model
+from wschat.server.engine.local.loader import LoadedModel
 
 from tests.api.support import async_client, user
 from tests.support import TIMEOUT, running_server
@@ -41,11 +41,6 @@ WEATHER: dict[str, Any] = {
 }
 TOOL: Any = {"type": "function", "function": WEATHER}
 QUESTION = "What is the weather like in Paris today?"
-
-
-@pytest.fixture(scope="module")
-def embedded() -> LoadedModel:
-    return load_model("embedded")  # converts the GGUF on first use (about a minute)
 
 
 @pytest.fixture
