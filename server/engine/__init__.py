@@ -20,6 +20,7 @@ from .base import (
     Turn,
 )
 from .errors import (
+    CallArgumentsInvalid,
     ContextExhausted,
     ConversationTooLong,
     EngineError,
@@ -42,6 +43,7 @@ from .tool_grammar import held_to_tools
 from .tools import CallsInvalid, FunctionCall, ToolUse, calls_text, results_text
 
 __all__ = [
+    "CallArgumentsInvalid",
     "CallReader",
     "CallsInvalid",
     "CancelFlag",

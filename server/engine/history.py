@@ -19,7 +19,7 @@ from wschat.protocol.tools import ToolResult
 
 from .base import Engine, Finished, Generation, GenerationRequest, Message, SamplingParams, Turn
 from .conversation import Conversation, IdBudget
-from .errors import ConversationTooLong, PromptTooLong
+from .errors import CallArgumentsInvalid, ConversationTooLong, PromptTooLong
 from .exchanges import Exchange, ToolRound
 from .stopping import token_budget
 from .tools import CallsInvalid, FunctionCall, ToolUse, read_calls, results_text
@@ -242,11 +242,13 @@ class Chat:
             return  # a reset or a later turn came first: this one is no longer wanted
         prepared = self._running[1]
         self._running = None
+        after, self._after_calls = self._after_calls, None
         if finished.reason is FinishReason.ERROR:
             return
-        after, self._after_calls = self._after_calls, None
         try:
             calls = prepared.calls_in(finished.text) or ()
+        except CallArgumentsInvalid:  # a call that breaks its schema is a failed reply
+            return
         except CallsInvalid:  # cut short: by its budget or a cancel, no call (PROTOCOL.md)
             calls = after[1] if after is not None and after[0] is generation else ()
         del self.conversation.exchanges[prepared.history :]  # what a regenerate replaces
@@ -278,6 +280,19 @@ class Chat:
             exchanges = self.conversation.exchanges
             if exchanges and exchanges[-1] is exchange and not exchange.calls:
                 exchange.calls = tuple(calls)
+
+    def discard(self, generation: Generation) -> None:
+        """Keep no exchange of ``generation``, a reply that failed after the engine's end or
+        before it (a call whose arguments break its schema, seen as it streamed): it is
+        cancelled; if its exchange was kept already, the conversation drops it."""
+        generation.cancel()
+        if self._running is not None and self._running[0] is generation:
+            self._running = None
+        elif self._recorded is not None and self._recorded[0] is generation:
+            exchanges = self.conversation.exchanges
+            if exchanges and exchanges[-1] is self._recorded[1]:
+                exchanges.pop()
+            self._recorded = None
 
     def rewind(self, keep: int) -> None:
         """Keep the first ``keep`` exchanges (0 .. ``turns``) and drop the rest; ``ValueError``

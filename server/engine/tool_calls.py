@@ -4,7 +4,9 @@ comes, and hands out each call of a calling reply once its JSON object is whole,
 ``read_calls`` gives the same call in the whole reply.
 
 A call is whole when its object parses (``json.JSONDecoder.raw_decode`` from where it starts)
-and names an offered tool; the whole reply's reading (``read_calls``) decides what it was.
+and names an offered tool; the whole reply's reading (``read_calls``) decides what it was. A
+whole call whose arguments do not match its tool's schema raises ``CallArgumentsInvalid`` from
+``feed`` or ``finish``: the reply fails (sessions/generation.py).
 Text the reader held back that never began a call is shown when the reply ends (``finish``); a
 reply that began a call and is no whole calls' object (cut by its budget or a cancel, or broken)
 shows none of it: a call's text is never reply text (PROTOCOL.md note 23). The calls whole

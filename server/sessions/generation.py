@@ -3,7 +3,8 @@
 Token text that piles up while the socket is slow is merged into one ``token`` frame (its index
 jumps); nothing is dropped (PROTOCOL.md "Server frames"). A reply that calls tools sends each call
 as a ``tool_call`` frame once it is whole, not as text, and ends ``tool_calls`` (engine
-tool_calls.py reads them). Exactly one ``done`` is sent per run, from ``finally``.
+tool_calls.py reads them); one whose arguments break its tool's schema fails the reply. Exactly
+one ``done`` is sent per run, from ``finally``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from wschat.protocol import (
 )
 
 from ..engine import (
+    CallArgumentsInvalid,
     CallReader,
     Chat,
     EngineError,
@@ -167,14 +169,20 @@ class GenerationRun:
                 if text and self.first_token_at is None:
                     self.first_token_at = self.last_token_at
             self.completion_tokens += len(ids)  # ids without text too: the next index jumps
-            shown, calls = self.reader.feed(text, self.completion_tokens)
+            try:
+                shown, calls = self.reader.feed(text, self.completion_tokens)
+            except CallArgumentsInvalid as bad:
+                return await self._bad_call(send, chat, bad)
             await self._sent(send, ids, shown, calls, piece.logprobs if piece else ())
             if calls and self.reader.full and not after_calls:
                 after_calls = True
                 chat.end_after_calls(self.generation, self.reader.calls)
             if finished is not None:
                 self.finished = finished
-                rest, calls, calling = self.reader.finish()
+                try:
+                    rest, calls, calling = self.reader.finish()
+                except CallArgumentsInvalid as bad:
+                    return await self._bad_call(send, chat, bad)
                 await self._sent(send, (), rest, calls)
                 if finished.reason is FinishReason.ERROR:
                     error = finished.error
@@ -215,6 +223,15 @@ class GenerationRun:
             called = ToolCall(self.id, len(self.sent.calls), call.id, call.name, call.arguments)
             self.sent.calls.append(called)
             await send(called)
+
+    async def _bad_call(self, send: Send, chat: Chat, error: CallArgumentsInvalid) -> FinishReason:
+        """A call whose arguments break its tool's schema: the reply fails (error, then done),
+        the conversation keeps no exchange of it, and the session goes on."""
+        assert self.generation is not None
+        chat.discard(self.generation)
+        log.error("generation %s failed: %s", self.id, error)
+        await send(error_frame(error, self.id))
+        return FinishReason.ERROR
 
     async def _stalled(self, send: Send) -> FinishReason:
         """No progress for stall_timeout_s: cancel, tell the client, free the slot."""
