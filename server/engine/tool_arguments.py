@@ -1,11 +1,12 @@
 """A call's arguments checked against its tool's ``parameters`` (a JSON schema), with
 ``jsonschema``: the rule every engine's calls keep. In this process the tool grammar
-(tool_grammar.py) only lets a call be written that keeps it; an engine over HTTP is sent a forced
-call's schema to enforce, and an ``auto`` reply's none, so what it writes is checked here.
+(tool_grammar.py) lets a call be written only as its schema says, bar the keywords llguidance
+does not implement (it skips those: the tools' schemas are compiled lenient); an engine over HTTP
+is sent a forced call's schema to enforce, and an ``auto`` reply's none. Every call is checked
+here, so what a client is sent matches, on every engine.
 
 Every tool's schema is enforced whole, whatever its ``strict`` said (OpenAI's ``strict`` is not
-read: the grammar here holds every call to its schema, so a client gets one promise on every
-engine). A schema that is not one (``check_schema``), or whose ``$ref`` points outside it (no
+read: every engine holds every call to its schema, one promise for every client). A schema that is not one (``check_schema``), or whose ``$ref`` points outside it (no
 reference is ever fetched), cannot be kept: a call to such a tool fails as a mismatch does.
 """
 
