@@ -6,8 +6,9 @@ is sent a forced call's schema to enforce, and an ``auto`` reply's none. Every c
 here, so what a client is sent matches, on every engine.
 
 Every tool's schema is enforced whole, whatever its ``strict`` said (OpenAI's ``strict`` is not
-read: every engine holds every call to its schema, one promise for every client). A schema that is not one (``check_schema``), or whose ``$ref`` points outside it (no
-reference is ever fetched), cannot be kept: a call to such a tool fails as a mismatch does.
+read: every engine holds every call to its schema, one promise for every client). A schema that
+is not one (``check_schema``), or whose ``$ref`` points outside it (no reference is ever
+fetched), cannot be kept: a call to such a tool fails as a mismatch does.
 """
 
 from __future__ import annotations
