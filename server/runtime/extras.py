@@ -30,6 +30,7 @@ _SERVING = (
     "PIL",
     "prometheus_client",
     "jsonschema",
+    "regex",
 )
 # Each extra's top-level modules, less the base install's. The gateway extra runs --engine openai
 # with no torch and no transformers; the llamacpp extra adds llama.cpp's server to it.
