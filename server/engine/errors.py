@@ -14,9 +14,9 @@
         ├── EngineOverloaded       (overloaded) busy, unreachable or out of memory; the message
         │                          says when to retry
         ├── ContextExhausted       (context_overflow) the engine found the context too small
-        └── EngineFailed           (internal) the engine failed or stopped mid-reply
-            └── CallArgumentsInvalid  (internal) a call whose arguments do not match its
-                                   tool's schema (tool_arguments.py); the exchange is not kept
+        ├── EngineFailed           (internal) the engine failed or stopped mid-reply
+        └── CallArgumentsInvalid   (internal) a call whose arguments do not match its tool's
+                                   schema (tool_arguments.py); the exchange is not kept
 
 Any other exception a generation ends with is a bug, which the peer sees as a generic
 ``internal``.
@@ -86,5 +86,5 @@ class EngineFailed(GenerationFailure):
     pass
 
 
-class CallArgumentsInvalid(EngineFailed):
+class CallArgumentsInvalid(GenerationFailure):
     pass

@@ -28,8 +28,6 @@ from typing import Any
 
 from wschat.protocol.tools import ToolChoice, ToolResult, ToolSpec
 
-from .tool_arguments import check_arguments
-
 # What a reply that calls tools starts with (after a space or a line break the format may leave)
 CALLS_KEY = "tool_calls"
 RESULTS_KEY = "tool_results"
@@ -189,6 +187,10 @@ def offered_call(item: Any, use: ToolUse, seed: str, index: int) -> FunctionCall
     tool = next((t for t in use.callable() if t.name == name), None)
     if tool is None or not isinstance(arguments, dict):
         raise CallsInvalid(f"the reply's call {index} names no offered tool with its arguments")
+    # imported here: the engine package loads without the server's extras (`wschat-server
+    # --help` on a bare install), and jsonschema is one of them
+    from .tool_arguments import check_arguments
+
     check_arguments(tool.name, tool.parameters, arguments)
     return FunctionCall(call_id(seed, index), tool.name, dumps(arguments))
 

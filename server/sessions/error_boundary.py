@@ -43,6 +43,7 @@ ENGINE_ERRORS: tuple[tuple[type[engine.EngineError], type[ProtocolError]], ...] 
     (engine.EngineOverloaded, Overloaded),
     (engine.ContextExhausted, ContextOverflow),
     (engine.EngineFailed, Internal),
+    (engine.CallArgumentsInvalid, Internal),
 )
 
 
