@@ -68,7 +68,9 @@ def as_series(
         column = value.get(key)
         if type(column) is not list:
             raise BadFrame(f"{name}.{key} must be a list")
-        series[key] = tuple(None if v is None else as_float(v, name, BadFrame) for v in column)
+        series[key] = tuple(
+            None if v is None else as_float(v, f"{name}.{key}", BadFrame) for v in column
+        )
     if len({len(column) for column in series.values()}) > 1:
         raise BadFrame(f"{name}'s lists must be of one length")
     return series

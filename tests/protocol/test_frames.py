@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from wschat.protocol import (
+    BadFrame,
     Cancel,
     Capabilities,
     Configure,
@@ -92,6 +93,15 @@ CLIENT_SAMPLES: list[Frame] = [
     ToolResults("t", (ToolResult("call_1", "sunny"), ToolResult("call_2", '{"c": 21}'))),
     ToolResults("t", (ToolResult("c", ""),), TOOL_PARAMS),
 ]
+# the dashboard's last minutes (PROTOCOL.md "stats" ``history``): TTFT unknown where nil
+HISTORY: dict[str, tuple[float | None, ...]] = {
+    "tokens_per_s": (1.0, 2.5),
+    "running": (0.0, 1.0),
+    "queued": (0.0, 0.0),
+    "sessions": (1.0, 2.0),
+    "ttft_p50_ms": (None, 30.0),
+    "ttft_p95_ms": (None, 41.5),
+}
 SERVER_SAMPLES: list[Frame] = [
     Ready(1, "s", "r", "m", Capabilities(True, 4), LIMITS, "generate"),
     Ready(1, "s", "r", "m", Capabilities(False, 0), Limits(1, 2, 3, 4, 5)),
@@ -119,7 +129,40 @@ SERVER_SAMPLES: list[Frame] = [
     Stats(0, 0, 0, 0.0, None, None, 0, {}, None, "m", "cpu", 0.0, rewinds=2, regenerates=1),
     Stats(1, 2, 3, 4.5, None, 6.0, 7, {"busy": 1}, None, "m", "cpu", 8.0, ({"session": "x"},)),
     Stats(0, 0, 0, 0.0, 1.0, 2.0, 0, {}, 12, "m", "cuda:0", 0.0),
+    Stats(0, 0, 0, 0.0, None, None, 0, {}, None, "m", "cpu", 0.0, history=HISTORY),
 ]
+
+
+def stats_with_history(history: object) -> bytes:
+    stats = msgpack.unpackb(encode(SERVER_SAMPLES[-1]))
+    packed: bytes = msgpack.packb({**stats, "history": history})
+    return packed
+
+
+@pytest.mark.parametrize(
+    ("history", "message"),
+    [
+        ([1.0], "history must be a map"),
+        (
+            {k: v for k, v in HISTORY.items() if k != "queued"},
+            "history.queued must be a list",
+        ),
+        ({**HISTORY, "running": "0, 1"}, "history.running must be a list"),
+        ({**HISTORY, "sessions": [1.0]}, "history's lists must be of one length"),
+        ({**HISTORY, "tokens_per_s": ["1", 2.0]}, "history.tokens_per_s must be a finite number"),
+    ],
+)
+def test_a_stats_history_that_breaks_its_shape_is_a_bad_frame(
+    history: object, message: str
+) -> None:
+    with pytest.raises(BadFrame) as raised:
+        decode_server_frame(stats_with_history(history))
+    assert raised.value.message == message
+
+
+def test_a_stats_history_keeps_its_series_and_leaves_out_others() -> None:
+    stats = decode_server_frame(stats_with_history({**HISTORY, "kv_tokens": [1, 2]}))
+    assert isinstance(stats, Stats) and stats.history == HISTORY
 
 
 def test_samples_cover_every_frame_type() -> None:
