@@ -13,6 +13,7 @@ from wschat.client import CallRequest, InvalidParamsError, connect
 from wschat.protocol import (
     Configure,
     Done,
+    Error,
     ErrorCode,
     FinishReason,
     GenerationParams,
@@ -30,7 +31,7 @@ from wschat.server.sessions.inputs import TakenOver
 from wschat.server.sessions.snapshot import export_state, import_state, pack, unpack
 
 from tests.fakes.scripted import Script, ScriptedEngine
-from tests.support import TIMEOUT, raw_peer, running_server, wait_until
+from tests.support import TIMEOUT, RawPeer, raw_peer, running_server, wait_until
 
 from .test_session import Recorder, done_of, make_session
 
@@ -40,6 +41,8 @@ WEATHER: dict[str, Any] = {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
 CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
+# a call whose arguments break get_weather's schema: its city is a number
+BAD_CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": 7}}]}'
 ANSWER = " Sunny in Paris."
 TOOLS = GenerationParams(tools=(ToolSpec(**WEATHER),))
 
@@ -56,6 +59,17 @@ def tool_engine() -> ScriptedEngine:
 
     engine.script = script
     return engine
+
+
+async def refused_for_no_calls(peer: RawPeer, results: list[dict[str, Any]], id: str) -> None:
+    """``results`` sent as a ``tool_results`` frame get the refusal of results no call awaits."""
+    await peer.send({"type": "tool_results", "id": id, "results": results})
+    assert await peer.recv() == {
+        "type": "error",
+        "code": "invalid_params",
+        "message": "no tool calls await results",
+        "id": id,
+    }
 
 
 async def test_the_bundled_clients_run_answers_each_call_and_ends_with_the_answer() -> None:
@@ -104,14 +118,7 @@ async def test_a_raw_msgpack_client_runs_the_loop_from_the_spec_alone() -> None:
             ANSWER,
             1,
         )
-        await peer.send({"type": "tool_results", "id": "r2", "results": results})
-        error = await peer.recv()
-        assert error == {
-            "type": "error",
-            "code": "invalid_params",
-            "message": "no tool calls await results",
-            "id": "r2",
-        }
+        await refused_for_no_calls(peer, results, "r2")
 
 
 async def called(
@@ -157,6 +164,30 @@ async def test_a_prompt_while_calls_await_results_is_refused_and_rewind_drops_th
     assert session.chat.turns == 0 and session.chat.pending_calls == ()
     await session.handle(Prompt("p2", "something else"))
     assert (await done_of(rec, "p2")).turn == 1
+
+
+async def test_a_call_whose_arguments_break_its_schema_fails_the_reply_and_is_not_kept() -> None:
+    engine = tool_engine()
+    answer = engine.script
+    # the bad call is whole mid-reply, a second one still to come
+    bad = Script([BAD_CALL[:-2], ", ", CALL[16:]])
+    engine.script = lambda r: bad if len(engine.requests) == 1 else answer(r)
+    session, rec = make_session(engine)
+    await session.handle(Prompt("p1", "Paris?", params=TOOLS))
+    done = await done_of(rec, "p1")
+    (error,) = rec.of(Error, "p1")
+    assert (error.code, error.message) == (
+        ErrorCode.INTERNAL,
+        "the engine called get_weather with arguments that do not match its parameters:"
+        " 7 is not of type 'string' (at city)",
+    )
+    assert (done.reason, done.text) == (FinishReason.ERROR, "") and rec.of(ToolCall, "p1") == []
+    assert session.chat.turns == 0 and session.chat.pending_calls == ()
+    # nothing of it is kept: the same prompt again is the first exchange, prompted the same
+    call = await called(session, rec, "p2")
+    assert call.name == "get_weather" and (await done_of(rec, "p2")).turn == 1
+    first, second = (r.prompt_ids for r in engine.requests)
+    assert second == first
 
 
 @pytest.mark.parametrize(
@@ -255,13 +286,7 @@ async def test_one_sessions_calls_and_tools_stay_its_own() -> None:
         (call,) = [f for f in await first.recv_until("done") if f["type"] == "tool_call"]
         # the other session cannot answer the first one's call, nor is it offered its tools
         results = [{"call_id": call["call_id"], "content": "sunny"}]
-        await second.send({"type": "tool_results", "id": "r1", "results": results})
-        assert await second.recv() == {
-            "type": "error",
-            "code": "invalid_params",
-            "message": "no tool calls await results",
-            "id": "r1",
-        }
+        await refused_for_no_calls(second, results, "r1")
         await second.send({"type": "prompt", "id": "p2", "text": "Paris?"})
         assert [f["type"] for f in await second.recv_until("done")][-1] == "done"
         assert "get_weather" not in engine.decode(engine.requests[-1].prompt_ids)
