@@ -47,6 +47,14 @@ def test_the_targets_and_table_name_the_shares_and_ratios() -> None:
             "1": {"schema_tokens_per_s": 19.0, "plain_tokens_per_s": 20.0, "ratio": 0.95},
             "8": {"schema_tokens_per_s": 80.0, "plain_tokens_per_s": 100.0, "ratio": 0.8},
         },
+        "beside": {
+            "beside_tokens_per_s": 9.7,
+            "plain_tokens_per_s": 10.0,
+            "again_tokens_per_s": 9.9,
+            "ratio": 0.97,
+            "again_ratio": 0.99,
+            "rows": 7,
+        },
         "logprobs": {
             "logprobs_tokens_per_s": 19.5,
             "plain_tokens_per_s": 20.0,
@@ -57,7 +65,14 @@ def test_the_targets_and_table_name_the_shares_and_ratios() -> None:
     assert result["valid_share"] == result["parse_share"] == 0.5
     assert result["reasons"] == {"stop": 1, "length": 1}
     met = [row.met for row in structured.targets(result)]
-    assert met == [False, True, False, True]
+    assert met == [False, True, False, True, True]
     text = "\n".join(str(part) for part in structured.report(result).parts)
     assert "2 replies: 50% parse and validate (50% parse); ended {'stop': 1, 'length': 1}" in text
     assert "(0.80x)" in text and "logprobs 5" in text
+    assert (
+        "the 7 plain rows at 9.7 tokens/s each, beside 8 plain 10.0 (0.97x; 8 plain again: "
+        "0.99x)" in text
+    )
+    # a result from before the part: its other targets, no row for it
+    del result["beside"]
+    assert [row.met for row in structured.targets(result)] == [False, True, False, True]
