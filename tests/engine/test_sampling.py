@@ -14,7 +14,13 @@ import pytest
 import torch
 from wschat.server.engine.base import SamplingParams
 from wschat.server.engine.local import sampling
-from wschat.server.engine.local.sampling import RowSampler, argmax, draw, pick_tokens
+from wschat.server.engine.local.sampling import (
+    RowSampler,
+    argmax,
+    draw,
+    largest,
+    pick_tokens,
+)
 
 from tests.engine.hostile import HOSTILE_PARAMS
 
@@ -195,6 +201,25 @@ def test_argmax_from_block_maxima_is_torchs_first_maximum() -> None:
     assert int(argmax(rows)[1]) == 7000 and int(argmax(rows)[2]) == 0
     odd = torch.randn(3, 1000)  # a vocabulary blocks do not divide
     assert torch.equal(argmax(odd), odd.argmax(-1))
+
+
+@pytest.mark.parametrize("k", [1, 5, 20])
+def test_the_largest_from_block_maxima_are_torchs_topk(k: int) -> None:
+    rows = torch.stack([gemma_like(seed, 3.0) for seed in range(3)])
+    rows[1, -k:] = rows[1].max() + torch.arange(1, k + 1)  # the largest all in the last block
+    for logits in (rows, torch.randn(3, 1000)):  # the second: a vocabulary blocks do not divide
+        values, ids = largest(logits, k)
+        expected = logits.topk(k, dim=-1)
+        assert torch.equal(values, expected.values) and torch.equal(ids, expected.indices)
+
+
+def test_the_largest_of_equal_logits_are_those_values_at_their_ids() -> None:
+    logits = torch.zeros(2, GEMMA_VOCAB)
+    logits[0, [5, 9000, 200_000]] = 1.0  # three equal largest, in three blocks
+    values, ids = largest(logits, 4)
+    assert torch.equal(values, logits.topk(4, dim=-1).values)
+    assert sorted(ids[0, :3].tolist()) == [5, 9000, 200_000]
+    assert torch.equal(logits.gather(1, ids), values)
 
 
 def test_draws_follow_the_weights_and_never_pick_a_zero_weight() -> None:

@@ -41,6 +41,7 @@ from ..base import SamplingParams
 WINDOW = 1024  # tokens at least in the window a cut is looked for in first (vLLM's top-k window)
 _WINDOW_BLOCK = 32  # the window's blocks: 8,192 of them for Gemma 3's vocabulary
 _ARGMAX_BLOCK = 256
+_LARGEST_BLOCK = 512
 # (shift, bits) of each level of _nucleus_cut's buckets: a non-negative float32's exponent and
 # first 3 bits of mantissa (an eighth of an octave a bucket), then the next 12 bits
 _BUCKET_LEVELS = ((20, 11), (8, 12))
@@ -89,6 +90,23 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     best = blocks.amax(-1).argmax(-1)
     within = blocks[torch.arange(rows, device=logits.device), best].argmax(-1)
     return best * _ARGMAX_BLOCK + within
+
+
+def largest(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logits.topk(k)`` of ``[rows, vocab]`` (values and ids, the largest first) from the
+    ``k`` blocks with the largest maxima, which hold the ``k`` largest logits: ``topk`` over a
+    whole vocabulary is not vectorized (0.8 ms a row on a Xeon core, ~12x this). Of equal
+    values, the ids may be others than ``topk`` would give."""
+    rows, vocab = logits.shape
+    blocks = vocab // _LARGEST_BLOCK
+    if vocab % _LARGEST_BLOCK or blocks <= k:
+        values, ids = logits.topk(k, dim=-1)
+        return values, ids
+    grouped = logits.reshape(rows, blocks, _LARGEST_BLOCK)
+    best = grouped.amax(-1).topk(k, dim=-1).indices  # [rows, k]
+    inside = grouped.gather(1, best[..., None].expand(-1, -1, _LARGEST_BLOCK))
+    values, at = inside.reshape(rows, k * _LARGEST_BLOCK).topk(k, dim=-1)
+    return values, best.gather(1, at // _LARGEST_BLOCK) * _LARGEST_BLOCK + at % _LARGEST_BLOCK
 
 
 @dataclass(frozen=True, slots=True)
