@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 import sys
@@ -99,12 +100,27 @@ def listen(host: str, port: int, backlog: int) -> list[socket.socket]:
     return sockets
 
 
+def frozen_after(make: EngineFactory) -> EngineFactory:
+    """``make``, then what it loaded moved out of the garbage collector's reach
+    (``gc.freeze``): the model's modules and the tokenizer's vocabulary (~420,000 objects for
+    the embedded model) live as long as the process, and each full collection would walk them
+    all in the middle of replies (164 ms a pass on a quiet Xeon core, ~0.9 s on a busy one)."""
+
+    def load() -> Engine:
+        engine = make()
+        gc.collect()  # the loading's own garbage first: what is frozen is never collected
+        gc.freeze()
+        return engine
+
+    return load
+
+
 def serve(settings: Settings, engine: Engine | EngineFactory | None = None) -> int:
     """Serve until SIGTERM/SIGINT, drain (``shutdown.drain``): exit status 0. When the address
     cannot be listened on, one line on stderr and exit status 1 before the model loads; when the
     model fails to load, stop at once: exit status 1, the reason in the log."""
     install_log_filters(settings_secrets(settings))
-    app = build_app(settings, engine or (lambda: make_engine(settings)))
+    app = build_app(settings, engine or frozen_after(lambda: make_engine(settings)))
     config = uvicorn_config(settings, app)  # configures uvicorn's loggers
     routine_lines_to_debug()
     try:  # the model loads once uvicorn starts (the app's lifespan)

@@ -4,6 +4,7 @@ says when it can (``server/runtime/serve.py`` ``ChatServer``, ``server/web/app.p
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from wschat.server.runtime.serve import NOT_READY, ChatServer, uvicorn_config
+from wschat.server.runtime.serve import NOT_READY, ChatServer, frozen_after, uvicorn_config
 from wschat.server.settings import Settings
 from wschat.server.web.app import build_app
 
@@ -95,3 +96,20 @@ async def test_loading_the_model_draws_no_progress_bar_into_the_log(
     assert f"Uvicorn running on http://127.0.0.1:{port}" in text  # where, though bound by serve
     assert "loaded " in text  # the loader's own line
     assert "\r" not in text and "Loading weights" not in text, text
+
+
+def test_what_the_engine_factory_loaded_is_frozen_out_of_the_collector() -> None:
+    loaded: list[list[int]] = []
+
+    def make() -> ScriptedEngine:
+        loaded.extend([n] for n in range(1000))  # what a load keeps: containers the GC tracks
+        return ScriptedEngine()
+
+    try:
+        engine = frozen_after(make)()
+        assert isinstance(engine, ScriptedEngine) and len(loaded) == 1000
+        # frozen: no collection walks them, and no generation holds them
+        assert gc.get_freeze_count() >= 1000
+        assert not any(o is loaded for o in gc.get_objects())
+    finally:
+        gc.unfreeze()  # this test process goes on collecting as before
