@@ -36,11 +36,11 @@ def test_ci_runs_exactly_the_readme_test_command_then_the_gates() -> None:
 
 
 def test_tests_run_ends_in_pytest_on_two_workers_with_its_arguments() -> None:
-    command = 'HF_HUB_OFFLINE=1 exec python3 -m pytest -q -n 2 --dist loadfile "$@"'
+    command = 'HF_HUB_OFFLINE=1 exec python3 -m pytest -q -n 2 --dist loadfile --durations=25 "$@"'
     assert shell_lines(ROOT / "tests/run")[-1] == command
     # the README says the same (its line wraps where a space was)
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert "`HF_HUB_OFFLINE=1 python3 -m pytest -q -n 2 --dist loadfile`" in readme
+    assert "`HF_HUB_OFFLINE=1 python3 -m pytest -q -n 2 --dist loadfile --durations=25`" in readme
 
 
 def test_the_set_up_command_adds_pytorchs_index_for_the_cpu_torch_then_runs_the_server() -> None:
