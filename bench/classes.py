@@ -99,9 +99,12 @@ def _run_class(
     with contextlib.ExitStack() as stack:
         servers = {}
         for dtype in dtypes:
+            extra = ("--threads", str(work.threads), "--dtype", dtype)
+            # auto's server at info: its start-up line says which dtype and why (_dtype_line)
+            extra += ("--log-level", "info") if dtype == "auto" else ()
             servers[_row(host_class, dtype)] = stack.enter_context(
                 procs.wschat(
-                    engine, logs, 64, ("--threads", str(work.threads), "--dtype", dtype),
+                    engine, logs, 64, extra,
                     name=f"wschat-{host_class}-{dtype}", env=env, timeout_s=START_TIMEOUT_S,
                 )
             )  # fmt: skip
