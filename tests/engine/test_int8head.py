@@ -15,7 +15,7 @@ import torch
 import torch._inductor
 import torch.nn.functional as F
 from torch import nn
-from wschat.server.engine.local import precision
+from wschat.server.engine.local import int8head, precision
 from wschat.server.engine.local.int8head import MANY_ROWS, Int8Head, quantized
 from wschat.server.engine.local.loader import load_model
 from wschat.server.engine.local.packed import Fp16Linear
@@ -159,7 +159,8 @@ def test_a_head_whose_packages_are_in_the_cache_loads_them_without_tracing_or_co
     kernels: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A later start loads the saved packages: nothing is traced (exported or run through
-    the compiler) and the graphs give the first head's outputs."""
+    the compiler), the weight is not even quantized, and the graphs give the first head's
+    outputs."""
     plain = linear()
     first = Int8Head(plain, torch.float32)
     first.compile(4, kernels)
@@ -170,6 +171,7 @@ def test_a_head_whose_packages_are_in_the_cache_loads_them_without_tracing_or_co
     monkeypatch.setattr(torch, "compile", refused)
     monkeypatch.setattr(torch.export, "export", refused)
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", refused)
+    monkeypatch.setattr(int8head, "quantized", refused)
     head = Int8Head(plain, torch.float32)
     with caplog.at_level(logging.INFO, logger="wschat.engine.int8head"):
         head.compile(4, kernels)

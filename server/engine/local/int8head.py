@@ -18,8 +18,10 @@ bytes in all. Compiling happens when an engine is built (``prepare``), never whi
 waits: a call no graph covers runs the eager kernel while the plain weight is there. Each graph
 is compiled ahead of time (``torch._inductor.aoti_compile_and_package``: the kernel, its
 wrapper and the reordered weight in one shared library), and that library is saved as
-``<cache dir>/inductor/<host class>/<the weight's digest>/torch-<version>/<rows>.so``; a later
-start loads both in a fraction of a second, with no tracing and no compiler.
+``<cache dir>/inductor/<host class>/<the weight's digest>/torch-<version>/<rows>.so``, beside
+the quantized head's scales (``scales.pt``: what the graphs' callers multiply by); a later start
+loads them in a fraction of a second, with no tracing, no compiler and no quantizing: the
+weight is quantized only when a graph is built, or when the eager kernel runs.
 A compile that fails leaves the eager kernel, with one log line.
 
 It is compiled with one torch thread: the template then shares its loop over the output
@@ -62,6 +64,10 @@ _COMPILE_CONFIG = {"freezing": True, "max_autotune": True, "max_autotune_gemm_ba
 # CPU's default (settings.PREFERRED) then share one compiled graph on disk
 MANY_ROWS = 32
 _CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+# Part of the cache's key: a change to ``quantized`` changes it, so that a cache written by
+# another quantizer is never read
+_QUANTIZER = b"int8 rows, sqrt columns"
+_SCALES = "scales.pt"  # beside the packages: the ``columns`` and ``scales`` they were built with
 _LEAF_SPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 # A compiled graph: the shared library of Inductor's ahead-of-time package, loaded (``_load``)
 Graph = Callable[[torch.Tensor], torch.Tensor]
@@ -99,12 +105,14 @@ def quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     return q, scales, columns
 
 
-def tensor_digest(*tensors: torch.Tensor) -> str:
-    """A digest of the tensors' bytes: the key of a compiled kernel in the cache. Inductor's
-    own key knows a frozen weight by its shape, and the reordered weight it stores with the
-    kernel would serve another model's head of that shape."""
+def tensor_digest(*tensors: torch.Tensor, salt: bytes = b"") -> str:
+    """A digest of the tensors' bytes (and ``salt``): the key of a compiled kernel in the
+    cache. Inductor's own key knows a frozen weight by its shape, and the reordered weight it
+    stores with the kernel would serve another model's head of that shape."""
     digest = hashlib.blake2b(digest_size=8)
+    digest.update(salt)
     for tensor in tensors:
+        digest.update(f"{tensor.dtype} {tuple(tensor.shape)};".encode())
         flat = tensor.contiguous().view(torch.uint8).reshape(-1)
         for part in torch.split(flat, 1 << 24):  # copies: numpy() would pin the tensor's storage
             digest.update(part.clone().numpy().tobytes())
@@ -128,14 +136,16 @@ class _Matmul(nn.Module):
 
 class Int8Head(nn.Module):
     """``F.linear`` of the head with its weight in int8 (``quantized``); takes and gives the
-    model's compute dtype ``dtype``, multiplies in bfloat16 with float32 sums."""
+    model's compute dtype ``dtype``, multiplies in bfloat16 with float32 sums. The weight is
+    quantized when first needed (``_quantize``): a start whose graphs are in the cache never
+    does."""
 
     in_features: int
     out_features: int
     dtype: torch.dtype
-    matmul: _Matmul
-    columns: torch.Tensor
-    key: str  # of the compiled kernel in the cache
+    matmul: _Matmul | None  # the int8 weight and its scales, once quantized
+    columns: torch.Tensor | None  # once quantized, or read from the cache
+    key: str  # of the compiled kernel in the cache: the float weight's digest
     compiled_one: Graph | None  # the one-row graph
     compiled_many: Graph | None  # the graph for two rows or more
     widest: int  # the most rows the two-or-more graph takes in one call
@@ -147,12 +157,21 @@ class Int8Head(nn.Module):
             raise ValueError("an int8 head with a bias is not supported")
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.dtype = dtype
-        q, scales, columns = quantized(linear.weight.detach())
-        self.matmul = _Matmul(q, scales)
-        self.register_buffer("columns", columns, persistent=False)
-        self.key = tensor_digest(q, scales, columns)
+        # the float weight until it is quantized, or until the graphs no longer need it
+        self._source: torch.Tensor | None = linear.weight.detach()
+        self.key = tensor_digest(self._source, salt=_QUANTIZER)
+        self.matmul, self.columns = None, None
         self.compiled_one, self.compiled_many, self.widest = None, None, 0
         self._failed_calls = 0
+
+    def _quantize(self) -> _Matmul:
+        """The int8 weight, quantized now if it is not yet (the eager kernel, or a build)."""
+        if self.matmul is None:
+            if self._source is None:
+                raise RuntimeError("the int8 head's weight was handed back")
+            q, scales, self.columns = quantized(self._source)
+            self.matmul, self._source = _Matmul(q, scales), None
+        return self.matmul
 
     @property
     def one(self) -> bool:
@@ -166,10 +185,16 @@ class Int8Head(nn.Module):
 
     @property
     def eager(self) -> bool:
-        """Whether the plain int8 weight is still there (the eager kernel can run)."""
+        """Whether the eager kernel can run: the int8 weight is there, or the float weight to
+        quantize."""
+        if self.matmul is None:
+            return self._source is not None
         return bool(self.matmul.weight.untyped_storage().nbytes() > 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.columns is None:
+            self._quantize()
+        assert self.columns is not None
         rows = (x.reshape(-1, self.in_features).float() * self.columns).to(ACTIVATIONS)
         if rows.shape[0] > 1 and self.compiled_many is not None:
             out = torch.cat([self._product(part) for part in torch.split(rows, self.widest)])
@@ -182,7 +207,7 @@ class Int8Head(nn.Module):
         their count, or the eager kernel where none is."""
         graph = self.compiled_one if rows.shape[0] == 1 else self.compiled_many
         if graph is None:
-            eager: torch.Tensor = self.matmul(rows)
+            eager: torch.Tensor = self._quantize()(rows)
             return eager
         try:
             with torch.inference_mode():
@@ -195,7 +220,7 @@ class Int8Head(nn.Module):
             if self._failed_calls == 1:
                 reason = (str(error).splitlines() or [type(error).__name__])[0]
                 log.warning("int8 head: a call ran the eager kernel (%s)", reason)
-            fallback: torch.Tensor = self.matmul(rows)
+            fallback: torch.Tensor = self._quantize()(rows)
             return fallback
 
     def extra_repr(self) -> str:
@@ -223,11 +248,11 @@ class Int8Head(nn.Module):
             for n in wanted:
                 package = packages / ("1.so" if n == 1 else f"2-{n}.so")
                 # a package is renamed into place whole: loaded without the lock
-                graph = _loaded(package)
+                graph = self._loaded(package)
                 if graph is None:
                     # one process compiles, the others wait and load its package
                     with cache_lock(folder.with_name(folder.name + ".lock")):
-                        graph = _loaded(package)  # another process's, written meanwhile
+                        graph = self._loaded(package)  # another process's, written meanwhile
                         if graph is None:
                             graph = self._build(n, package, what, host)
                 else:
@@ -251,7 +276,9 @@ class Int8Head(nn.Module):
         )
         if self.one and self.many:
             # every call is the graphs' now, each with its own reordered copy of the weight
-            self.matmul.weight.untyped_storage().resize_(0)
+            if self.matmul is not None:
+                self.matmul.weight.untyped_storage().resize_(0)
+            self._source = None
 
     def _build(self, rows: int, package: Path, what: str, host: str) -> Graph:
         """Compile the graph for one row (``rows`` 1: a static shape) or for two to ``rows`` (a
@@ -265,7 +292,10 @@ class Int8Head(nn.Module):
             what,
             package.parent,
         )
+        matmul = self._quantize()
+        assert self.columns is not None
         package.parent.mkdir(parents=True, exist_ok=True)
+        _save_scales(package.parent / _SCALES, self.columns, matmul.scales)
         x = torch.zeros(1 if rows == 1 else min(rows, 4), self.in_features, dtype=ACTIVATIONS)
         shapes = None if rows == 1 else {"x": {0: torch.export.Dim("rows", min=2, max=rows)}}
         with (
@@ -277,7 +307,7 @@ class Int8Head(nn.Module):
             # torch.export checks its own tree specs with the LeafSpec it deprecated: torch's
             # warning, nothing of ours, and no line for a user
             warnings.filterwarnings("ignore", _LEAF_SPEC, FutureWarning)
-            exported = torch.export.export(self.matmul, (x,), dynamic_shapes=shapes)
+            exported = torch.export.export(matmul, (x,), dynamic_shapes=shapes)
             archive = torch._inductor.aoti_compile_and_package(
                 exported, package_path=str(Path(scratch) / "graph.pt2")
             )
@@ -289,18 +319,36 @@ class Int8Head(nn.Module):
             partial.replace(package)  # atomic: a crash never leaves half a library in place
         return _load(package)
 
+    def _loaded(self, package: Path) -> Graph | None:
+        """The graph saved in ``package``, the head's ``columns`` read from beside it if it
+        has none yet; None where either is missing or does not load (compiled again)."""
+        scales = package.parent / _SCALES
+        if not package.exists() or not scales.exists():
+            return None
+        try:
+            if self.columns is None:
+                self.columns = _read_columns(scales, self.in_features)
+            return _load(package)
+        except Exception as error:
+            reason = (str(error).splitlines() or [type(error).__name__])[0]
+            log.info("int8 head: %s does not load, compiled again (%s)", package, reason)
+            return None
 
-def _loaded(package: Path) -> Graph | None:
-    """The graph saved in ``package``; None where there is none or it does not load (compiled
-    again)."""
-    if not package.exists():
-        return None
-    try:
-        return _load(package)
-    except Exception as error:
-        reason = (str(error).splitlines() or [type(error).__name__])[0]
-        log.info("int8 head: %s does not load, compiled again (%s)", package, reason)
-        return None
+
+def _save_scales(path: Path, columns: torch.Tensor, scales: torch.Tensor) -> None:
+    """``columns`` and ``scales`` into ``path``, whole or not at all."""
+    partial = path.with_name(path.name + ".partial")
+    torch.save({"columns": columns, "scales": scales}, partial)
+    partial.replace(path)
+
+
+def _read_columns(path: Path, width: int) -> torch.Tensor:
+    """The ``columns`` saved in ``path``; ``ValueError`` when they are not a head's of
+    ``width`` columns."""
+    columns = torch.load(path, weights_only=True)["columns"]
+    if not isinstance(columns, torch.Tensor) or columns.shape != (width,):
+        raise ValueError(f"{path} holds no columns of {width}")
+    return columns.float()
 
 
 def _load(package: Path) -> Graph:
