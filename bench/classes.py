@@ -99,7 +99,7 @@ def _run_class(
     with contextlib.ExitStack() as stack:
         servers = {}
         for dtype in dtypes:
-            extra = ("--threads", str(work.threads), "--dtype", dtype)
+            extra: tuple[str, ...] = ("--threads", str(work.threads), "--dtype", dtype)
             # auto's server at info: its start-up line says which dtype and why (_dtype_line)
             extra += ("--log-level", "info") if dtype == "auto" else ()
             servers[_row(host_class, dtype)] = stack.enter_context(
