@@ -21,11 +21,18 @@ from .test_grammar import FORMATS, VOCAB, compiler, response_format, tokenizer  
 BUDGET = 160
 RANKS = list(range(VOCAB))
 random.Random(36).shuffle(RANKS)
+RANK = torch.tensor(RANKS)  # each token's rank: the picker takes the allowed token ranked first
+
+
+def allowed(row: torch.Tensor) -> torch.Tensor:
+    """A bitmask row as one bool per token."""
+    bits = (row.view(torch.uint8).unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1
+    return bits.flatten()[:VOCAB].bool()
 
 
 def allowed_ids(row: torch.Tensor) -> list[int]:
-    bits = (row.view(torch.uint8).unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1
-    return [int(i) for i in bits.flatten()[:VOCAB].nonzero().flatten()]
+    ids: list[int] = allowed(row).nonzero().flatten().tolist()
+    return ids
 
 
 def drive(matcher: GrammarMatcher, budget: int) -> list[int]:
@@ -34,7 +41,7 @@ def drive(matcher: GrammarMatcher, budget: int) -> list[int]:
     picked: list[int] = []
     while len(picked) < budget and not matcher.is_complete:
         matcher.allowed_mask(mask[0])
-        token = min(allowed_ids(mask[0]), key=RANKS.__getitem__)
+        token = int(torch.where(allowed(mask[0]), RANK, VOCAB).argmin())
         matcher.advance(token)
         picked.append(token)
     return picked
