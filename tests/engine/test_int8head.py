@@ -51,6 +51,13 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("kernels")
 
 
+@pytest.fixture(autouse=True)
+def amx_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which graphs a head compiles depends on the host's class (MANY_ROWS_GRAPH_CLASSES):
+    these tests hold the AMX class's rules on any host; a test of another class pins its own."""
+    monkeypatch.setattr(int8head, "host_class", lambda: precision.AMX)
+
+
 def linear(rows: int = 96, columns: int = 64) -> nn.Linear:
     torch.manual_seed(0)
     return nn.Linear(columns, rows, bias=False)
@@ -185,6 +192,55 @@ def test_a_head_whose_packages_are_in_the_cache_loads_them_without_tracing_or_co
             assert torch.equal(head(x), first(x))
 
 
+def test_two_rows_run_the_one_row_graph_once_each_not_the_many_rows_graph(
+    kernels: Path,
+) -> None:
+    head, eager = Int8Head(linear(), torch.float32), Int8Head(linear(), torch.float32)
+    head.compile(4, kernels)
+    one, calls = head.compiled_one, []
+    assert one is not None
+
+    def counted(rows: torch.Tensor) -> torch.Tensor:
+        calls.append(rows.shape[0])
+        return one(rows)
+
+    def refused(rows: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the many-rows graph ran")
+
+    head.compiled_one, head.compiled_many = counted, refused
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        got, expected = head(x), eager(x)
+    assert calls == [1, 1]
+    assert (got - expected).abs().max() <= 2**-8 * expected.abs().max()
+
+
+def test_off_amx_wider_calls_run_the_eager_kernel_quantized_at_the_start(
+    kernels: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On AVX512 without AMX and on AVX2 the many-rows graph is slower than the eager kernel:
+    only the one-row graph is compiled, and the int8 weight the eager kernel reads is made at
+    the start, not at a reply's first wide step."""
+    monkeypatch.setattr(int8head, "host_class", lambda: precision.AVX2)
+    plain = linear()
+    head, eager = Int8Head(plain, torch.float32), Int8Head(plain, torch.float32)
+    with caplog.at_level(logging.INFO, logger="wschat.engine.int8head"):
+        head.compile(8, kernels)
+    assert (head.one, head.many, head.eager) == (True, False, True)
+    assert head.matmul is not None  # quantized now
+    assert re.search(r"compiled for 1 row in [\d.]+ s", caplog.text), caplog.text
+    torch.manual_seed(5)
+    for rows in (1, 2, 5):
+        x = torch.randn(rows, 64)
+        with torch.no_grad():
+            got, expected = head(x), eager(x)
+        if rows > int8head.ONE_ROW_CALLS:
+            assert torch.equal(got, expected)
+        else:
+            assert (got - expected).abs().max() <= 2**-8 * expected.abs().max()
+        assert_within_bound(head, plain, x)
+
+
 def test_a_head_compiled_for_one_row_keeps_its_weight_for_more(kernels: Path) -> None:
     plain = linear()
     head, eager = Int8Head(plain, torch.float32), Int8Head(plain, torch.float32)
@@ -256,7 +312,7 @@ def test_auto_keeps_a_small_head_in_its_packing_and_puts_it_in_int8_where_asked(
 ) -> None:
     monkeypatch.setattr(precision, "host_class", lambda: "avx512")
     auto = load_model(str(tiny_text_dir), dtype="auto")  # a head of 262,144 x 64: 16M weights
-    assert auto.precision_name == "fp16-int8head"
+    assert auto.precision_name == "fp16-int8"
     assert isinstance(auto.model.lm_head, Fp16Linear)
     asked = load_model(str(tiny_text_dir), dtype="fp16-int8head")
     assert isinstance(asked.model.lm_head, Int8Head)

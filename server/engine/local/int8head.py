@@ -63,6 +63,13 @@ _COMPILE_CONFIG = {"freezing": True, "max_autotune": True, "max_autotune_gemm_ba
 # asked for: the bound is part of the graph's cache key, and engines of any width up to the
 # CPU's default (settings.PREFERRED) then share one compiled graph on disk
 MANY_ROWS = 32
+# Calls of up to this many rows run the one-row graph row by row: the many-rows graph, compiled
+# for a range of rows, is slower than that at two rows on every class
+ONE_ROW_CALLS = 2
+# Where the many-rows graph is compiled: elsewhere (AVX512 without AMX, AVX2) it is slower
+# than the eager kernel at every width, so wider calls run the eager kernel, whose int8 weight
+# then stays (the graph's own copy is not made: the same bytes)
+MANY_ROWS_GRAPH_CLASSES = (AMX,)
 _CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 # Part of the cache's key: a change to ``quantized`` changes it, so that a cache written by
 # another quantizer is never read
@@ -73,10 +80,14 @@ _LEAF_SPEC = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 Graph = Callable[[torch.Tensor], torch.Tensor]
 
 
-def quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantized(
+    weight: torch.Tensor, even_columns: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``weight`` ``[out, in]`` as ``(q, scales, columns)``: ``weight[n, k]`` is about
     ``q[n, k] * scales[n] * columns[k]``, so ``F.linear(x, weight)`` is about
-    ``_weight_int8pack_mm(x * columns, q, scales)``.
+    ``_weight_int8pack_mm(x * columns, q, scales)``. Without ``even_columns``, ``columns`` are
+    ones: the decoder blocks' weights (``packed.Int8StepLinear``) came from that GGUF's 4- to
+    6-bit blocks and keep their perplexity better per row alone.
 
     ``columns`` (float32) evens out the columns' ranges first, the square root of each one's
     largest magnitude (over the largest's): without it the few wide columns set every row's
@@ -89,11 +100,13 @@ def quantized(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     to [-127, 127] (``q``)."""
     rows, width = weight.shape
     tiny = torch.finfo(torch.float32).tiny
-    widest = torch.zeros(width)
-    for start in range(0, rows, _QUANTIZE_ROWS):  # a float32 copy of a slice, not the whole
-        part = weight[start : start + _QUANTIZE_ROWS].float().abs()  # float() may be weight
-        widest = torch.maximum(widest, part.amax(0))
-    columns = (widest / widest.max().clamp(min=tiny)).sqrt_().clamp_(min=tiny)
+    columns = torch.ones(width)
+    if even_columns:
+        widest = torch.zeros(width)
+        for start in range(0, rows, _QUANTIZE_ROWS):  # a float32 copy of a slice, not the whole
+            part = weight[start : start + _QUANTIZE_ROWS].float().abs()  # float() may be weight
+            widest = torch.maximum(widest, part.amax(0))
+        columns = (widest / widest.max().clamp(min=tiny)).sqrt_().clamp_(min=tiny)
     q = torch.empty(weight.shape, dtype=torch.int8)
     scales = torch.empty(rows, dtype=ACTIVATIONS)
     for start in range(0, rows, _QUANTIZE_ROWS):
@@ -196,7 +209,9 @@ class Int8Head(nn.Module):
             self._quantize()
         assert self.columns is not None
         rows = (x.reshape(-1, self.in_features).float() * self.columns).to(ACTIVATIONS)
-        if rows.shape[0] > 1 and self.compiled_many is not None:
+        if 1 < rows.shape[0] <= ONE_ROW_CALLS and self.compiled_one is not None:
+            out = torch.cat([self._product(row) for row in torch.split(rows, 1)])
+        elif rows.shape[0] > 1 and self.compiled_many is not None:
             out = torch.cat([self._product(part) for part in torch.split(rows, self.widest)])
         else:
             out = self._product(rows)
@@ -234,11 +249,14 @@ class Int8Head(nn.Module):
     def compile(self, rows: int, cache_dir: Path) -> None:
         """Load, or compile and save, the graphs calls of up to ``rows`` rows need
         (``prepare``) and do not have yet; hand the plain weight back once both are there."""
+        host = host_class()
         many = max(rows, MANY_ROWS)
-        wanted = ([] if self.one else [1]) + ([many] if rows > 1 and not self.many else [])
+        many_graph = rows > ONE_ROW_CALLS and host in MANY_ROWS_GRAPH_CLASSES
+        wanted = ([] if self.one else [1]) + ([many] if many_graph and not self.many else [])
+        if rows > 1 and not many_graph and self.eager:
+            self._quantize()  # the eager kernel's weight, now: never while a reply waits
         if not wanted or not self.eager:
             return
-        host = host_class()
         folder = cache_dir / "inductor" / host / self.key
         packages = folder / f"torch-{torch.__version__}"  # a package runs on its own torch only
         started = time.perf_counter()
