@@ -22,6 +22,8 @@ DTYPES = (
     "bf16-packed",
     "fp16-int8head",
     "bf16-int8head",
+    "fp16-int8",
+    "bf16-int8",
     "fp32",
     "bf16",
     "fp16",
@@ -74,11 +76,12 @@ class Settings:
     dtype: str = option(
         "auto",
         "how the weights and the arithmetic are held: `auto` (the default) picks per device and "
-        "logs why: on a CPU with AMX `bf16-int8head` (bf16 weights reordered once for oneDNN, "
-        "the output head in int8 through a kernel compiled at the first start), on other x86 "
-        "CPUs `fp16-int8head` (fp16 weights packed for fbgemm, float32 arithmetic, the head in "
-        "int8), on a GPU `bfloat16`; or `bf16-packed`, `fp16-weights` (the head as the rest), "
-        "`float32`, `bfloat16`, `float16`",
+        "logs why: on a CPU with AMX `bf16-int8` (bf16 weights reordered once for oneDNN, an "
+        "int8 copy of each for steps of one or two rows, the output head in int8 through a "
+        "kernel compiled at the first start), on other x86 CPUs `fp16-int8` (fp16 weights "
+        "packed for fbgemm, float32 arithmetic, the int8 copies and head), on a GPU "
+        "`bfloat16`; or `bf16-int8head`, `fp16-int8head` (no int8 copies), `bf16-packed`, "
+        "`fp16-weights` (the head as the rest), `float32`, `bfloat16`, `float16`",
     )
     # a kind of runtime/engines.py ENGINE_KINDS, each described here (a test checks); batched ahead
     # of generate from 4 concurrent streams on (bench/ measures both)

@@ -108,7 +108,7 @@ def packed_precisions_here() -> list[str]:
     from wschat.server.engine.local.precision import PACKED, packing_unavailable
 
     runnable = PACKED.items()
-    return [name for name, (_, packing, _) in runnable if not packing_unavailable(packing, "cpu")]
+    return [name for name, (_, packing, *_) in runnable if not packing_unavailable(packing, "cpu")]
 
 
 @pytest.fixture(scope="session", params=packed_precisions_here())

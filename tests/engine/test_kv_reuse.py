@@ -17,6 +17,7 @@ from wschat.server.engine.local.batched import BatchedEngine
 from wschat.server.engine.local.hf import HFEngine
 from wschat.server.engine.local.loader import LoadedModel
 from wschat.server.engine.local.options import LocalEngineOptions
+from wschat.server.engine.local.precision import pick_precision
 
 from tests.engine.local_turns import (
     Engine,
@@ -47,6 +48,9 @@ async def test_greedy_turns_with_reuse_equal_full_prefills_with_packed_weights(
         # bf16 rounds a prompt's sums otherwise when it is split into a cached prefix and a
         # tail (plain bf16 as much as packed): only float32 arithmetic gives equal tokens
         pytest.skip(f"{tiny_text_packed.precision_name} computes in bf16")
+    if pick_precision(tiny_text_packed.precision_name, "cpu").int8_blocks:
+        # a reused prefix's tail of a token or two reads the int8 copies, a full prefill not
+        pytest.skip(f"{tiny_text_packed.precision_name} multiplies narrow steps in int8")
     engine = make_engine(tiny_text_packed, kind)
     try:
         await turns_with_reuse_equal_full_prefills(engine)

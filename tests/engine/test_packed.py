@@ -14,11 +14,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from wschat.server.engine.local import packed as packed_module
 from wschat.server.engine.local.embedded_model import embedded_model_dir
 from wschat.server.engine.local.fused import FusedAttention, FusedMLP, fuse_layer
 from wschat.server.engine.local.loader import LoadedModel, load_model
 from wschat.server.engine.local.packed import (
+    INT8_STEP_ROWS,
     Fp16Linear,
+    Int8StepLinear,
     OnednnBf16Linear,
     WidenedEmbedding,
     page_out,
@@ -104,6 +107,39 @@ def test_packed_real_layers_match_f_linear_within_their_rounding(
     linear.weight = nn.Parameter(weight)
     torch.manual_seed(1)
     assert_within_bound(linear, packing, torch.randn(3, weight.shape[1]))
+
+
+@each_kernel
+@pytest.mark.parametrize("bias", [False, True])
+# one or two rows (a decode step, alone or beside another): the int8 copy; more: the packing
+@pytest.mark.parametrize("shape", [(1, 64), (2, 64), (2, 1, 64), (3, 64), (2, 5, 64), (512, 64)])
+def test_an_int8_step_linear_reads_its_int8_copy_for_narrow_steps_and_its_packing_past(
+    packing: Packing, bias: bool, shape: tuple[int, ...]
+) -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96, bias=bias)
+    step = Int8StepLinear(linear, KERNELS[packing][0])
+    x = torch.randn(shape)
+    x = x if packing is Packing.FBGEMM_FP16 else x.bfloat16()
+    rows = x.numel() // 64
+    with torch.no_grad():
+        got = step(x)
+        assert got.shape == (*shape[:-1], 96) and got.dtype == x.dtype
+        if rows > INT8_STEP_ROWS:
+            assert torch.equal(got, step.wide(x))
+            return
+        flat = x.reshape(rows, 64).bfloat16()
+        product = torch.ops.aten._weight_int8pack_mm(flat, step.weight, step.scales)
+        if bias:
+            product = product + linear.bias.bfloat16()
+        assert torch.equal(got.reshape(rows, 96), product.to(x.dtype))
+        # each weight within half its row's step; bf16 rounds the input, the output (and the
+        # bias) by 2^-9 each: 2^-7 of sum_k |x_k w_k| holds a 2x margin
+        exact = F.linear(flat.double(), linear.weight.double(), _double(linear.bias))
+        half_steps = flat.double().abs().sum(-1, keepdim=True) * step.scales.double() / 2
+        scale = F.linear(flat.double().abs(), linear.weight.double().abs(), _abs(linear.bias))
+        excess = (got.reshape(rows, 96).double() - exact).abs() - half_steps - 2**-7 * scale
+        assert excess.max().item() <= 1e-6, f"worst error past the bound by {excess.max():.3g}"
 
 
 def test_a_widened_embedding_looks_up_the_saved_rows_and_scales_them_in_float32() -> None:
@@ -291,13 +327,18 @@ def perplexity(loaded: LoadedModel) -> float:
         pytest.param("bf16-packed", marks=needs[Packing.ONEDNN_BF16]),
         pytest.param("fp16-int8head", marks=needs[Packing.FBGEMM_FP16]),
         pytest.param("bf16-int8head", marks=needs[Packing.ONEDNN_BF16]),
+        pytest.param("fp16-int8", marks=needs[Packing.FBGEMM_FP16]),
+        pytest.param("bf16-int8", marks=needs[Packing.ONEDNN_BF16]),
         "auto",
     ],
 )
 def test_packed_weights_keep_the_embedded_models_perplexity_within_half_a_percent(
-    dtype: str,
+    dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     exact = perplexity(load_model("embedded", dtype="float32"))
+    # the passage in one forward, its every row through the int8 copies where the dtype has
+    # them: what decode steps multiply by
+    monkeypatch.setattr(packed_module, "INT8_STEP_ROWS", 1 << 20)
     loaded = load_model("embedded", dtype=dtype)
     loaded.prepare(8)  # an int8 head compiled: its forward, as the engines run it
     packed = perplexity(loaded)

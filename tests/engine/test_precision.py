@@ -35,7 +35,7 @@ def test_an_unknown_name_is_refused_with_the_choices() -> None:
         pick_precision("int3", "cpu")
 
 
-@pytest.mark.parametrize("name", ["fp16-weights", "bf16-packed", "fp16-int8head", "bf16-int8head"])
+@pytest.mark.parametrize("name", list(precision.PACKED))
 def test_packed_weights_are_refused_off_the_cpu(name: str) -> None:
     with pytest.raises(ValueError, match=rf"--dtype {name} cannot run here: .*CPU only"):
         pick_precision(name, "cuda")
@@ -49,26 +49,33 @@ def test_fp16_weights_compute_in_float32_with_fbgemm(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize(
-    ("name", "dtype", "packing"),
+    ("name", "dtype", "packing", "int8_blocks"),
     [
-        ("fp16-int8head", torch.float32, Packing.FBGEMM_FP16),
-        ("bf16-int8head", torch.bfloat16, Packing.ONEDNN_BF16),
+        ("fp16-int8head", torch.float32, Packing.FBGEMM_FP16, False),
+        ("bf16-int8head", torch.bfloat16, Packing.ONEDNN_BF16, False),
+        ("fp16-int8", torch.float32, Packing.FBGEMM_FP16, True),
+        ("bf16-int8", torch.bfloat16, Packing.ONEDNN_BF16, True),
     ],
 )
 def test_an_int8_head_precision_packs_the_rest_as_its_kind(
-    monkeypatch: pytest.MonkeyPatch, name: str, dtype: torch.dtype, packing: Packing
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    dtype: torch.dtype,
+    packing: Packing,
+    int8_blocks: bool,
 ) -> None:
     monkeypatch.setattr(precision, "packing_unavailable", lambda packing, device: None)
     picked = pick_precision(name, "cpu")
     assert (picked.dtype, picked.packing, picked.int8_head) == (dtype, packing, True)
+    assert picked.int8_blocks == int8_blocks
 
 
 @pytest.mark.parametrize(
     ("host", "name", "packing", "why"),
     [
-        ("amx", "bf16-int8head", Packing.ONEDNN_BF16, "the CPU has AMX bf16 units"),
-        ("avx512", "fp16-int8head", Packing.FBGEMM_FP16, "the avx512 class, no AMX"),
-        ("avx2", "fp16-int8head", Packing.FBGEMM_FP16, "the avx2 class, no AMX"),
+        ("amx", "bf16-int8", Packing.ONEDNN_BF16, "the CPU has AMX bf16 units"),
+        ("avx512", "fp16-int8", Packing.FBGEMM_FP16, "the avx512 class, no AMX"),
+        ("avx2", "fp16-int8", Packing.FBGEMM_FP16, "the avx2 class, no AMX"),
     ],
 )
 def test_auto_on_a_cpu_picks_by_its_class_and_says_why(
@@ -78,6 +85,8 @@ def test_auto_on_a_cpu_picks_by_its_class_and_says_why(
     monkeypatch.setattr(precision, "packing_unavailable", lambda packing, device: None)
     picked = pick_precision("auto", "cpu")
     assert (picked.name, picked.packing, picked.int8_head) == (name, packing, True)
+    assert picked.int8_blocks
+    assert why in picked.reason and "int8 copy for steps of one or two rows" in picked.reason
     assert picked.int8_head_min == precision.INT8_HEAD_MIN
     assert picked.reason.startswith("auto:") and why in picked.reason
     assert "head in int8" in picked.reason

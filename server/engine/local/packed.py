@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import mmap
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .fused import fusable, fuse_layer
-from .int8head import Int8Head
+from .int8head import ACTIVATIONS, Int8Head, quantized
 from .precision import Packing, Precision
 
 log = logging.getLogger("wschat.engine.packed")
@@ -38,6 +39,9 @@ log = logging.getLogger("wschat.engine.packed")
 # The row count oneDNN's weight layout is tuned for: a decode step multiplies a few rows, a
 # prefill chunk hundreds; a layout for 128 serves both about as well as the best for each.
 ONEDNN_ROWS_HINT = 128
+# The most rows a step multiplies by a layer's int8 copy (Int8StepLinear): past them the packed
+# kernel's multiply costs more than the bytes the int8 copy saves
+INT8_STEP_ROWS = 2
 _MADV_PAGEOUT = 21  # Linux 5.4: reclaim the pages now; file pages are re-read if touched again
 
 
@@ -78,6 +82,39 @@ class OnednnBf16Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, onednn bf16"
 
 
+class Int8StepLinear(nn.Module):
+    """A packed Linear (``wide``) for prefill chunks and wide steps, and an int8 copy of its
+    weight (one scale per output row: ``aten._weight_int8pack_mm``, bfloat16 rows) for steps
+    of at most ``INT8_STEP_ROWS`` rows. Such a step reads each weight once for a row or two, so
+    its time is the weight's bytes, and the int8 copy has half of them; the kernel widens each
+    int8 value for every row, so wider steps and prefill keep the packed layout."""
+
+    def __init__(self, linear: nn.Linear, wide: Callable[[nn.Linear], nn.Module]) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.wide = wide(linear)
+        q, scales, _ = quantized(linear.weight.detach(), even_columns=False)
+        self.weight: torch.Tensor
+        self.scales: torch.Tensor
+        self.register_buffer("weight", q, persistent=False)
+        self.register_buffer("scales", scales, persistent=False)
+        self.bias = None if linear.bias is None else linear.bias.detach().to(ACTIVATIONS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if not 0 < rows <= INT8_STEP_ROWS:
+            out: torch.Tensor = self.wide(x)
+            return out
+        flat = x.reshape(rows, self.in_features).to(ACTIVATIONS)
+        product: torch.Tensor = torch.ops.aten._weight_int8pack_mm(flat, self.weight, self.scales)
+        if self.bias is not None:
+            product = product + self.bias
+        return product.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"int8 for steps of up to {INT8_STEP_ROWS} rows"
+
+
 class WidenedEmbedding(nn.Module):
     """An embedding table kept in its saved dtype, its rows widened to the compute dtype once
     looked up (Gemma's scale applied after, in the compute dtype, as the float32 model does).
@@ -111,7 +148,10 @@ def pack_model(model: Any, precision: Precision) -> int:
     Returns how many layers were packed."""
     if precision.packing is None:
         raise ValueError(f"{precision.name} packs nothing")
-    kind = _KINDS[precision.packing]
+    wide = _KINDS[precision.packing]
+    kind: Callable[[nn.Linear], nn.Module] = wide
+    if precision.int8_blocks:
+        kind = functools.partial(Int8StepLinear, wide=wide)
     inner = model.model
     text = getattr(inner, "language_model", inner)
     embedding = model.get_input_embeddings()
@@ -125,7 +165,7 @@ def pack_model(model: Any, precision: Precision) -> int:
                 "the head stays %s: %.1fM weights, under the %dM an int8 head needs",
                 precision.packing.value, head.weight.numel() / 2**20, precision.int8_head_min >> 20,
             )  # fmt: skip
-        model.lm_head = Int8Head(head, precision.dtype) if int8 else kind(head)
+        model.lm_head = Int8Head(head, precision.dtype) if int8 else wide(head)
         packed += 1
         for layer in getattr(text, "layers", ()):
             if fusable(layer):

@@ -13,22 +13,30 @@ fp16-int8head  as fp16-weights, the head in int8           float32 (the head's  
                (``int8head.py``)                           input: bfloat16)
 bf16-int8head  as bf16-packed, the head in int8            bfloat16                   CPUs with
                                                                                       AVX512-BF16
+fp16-int8      as fp16-int8head, and an int8 copy of each  as fp16-int8head (the      x86 CPUs
+               decoder Linear for steps of one or two      int8 copies' input:
+               rows (``packed.Int8StepLinear``)            bfloat16)
+bf16-int8      as bf16-int8head, and an int8 copy of each  bfloat16                   CPUs with
+               decoder Linear for steps of one or two                                 AVX512-BF16
+               rows
 =============  ==========================================  =========================  ==========
 
 A decode step reads every weight once for a handful of rows, so on a CPU its time is the bytes
 of the weights over the memory bandwidth: two-byte weights in a layout the kernel streams
 without reshuffling are what make it fast. ``auto`` on a CPU, by its class (``host_class``):
 
-- AMX (bf16 matrix units): ``bf16-int8head``. oneDNN's kernels read the pre-reordered weight
+- AMX (bf16 matrix units): ``bf16-int8``. oneDNN's kernels read the pre-reordered weight
   as fast as fbgemm's fp16 one for a single row, and its matrix units run the many rows of a
   batch or a prefill several times faster than fbgemm, which widens every fp16 value to
-  float32 before it multiplies;
-- AVX512 without AMX, and AVX2: ``fp16-int8head``, float32 arithmetic on half the bytes, far
-  faster than plain bf16 where the CPU has no bf16 matrix units;
+  float32 before it multiplies; a step of one or two rows reads the int8 copies instead;
+- AVX512 without AMX, and AVX2: ``fp16-int8``, float32 arithmetic on half the bytes, far
+  faster than plain bf16 where the CPU has no bf16 matrix units; a step of one or two rows
+  reads the int8 copies instead;
 - elsewhere: ``float32``.
 
 On x86 the head is in int8 (half the bytes of the largest weight, compiled when the engine
-starts: ``int8head.py``).
+starts: ``int8head.py``). The decoder's int8 copies cost half the bytes of its Linear weights
+again (``--dtype bf16-int8head`` or ``fp16-int8head`` go without them).
 
 On CUDA ``auto`` is bf16 (fp16 where the GPU lacks bf16). ``python -m bench`` compares the
 choices on the host it runs on. Packing is ``packed.py``.
@@ -64,6 +72,7 @@ class Precision:
     reason: str = ""  # why this one: for the start-up log
     int8_head: bool = False  # the output head in int8 (int8head.py), the rest as ``packing``
     int8_head_min: int = 0  # ... if it has at least this many weights (auto: INT8_HEAD_MIN)
+    int8_blocks: bool = False  # the decoder's Linears keep an int8 copy for narrow steps
 
 
 PLAIN = {
@@ -72,11 +81,13 @@ PLAIN = {
     "float16": torch.float16,
 }
 ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-PACKED = {  # name: (compute dtype, the Linear layers' packing, the head in int8)
-    "fp16-weights": (torch.float32, Packing.FBGEMM_FP16, False),
-    "bf16-packed": (torch.bfloat16, Packing.ONEDNN_BF16, False),
-    "fp16-int8head": (torch.float32, Packing.FBGEMM_FP16, True),
-    "bf16-int8head": (torch.bfloat16, Packing.ONEDNN_BF16, True),
+PACKED = {  # name: (compute dtype, the Linear layers' packing, the head in int8, int8 blocks)
+    "fp16-weights": (torch.float32, Packing.FBGEMM_FP16, False, False),
+    "bf16-packed": (torch.bfloat16, Packing.ONEDNN_BF16, False, False),
+    "fp16-int8head": (torch.float32, Packing.FBGEMM_FP16, True, False),
+    "bf16-int8head": (torch.bfloat16, Packing.ONEDNN_BF16, True, False),
+    "fp16-int8": (torch.float32, Packing.FBGEMM_FP16, True, True),
+    "bf16-int8": (torch.bfloat16, Packing.ONEDNN_BF16, True, True),
 }
 # What --dtype accepts (settings.DTYPES repeats it without importing torch; a test checks both).
 CHOICES = (AUTO, *PLAIN, *PACKED, *ALIASES)
@@ -92,11 +103,12 @@ def pick_precision(requested: str, device: str) -> Precision:
         return Precision(name, PLAIN[name], reason="asked for with --dtype")
     if name not in PACKED:
         raise ValueError(f"unknown dtype {requested!r}; use one of {', '.join(CHOICES)}")
-    dtype, packing, int8_head = PACKED[name]
+    dtype, packing, int8_head, int8_blocks = PACKED[name]
     why_not = packing_unavailable(packing, device)
     if why_not:
         raise ValueError(f"--dtype {name} cannot run here: {why_not}")
-    return Precision(name, dtype, packing, "asked for with --dtype", int8_head)
+    reason = "asked for with --dtype"
+    return Precision(name, dtype, packing, reason, int8_head, int8_blocks=int8_blocks)
 
 
 def _auto(device: str) -> Precision:
@@ -109,23 +121,27 @@ def _auto(device: str) -> Precision:
     host = host_class()
     if host == AMX and not packing_unavailable(Packing.ONEDNN_BF16, device):
         return Precision(
-            "bf16-int8head",
+            "bf16-int8",
             torch.bfloat16,
             Packing.ONEDNN_BF16,
             "auto: the CPU has AMX bf16 units; Linear weights in bf16, reordered once for "
-            f"oneDNN's kernels; {_INT8_HEAD_REASON}",
+            f"oneDNN's kernels, with an int8 copy for steps of one or two rows; "
+            f"{_INT8_HEAD_REASON}",
             int8_head=True,
             int8_head_min=INT8_HEAD_MIN,
+            int8_blocks=True,
         )
     if host in (AMX, AVX512, AVX2) and not packing_unavailable(Packing.FBGEMM_FP16, device):
         return Precision(
-            "fp16-int8head",
+            "fp16-int8",
             torch.float32,
             Packing.FBGEMM_FP16,
             f"auto: a CPU of the {host} class, no AMX in use; Linear weights in float16 packed "
-            f"once for fbgemm, float32 arithmetic; {_INT8_HEAD_REASON}",
+            f"once for fbgemm, float32 arithmetic, with an int8 copy for steps of one or two "
+            f"rows; {_INT8_HEAD_REASON}",
             int8_head=True,
             int8_head_min=INT8_HEAD_MIN,
+            int8_blocks=True,
         )
     return Precision("float32", torch.float32, reason="auto: no packed kernels on this CPU")
 
