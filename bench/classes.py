@@ -37,6 +37,12 @@ BEFORE = {
     hostclass.AVX512_BF16: "fp16-weights",
     hostclass.AVX2: "fp16-weights",
 }
+# the class's int8 paths, each a row beside auto's (but the one auto picks: its row is auto's)
+INT8 = {
+    hostclass.AMX: ("bf16-int8", "bf16-int8head"),
+    hostclass.AVX512_BF16: ("fp16-int8", "fp16-int8head"),
+    hostclass.AVX2: ("fp16-int8", "fp16-int8head"),
+}
 START_TIMEOUT_S = 1200.0  # a first start compiles the int8 head's kernel (minutes when busy)
 # issue 34's targets for the auto row against llama.cpp: aggregate tokens/s (at least) by
 # streams, one stream's median TTFT (at most), RSS over the row before (at most)
@@ -95,10 +101,12 @@ def _run_class(
     work: ClassesWork, logs: Path, engine: str, host_class: str, direct: llamacpp.Direct
 ) -> dict[str, Any]:
     env = hostclass.CLASSES[host_class]
-    dtypes = ["auto"] + ([BEFORE[host_class]] if BEFORE[host_class] != "auto" else [])
+    dtypes = ["auto", *INT8[host_class], BEFORE[host_class]]
     with contextlib.ExitStack() as stack:
-        servers = {}
+        servers: dict[str, procs.Running] = {}
         for dtype in dtypes:
+            if dtype in (llamacpp.dtype_of(server.base) for server in servers.values()):
+                continue  # auto's pick: auto's row is its figures
             extra: tuple[str, ...] = ("--threads", str(work.threads), "--dtype", dtype)
             # auto's server at info: its start-up line says which dtype and why (_dtype_line)
             extra += ("--log-level", "info") if dtype == "auto" else ()
