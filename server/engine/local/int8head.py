@@ -313,7 +313,9 @@ class Int8Head(nn.Module):
         matmul = self._quantize()
         assert self.columns is not None
         package.parent.mkdir(parents=True, exist_ok=True)
-        _save_scales(package.parent / _SCALES, self.columns, matmul.scales)
+        scales = package.parent / _SCALES
+        if not scales.exists():  # the same key quantizes the same: the first graph's serve all
+            _save_scales(scales, self.columns, matmul.scales)
         x = torch.zeros(1 if rows == 1 else min(rows, 4), self.in_features, dtype=ACTIVATIONS)
         shapes = None if rows == 1 else {"x": {0: torch.export.Dim("rows", min=2, max=rows)}}
         with (
