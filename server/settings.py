@@ -78,9 +78,10 @@ class Settings:
         "how the weights and the arithmetic are held: `auto` (the default) picks per device and "
         "logs why: on a CPU with AMX `bf16-int8` (bf16 weights reordered once for oneDNN, an "
         "int8 copy of each for steps of one or two rows, the output head in int8 through a "
-        "kernel compiled at the first start), on other x86 CPUs `fp16-int8` (fp16 weights "
-        "packed for fbgemm, float32 arithmetic, the int8 copies and head), on a GPU "
-        "`bfloat16`; or `bf16-int8head`, `fp16-int8head` (no int8 copies), `bf16-packed`, "
+        "kernel compiled at the first start), on AVX512 CPUs without AMX `fp16-int8` (fp16 "
+        "weights packed for fbgemm, float32 arithmetic, the int8 copies and head), on AVX2 "
+        "CPUs `fp16-int8head` (no int8 copies), on a GPU `bfloat16`; or `bf16-int8head`, "
+        "`bf16-packed`, "
         "`fp16-weights` (the head as the rest), `float32`, `bfloat16`, `float16`",
     )
     # a kind of runtime/engines.py ENGINE_KINDS, each described here (a test checks); batched ahead

@@ -52,8 +52,8 @@ def result() -> dict[str, Any]:
         "classes": {
             "avx2": {
                 "auto": auto, "before": before,
-                "dtype": {auto: "fp16-int8", before: "fp16-weights"},
-                "auto_said": "dtype fp16-int8: auto: a CPU of the avx2 class",
+                "dtype": {auto: "fp16-int8head", before: "fp16-weights"},
+                "auto_said": "dtype fp16-int8head: auto: a CPU of the avx2 class",
                 "figures": by_system,
                 "compared": llamacpp.compare(by_system, against=classes.LLAMA),
                 "rss_mb": {auto: 1150.0, before: 1000.0},
@@ -96,7 +96,7 @@ def test_rounds_measure_a_system_of_one_count_at_it_alone_in_alternating_order()
 
 def test_the_table_names_each_class_system_and_dtype() -> None:
     text = render.text(classes.report(result()))
-    assert "avx2: dtype fp16-int8: auto: a CPU of the avx2 class" in text.splitlines()
+    assert "avx2: dtype fp16-int8head: auto: a CPU of the avx2 class" in text.splitlines()
     line = next(x for x in text.splitlines() if "--dtype auto" in x and x.rstrip().endswith("MB"))
-    assert line.split()[:6] == ["avx2", "wschat", "avx2", "--dtype", "auto", "fp16-int8"]
+    assert line.split()[:6] == ["avx2", "wschat", "avx2", "--dtype", "auto", "fp16-int8head"]
     assert "0.800x" in line and "2.000x" in line and "1150.0 MB" in line

@@ -75,7 +75,7 @@ def test_an_int8_head_precision_packs_the_rest_as_its_kind(
     [
         ("amx", "bf16-int8", Packing.ONEDNN_BF16, "the CPU has AMX bf16 units"),
         ("avx512", "fp16-int8", Packing.FBGEMM_FP16, "the avx512 class, no AMX"),
-        ("avx2", "fp16-int8", Packing.FBGEMM_FP16, "the avx2 class, no AMX"),
+        ("avx2", "fp16-int8head", Packing.FBGEMM_FP16, "the avx2 class, no AMX"),
     ],
 )
 def test_auto_on_a_cpu_picks_by_its_class_and_says_why(
@@ -85,8 +85,9 @@ def test_auto_on_a_cpu_picks_by_its_class_and_says_why(
     monkeypatch.setattr(precision, "packing_unavailable", lambda packing, device: None)
     picked = pick_precision("auto", "cpu")
     assert (picked.name, picked.packing, picked.int8_head) == (name, packing, True)
-    assert picked.int8_blocks
-    assert why in picked.reason and "int8 copy for steps of one or two rows" in picked.reason
+    assert picked.int8_blocks == name.endswith("-int8")
+    copies = "int8 copy for steps of one or two rows" in picked.reason
+    assert why in picked.reason and copies == picked.int8_blocks
     assert picked.int8_head_min == precision.INT8_HEAD_MIN
     assert picked.reason.startswith("auto:") and why in picked.reason
     assert "head in int8" in picked.reason

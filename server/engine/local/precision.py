@@ -29,9 +29,11 @@ without reshuffling are what make it fast. ``auto`` on a CPU, by its class (``ho
   as fast as fbgemm's fp16 one for a single row, and its matrix units run the many rows of a
   batch or a prefill several times faster than fbgemm, which widens every fp16 value to
   float32 before it multiplies; a step of one or two rows reads the int8 copies instead;
-- AVX512 without AMX, and AVX2: ``fp16-int8``, float32 arithmetic on half the bytes, far
-  faster than plain bf16 where the CPU has no bf16 matrix units; a step of one or two rows
-  reads the int8 copies instead;
+- AVX512 without AMX: ``fp16-int8``, float32 arithmetic on half the bytes, far faster than
+  plain bf16 where the CPU has no bf16 matrix units; a step of one or two rows reads the int8
+  copies instead;
+- AVX2: ``fp16-int8head``, the same without the int8 copies, whose kernel gains little over
+  fbgemm's there (``python -m bench --only classes``);
 - elsewhere: ``float32``.
 
 On x86 the head is in int8 (half the bytes of the largest weight, compiled when the engine
@@ -132,16 +134,19 @@ def _auto(device: str) -> Precision:
             int8_blocks=True,
         )
     if host in (AMX, AVX512, AVX2) and not packing_unavailable(Packing.FBGEMM_FP16, device):
+        # AVX2's int8 kernel gains too little over fbgemm's fp16 one to pay for the copies
+        copies = host != AVX2
         return Precision(
-            "fp16-int8",
+            "fp16-int8" if copies else "fp16-int8head",
             torch.float32,
             Packing.FBGEMM_FP16,
             f"auto: a CPU of the {host} class, no AMX in use; Linear weights in float16 packed "
-            f"once for fbgemm, float32 arithmetic, with an int8 copy for steps of one or two "
-            f"rows; {_INT8_HEAD_REASON}",
+            "once for fbgemm, float32 arithmetic"
+            + (", with an int8 copy for steps of one or two rows" if copies else "")
+            + f"; {_INT8_HEAD_REASON}",
             int8_head=True,
             int8_head_min=INT8_HEAD_MIN,
-            int8_blocks=True,
+            int8_blocks=copies,
         )
     return Precision("float32", torch.float32, reason="auto: no packed kernels on this CPU")
 
