@@ -11,11 +11,14 @@ AMX and without) and 1.4-1.6x with AVX2 (``python -m bench.head``,
 The kernel is Inductor's C++ GEMM template: it is generated only with ``max_autotune`` (the
 C++ backend alone: no run-time race against the eager kernel on a busy machine) and
 ``freezing`` (the weight a constant, reordered once for the kernel). Two graphs: one for a
-single row (a static shape: the small-M micro-kernel, a lone conversation's step) and one for
-any count from two on (a dynamic shape: batched steps). Each holds its own reordered copy, so
-once both exist the plain int8 weight is handed back: the head then costs the float16 head's
-bytes in all. Compiling happens when an engine is built (``prepare``), never while a reply
-waits: a call no graph covers runs the eager kernel while the plain weight is there. Each graph
+single row (a static shape: the small-M micro-kernel, a lone conversation's step; two rows call
+it once each) and, with AMX only, one for any count from two on (a dynamic shape: batched
+steps); elsewhere that graph is slower than the eager kernel, which runs calls of three rows or
+more. Each graph holds its own reordered copy, so once both exist the plain int8 weight is
+handed back: the head then costs the float16 head's bytes in all (off AMX the one-row graph
+and the eager kernel's weight, the same bytes). Compiling happens when an engine is built
+(``prepare``), never while a reply waits: a call no graph covers runs the eager kernel while
+the plain weight is there. Each graph
 is compiled ahead of time (``torch._inductor.aoti_compile_and_package``: the kernel, its
 wrapper and the reordered weight in one shared library), and that library is saved as
 ``<cache dir>/inductor/<host class>/<the weight's digest>/torch-<version>/<rows>.so``, beside
