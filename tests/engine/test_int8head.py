@@ -193,8 +193,15 @@ def test_a_head_whose_packages_are_in_the_cache_loads_them_without_tracing_or_co
 
 
 def test_two_rows_run_the_one_row_graph_once_each_not_the_many_rows_graph(
-    kernels: Path,
+    kernels: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    narrow = Int8Head(linear(), torch.float32)
+    narrow.compile(2, kernels)  # an engine two rows wide: the one-row graph serves every call
+    assert (narrow.one, narrow.many, narrow.matmul) == (True, False, None)
+    monkeypatch.setattr(int8head, "host_class", lambda: precision.AVX2)
+    narrow.compile(2, kernels)  # nor is the eager kernel's weight made off AMX
+    assert narrow.matmul is None
+    monkeypatch.setattr(int8head, "host_class", lambda: precision.AMX)
     head, eager = Int8Head(linear(), torch.float32), Int8Head(linear(), torch.float32)
     head.compile(4, kernels)
     one, calls = head.compiled_one, []

@@ -18,9 +18,9 @@ more. Each graph holds its own reordered copy, so once both exist the plain int8
 handed back: the head then costs the float16 head's bytes in all (off AMX the one-row graph
 and the eager kernel's weight, the same bytes). Compiling happens when an engine is built
 (``prepare``), never while a reply waits: a call no graph covers runs the eager kernel while
-the plain weight is there. Each graph
-is compiled ahead of time (``torch._inductor.aoti_compile_and_package``: the kernel, its
-wrapper and the reordered weight in one shared library), and that library is saved as
+the plain weight is there. Each graph is compiled ahead of time
+(``torch._inductor.aoti_compile_and_package``: the kernel, its wrapper and the reordered weight
+in one shared library), and that library is saved as
 ``<cache dir>/inductor/<host class>/<the weight's digest>/torch-<version>/<rows>.so``, beside
 the quantized head's scales (``scales.pt``: what the graphs' callers multiply by); a later start
 loads them in a fraction of a second, with no tracing, no compiler and no quantizing: the
@@ -256,7 +256,7 @@ class Int8Head(nn.Module):
         many = max(rows, MANY_ROWS)
         many_graph = rows > ONE_ROW_CALLS and host in MANY_ROWS_GRAPH_CLASSES
         wanted = ([] if self.one else [1]) + ([many] if many_graph and not self.many else [])
-        if rows > 1 and not many_graph and self.eager:
+        if rows > ONE_ROW_CALLS and not many_graph and self.eager:
             self._quantize()  # the eager kernel's weight, now: never while a reply waits
         if not wanted or not self.eager:
             return
