@@ -105,12 +105,16 @@ def pick_precision(requested: str, device: str) -> Precision:
         return Precision(name, PLAIN[name], reason="asked for with --dtype")
     if name not in PACKED:
         raise ValueError(f"unknown dtype {requested!r}; use one of {', '.join(CHOICES)}")
-    dtype, packing, int8_head, int8_blocks = PACKED[name]
-    why_not = packing_unavailable(packing, device)
+    why_not = packing_unavailable(PACKED[name][1], device)
     if why_not:
         raise ValueError(f"--dtype {name} cannot run here: {why_not}")
-    reason = "asked for with --dtype"
-    return Precision(name, dtype, packing, reason, int8_head, int8_blocks=int8_blocks)
+    return _packed(name, "asked for with --dtype")
+
+
+def _packed(name: str, reason: str, int8_head_min: int = 0) -> Precision:
+    """The packed precision ``name`` as PACKED holds it."""
+    dtype, packing, int8_head, int8_blocks = PACKED[name]
+    return Precision(name, dtype, packing, reason, int8_head, int8_head_min, int8_blocks)
 
 
 def _auto(device: str) -> Precision:
@@ -122,31 +126,23 @@ def _auto(device: str) -> Precision:
         return Precision("float32", torch.float32, reason=f"auto: float32 on {device}")
     host = host_class()
     if host == AMX and not packing_unavailable(Packing.ONEDNN_BF16, device):
-        return Precision(
+        return _packed(
             "bf16-int8",
-            torch.bfloat16,
-            Packing.ONEDNN_BF16,
             "auto: the CPU has AMX bf16 units; Linear weights in bf16, reordered once for "
             f"oneDNN's kernels, with an int8 copy for steps of one or two rows; "
             f"{_INT8_HEAD_REASON}",
-            int8_head=True,
-            int8_head_min=INT8_HEAD_MIN,
-            int8_blocks=True,
+            INT8_HEAD_MIN,
         )
     if host in (AMX, AVX512, AVX2) and not packing_unavailable(Packing.FBGEMM_FP16, device):
         # AVX2's int8 kernel gains too little over fbgemm's fp16 one to pay for the copies
         copies = host != AVX2
-        return Precision(
+        return _packed(
             "fp16-int8" if copies else "fp16-int8head",
-            torch.float32,
-            Packing.FBGEMM_FP16,
             f"auto: a CPU of the {host} class, no AMX in use; Linear weights in float16 packed "
             "once for fbgemm, float32 arithmetic"
             + (", with an int8 copy for steps of one or two rows" if copies else "")
             + f"; {_INT8_HEAD_REASON}",
-            int8_head=True,
-            int8_head_min=INT8_HEAD_MIN,
-            int8_blocks=copies,
+            INT8_HEAD_MIN,
         )
     return Precision("float32", torch.float32, reason="auto: no packed kernels on this CPU")
 
