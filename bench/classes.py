@@ -104,18 +104,21 @@ def _run_class(
     dtypes = ["auto", *INT8[host_class], BEFORE[host_class]]
     with contextlib.ExitStack() as stack:
         servers: dict[str, procs.Running] = {}
+        picked: dict[str, str] = {}  # each server's dtype, as its /readyz says
         for dtype in dtypes:
-            if dtype in (llamacpp.dtype_of(server.base) for server in servers.values()):
+            if dtype in picked.values():
                 continue  # auto's pick: auto's row is its figures
             extra: tuple[str, ...] = ("--threads", str(work.threads), "--dtype", dtype)
             # auto's server at info: its start-up line says which dtype and why (_dtype_line)
             extra += ("--log-level", "info") if dtype == "auto" else ()
-            servers[_row(host_class, dtype)] = stack.enter_context(
+            row = _row(host_class, dtype)
+            servers[row] = stack.enter_context(
                 procs.wschat(
                     engine, logs, 64, extra,
                     name=f"wschat-{host_class}-{dtype}", env=env, timeout_s=START_TIMEOUT_S,
                 )
             )  # fmt: skip
+            picked[row] = llamacpp.dtype_of(servers[row].base)
         measure: dict[str, Callable[[list[str], int], list[StreamTimes]]] = {
             name: llamacpp.ws_streams(server.ws_url) for name, server in servers.items()
         }
@@ -125,7 +128,6 @@ def _run_class(
         only = {auto + SAMPLED: 1}
         if not env:  # this process runs on the host's own class: the static batch beside
             measure[STATIC], only[STATIC] = _static_batch(work.threads), max(work.streams)
-        picked = {name: llamacpp.dtype_of(server.base) for name, server in servers.items()}
         figures = _rounds(work, measure, only)
         rss = {name: server.rss() / 2**20 for name, server in servers.items()}
         auto_log = servers[auto].log.read_text(errors="replace")
